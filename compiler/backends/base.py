@@ -1,0 +1,31 @@
+"""The one protocol every backend implements. Adding a backend = one file + one registry entry."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from compiler.artifact import Artifact
+from compiler.runner import Runner
+from compiler.spec import InputSpec
+
+
+class Backend(Protocol):
+    name: str
+
+    def version(self) -> str:
+        """Version of the underlying toolchain; part of the artifact key."""
+        ...
+
+    def unavailable_reason(self, target: str) -> str | None:
+        """None when this backend can compile for and run on `target` here, else why not."""
+        ...
+
+    def compile(
+        self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]
+    ) -> Artifact:
+        """Compile TorchScript bytes for `target`. Raises ConversionError with a readable reason."""
+        ...
+
+    def load(self, artifact: Artifact) -> Runner:
+        """Load an artifact produced by `compile` into a Runner."""
+        ...

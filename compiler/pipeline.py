@@ -1,0 +1,105 @@
+"""The whole offline compile: build for one (backend, target), verify against TorchScript, time both."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from compiler.artifact import Artifact
+from compiler.backends import REFERENCE, get_backend
+from compiler.benchmark import benchmark
+from compiler.errors import BackendUnavailableError, VerificationError
+from compiler.spec import InputSpec
+from compiler.threads import set_threads
+from compiler.verify import verify
+
+Progress = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    threads: int = 1
+    backend_options: Mapping[str, Any] | None = None
+
+
+@dataclass
+class CompileResult:
+    artifact: Artifact
+    compile_s: float
+    max_abs_error: float
+    max_rel_error: float
+    # batch size -> median ms, for the candidate and for TorchScript timed in the same process
+    latency_ms: dict[int, float]
+    baseline_latency_ms: dict[int, float]
+
+    def report(self) -> dict[str, Any]:
+        doc = asdict(self)
+        del doc["artifact"]
+        return doc
+
+
+def compile_and_check(
+    model: bytes,
+    spec: InputSpec,
+    backend_name: str,
+    target: str,
+    options: CompileOptions,
+    samples: Sequence[Mapping[str, np.ndarray]] = (),
+    progress: Progress | None = None,
+) -> CompileResult:
+    """Raises ConversionError, VerificationError or BackendUnavailableError with a reason."""
+    report = progress or (lambda event: None)
+    set_threads(options.threads)
+    backend = get_backend(backend_name)
+    reason = backend.unavailable_reason(target)
+    if reason is not None:
+        raise BackendUnavailableError(reason)
+    reference_backend = get_backend(REFERENCE)
+    reference = reference_backend.load(reference_backend.compile(model, spec, target, {}))
+
+    report({"stage": "compiling"})
+    started = time.perf_counter()
+    backend_options = {"threads": options.threads, **(options.backend_options or {})}
+    artifact = backend.compile(model, spec, target, backend_options)
+    compile_s = time.perf_counter() - started
+    # Verify what will be served: the packed bytes, loaded back.
+    candidate = backend.load(Artifact.unpack(artifact.pack()))
+
+    report({"stage": "verifying"})
+    checked = verify(candidate, reference, spec, options.rtol, options.atol, samples)
+    if not checked.passed:
+        raise VerificationError(f"verification failed: {checked.reason}")
+
+    report({"stage": "benchmarking"})
+    latency = benchmark(candidate, spec).latency_ms
+    baseline = benchmark(reference, spec).latency_ms
+    artifact.meta["report"] = {
+        "max_abs_error": checked.max_abs_error,
+        "latency_ms": latency,
+        "baseline_latency_ms": baseline,
+    }
+    return CompileResult(
+        artifact, compile_s, checked.max_abs_error, checked.max_rel_error, latency, baseline
+    )
+
+
+def compile_to_bytes(
+    model: bytes,
+    spec_doc: dict[str, Any],
+    backend_name: str,
+    target: str,
+    options: CompileOptions,
+    samples: Sequence[Mapping[str, Any]],
+    progress: Progress,
+) -> tuple[bytes, dict[str, Any]]:
+    """`compile_and_check` with plain inputs and outputs, for a sandboxed child process."""
+    spec = InputSpec.from_dicts(spec_doc["inputs"], spec_doc["max_batch_size"])
+    arrays = [spec.coerce(sample) for sample in samples]
+    result = compile_and_check(model, spec, backend_name, target, options, arrays, progress)
+    return result.artifact.pack(), result.report()

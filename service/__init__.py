@@ -1,0 +1,1 @@
+"""Kiln's service: the FastAPI app, the compile worker and the CLI."""

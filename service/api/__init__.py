@@ -1,0 +1,1 @@
+"""HTTP frontends: routers, problem responses, auth and limits."""

@@ -1,0 +1,68 @@
+"""The FastAPI application: wiring, lifespan and routers."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api import health, jobs, models, predict, problems
+from service.api.auth import parse_keys
+from service.api.deps import Services
+from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
+from service.records import JobRecord, JobStatus
+from service.registry import Registry
+from service.runtime import Runtime
+from service.settings import Settings, get_settings
+from service.store import open_store
+
+log = logging.getLogger("kiln.api")
+
+MB = 1024 * 1024
+
+
+def resume_unfinished(registry: Registry, queue: JobQueue) -> None:
+    """Embedded mode keeps its queue in memory: re-enqueue what a restart interrupted."""
+    for doc in registry.store.list_docs("job"):
+        job = JobRecord.model_validate(doc)
+        if job.status in (JobStatus.queued, JobStatus.running):
+            queue.enqueue(job.id, job.target)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    api_keys = parse_keys(settings.api_keys)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = open_store(settings)
+        registry = Registry(store)
+        queue: JobQueue = (
+            EmbeddedQueue(registry, settings) if settings.embedded else DramatiqQueue(settings)
+        )
+        app.state.services = Services(settings, registry, queue, Runtime(registry, settings))
+        if not api_keys:
+            log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
+        if settings.embedded:
+            resume_unfinished(registry, queue)
+        log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
+        try:
+            yield
+        finally:
+            queue.close()
+            store.close()
+
+    app = FastAPI(
+        title="Kiln",
+        version="0.1.0",
+        summary="A model server that compiles what it serves.",
+        lifespan=lifespan,
+        max_body_size=settings.max_upload_mb * MB,
+    )
+    app.state.api_keys = api_keys
+    problems.install(app)
+    for module in (health, models, jobs, predict):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,55 @@
+"""Optional API keys in two scopes: `admin` (upload, delete, and all of `infer`) and `infer`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from enum import StrEnum
+
+from fastapi import Request
+
+from service.errors import ForbiddenError, InvalidConfigError, UnauthorizedError
+
+log = logging.getLogger("kiln.auth")
+
+
+class Scope(StrEnum):
+    admin = "admin"
+    infer = "infer"
+
+
+def parse_keys(text: str) -> dict[str, Scope]:
+    """`key1:admin,key2:infer` -> {key: scope}."""
+    keys: dict[str, Scope] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, scope = item.rpartition(":")
+        if not sep or not key or scope not in Scope.__members__:
+            raise InvalidConfigError(
+                f"KILN_API_KEYS: expected KEY:admin or KEY:infer, got {item!r}"
+            )
+        keys[key] = Scope(scope)
+    return keys
+
+
+def presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+def require(scope: Scope) -> Callable[[Request], None]:
+    def check(request: Request) -> None:
+        keys: dict[str, Scope] = request.app.state.api_keys
+        if not keys:
+            return
+        key = presented_key(request)
+        if key is None:
+            raise UnauthorizedError("an API key is required: send `Authorization: Bearer <key>`")
+        granted = keys.get(key)
+        if granted is None:
+            raise UnauthorizedError("the API key is not valid")
+        if scope == Scope.admin and granted != Scope.admin:
+            raise ForbiddenError("this API key has the infer scope; this call needs admin")
+
+    return check

@@ -1,0 +1,25 @@
+"""The services one app instance wires together, and how handlers reach them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from service.queue import JobQueue
+from service.registry import Registry
+from service.runtime import Runtime
+from service.settings import Settings
+
+
+@dataclass
+class Services:
+    settings: Settings
+    registry: Registry
+    queue: JobQueue
+    runtime: Runtime
+
+
+def services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found

@@ -1,0 +1,20 @@
+"""Compile jobs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+
+from service.api.auth import Scope, require
+from service.api.deps import Services, services
+from service.api.schemas import JobOut
+
+router = APIRouter(tags=["jobs"], dependencies=[Depends(require(Scope.infer))])
+
+
+@router.get(
+    "/v1/jobs/{job_id}", operation_id="get_job", summary="A compile job's status and stage."
+)
+def get_job(job_id: str, svc: Annotated[Services, Depends(services)]) -> JobOut:
+    return JobOut.model_validate(svc.registry.get_job(job_id).model_dump())

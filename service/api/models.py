@@ -1,0 +1,243 @@
+"""Model management: upload, list, describe, delete."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Annotated, Any, BinaryIO
+
+from fastapi import APIRouter, Depends, File, Form, UploadFile
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from compiler.backends import REGISTRY as BACKENDS
+from compiler.backends import get_backend
+from compiler.errors import CompilerError, InvalidModelError
+from compiler.inspect import inspect_model
+from compiler.spec import InputSpec
+from service.api.auth import Scope, require
+from service.api.deps import Services, services
+from service.api.schemas import ActiveOut, ModelList, ModelOut, UploadOut, VariantOut, VersionOut
+from service.errors import InvalidConfigError, NotFoundError
+from service.records import (
+    JobRecord,
+    ModelConfig,
+    OutputInfo,
+    VariantRecord,
+    VariantStatus,
+    new_id,
+)
+from service.registry import MODEL_BLOB, ModelView
+from service.router import ANY_TARGET, REFERENCE, choose_variant, serving_version
+from service.sandbox import SandboxError, run_in_child
+
+router = APIRouter(tags=["models"])
+CHUNK = 1024 * 1024
+
+EXAMPLE_CONFIG = json.dumps(
+    {
+        "name": "mlp",
+        "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 784]}],
+        "max_batch_size": 32,
+        "backends": ["tvm"],
+    }
+)
+
+
+def parse_config(text: str, svc: Services) -> ModelConfig:
+    try:
+        config = ModelConfig.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()
+        )
+        raise InvalidConfigError(f"config: {problems}") from None
+    if config.max_batch_size is None:
+        config.max_batch_size = svc.settings.default_max_batch_size
+    if config.backends is None:
+        config.backends = list(svc.settings.default_backends)
+    unknown = [b for b in config.backends if b not in BACKENDS or b == REFERENCE]
+    if unknown:
+        known = sorted(set(BACKENDS) - {REFERENCE})
+        raise InvalidConfigError(f"config.backends: unknown backend(s) {unknown}; use {known}")
+    try:
+        spec = InputSpec.from_dicts([t.model_dump() for t in config.inputs], config.max_batch_size)
+        for sample in config.samples:
+            spec.coerce(sample)
+    except CompilerError as exc:
+        raise InvalidConfigError(f"config.inputs: {exc}") from None
+    return config
+
+
+def spool(upload: BinaryIO, into: IO[bytes]) -> str:
+    """Copy the upload to a file of our own, returning its sha256."""
+    digest = hashlib.sha256()
+    while chunk := upload.read(CHUNK):
+        digest.update(chunk)
+        into.write(chunk)
+    into.flush()
+    return digest.hexdigest()
+
+
+def read_chunks(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            yield chunk
+
+
+def plan_variants(
+    svc: Services, config: ModelConfig, name: str, number: int
+) -> tuple[list[VariantRecord], list[JobRecord]]:
+    """TorchScript serves at once; each requested backend gets a variant per local target."""
+    variants = [
+        VariantRecord(
+            id=new_id(),
+            model=name,
+            version=number,
+            backend=REFERENCE,
+            target=ANY_TARGET,
+            status=VariantStatus.ready,
+        )
+    ]
+    jobs = []
+    for backend in config.backends or []:
+        for target in sorted(svc.runtime.targets):
+            variant = VariantRecord(
+                id=new_id(),
+                model=name,
+                version=number,
+                backend=backend,
+                target=target,
+                status=VariantStatus.queued,
+            )
+            reason = get_backend(backend).unavailable_reason(target)
+            if reason is not None:
+                variant.status, variant.error = VariantStatus.failed, reason
+            else:
+                job = JobRecord(
+                    id=new_id(),
+                    variant_id=variant.id,
+                    model=name,
+                    version=number,
+                    backend=backend,
+                    target=target,
+                )
+                variant.job_id = job.id
+                jobs.append(job)
+            variants.append(variant)
+    return variants, jobs
+
+
+@router.post(
+    "/v1/models",
+    operation_id="upload_model",
+    summary="Upload a TorchScript model; it serves at once and compiles in the background.",
+    status_code=202,
+    responses={200: {"model": UploadOut, "description": "Identical bytes and config: nothing new."}},
+    dependencies=[Depends(require(Scope.admin))],
+)
+def upload_model(
+    file: Annotated[UploadFile, File(description="A TorchScript archive (torch.jit.save).")],
+    config: Annotated[str, Form(description="JSON model config.", examples=[EXAMPLE_CONFIG])],
+    svc: Annotated[Services, Depends(services)],
+) -> Any:
+    cfg = parse_config(config, svc)
+    spec = InputSpec.from_dicts([t.model_dump() for t in cfg.inputs], cfg.max_batch_size or 1)
+    store = svc.registry.store
+    store.ping()  # fail fast with 503 before reading a large body
+    with tempfile.NamedTemporaryFile(prefix="kiln-upload-") as tmp:
+        sha256 = spool(file.file, tmp)
+        try:
+            outputs = run_in_child(
+                inspect_model,
+                (tmp.name, spec.to_dict()),
+                timeout_s=svc.settings.validate_timeout_s,
+                memory_mb=svc.settings.compile_memory_mb,
+            )
+        except SandboxError as exc:
+            raise InvalidModelError(f"the model could not be validated: {exc}") from None
+        key = MODEL_BLOB.format(sha256=sha256)
+        if not store.has_blob(key):
+            store.put_blob(key, read_chunks(Path(tmp.name)))
+    created = svc.registry.create_version(
+        cfg,
+        sha256,
+        [OutputInfo.model_validate(o) for o in outputs],
+        lambda name, number: plan_variants(svc, cfg, name, number),
+    )
+    for job in created.jobs:
+        svc.queue.enqueue(job.id, job.target)
+    body = UploadOut(
+        name=created.version.name,
+        version=created.version.version,
+        sha256=sha256,
+        deduplicated=created.deduplicated,
+        variants=[VariantOut.of(v) for v in created.variants],
+    )
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if created.deduplicated else 202)
+
+
+def model_out(view: ModelView, svc: Services) -> ModelOut:
+    active = None
+    try:
+        version, variants = serving_version(view.versions, svc.runtime.targets)
+        chosen = choose_variant(variants, svc.runtime.targets, batch=1)
+        active = ActiveOut(
+            version=version.version,
+            variant_id=chosen.id,
+            backend=chosen.backend,
+            target=chosen.target,
+        )
+    except NotFoundError:
+        pass  # nothing ready on this host yet
+    return ModelOut(
+        name=view.name,
+        versions=[VersionOut.of(v, variants) for v, variants in view.versions],
+        active=active,
+    )
+
+
+@router.get(
+    "/v1/models",
+    operation_id="list_models",
+    summary="Every model, its versions and variants.",
+    dependencies=[Depends(require(Scope.infer))],
+)
+def list_models(svc: Annotated[Services, Depends(services)]) -> ModelList:
+    return ModelList(models=[model_out(view, svc) for view in svc.registry.list_models()])
+
+
+@router.get(
+    "/v1/models/{name}",
+    operation_id="get_model",
+    summary="One model: versions, variants with status and latency, and what serves now.",
+    dependencies=[Depends(require(Scope.infer))],
+)
+def get_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOut:
+    return model_out(svc.registry.get_model(name), svc)
+
+
+@router.get(
+    "/v1/models/{name}/versions/{version}",
+    operation_id="get_model_version",
+    summary="One version of a model.",
+    dependencies=[Depends(require(Scope.infer))],
+)
+def get_model_version(name: str, version: int, svc: Annotated[Services, Depends(services)]) -> VersionOut:
+    record = svc.registry.get_version(name, version)
+    return VersionOut.of(record, svc.registry.variants_of(record))
+
+
+@router.delete(
+    "/v1/models/{name}",
+    operation_id="delete_model",
+    summary="Delete a model's metadata and every artifact nothing else references.",
+    dependencies=[Depends(require(Scope.admin))],
+)
+def delete_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOut:
+    view = svc.registry.delete_model(name)
+    svc.runtime.forget(name)
+    return ModelOut(name=name, versions=[VersionOut.of(v, vs) for v, vs in view.versions], active=None)

@@ -1,0 +1,60 @@
+"""The native predict route."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from service.api.auth import Scope, require
+from service.api.deps import Services, services
+from service.api.schemas import PredictIn, PredictOut, VariantRef
+
+router = APIRouter(tags=["inference"], dependencies=[Depends(require(Scope.infer))])
+
+BackendQuery = Annotated[
+    str | None,
+    Query(description="Pin a backend (e.g. `tvm`) instead of the fastest verified variant."),
+]
+
+
+def _predict(
+    svc: Services, name: str, version: int | None, body: PredictIn, backend: str | None
+) -> PredictOut:
+    result = svc.runtime.predict(name, version, body.inputs, backend)
+    variant = result.variant
+    return PredictOut(
+        outputs={k: v.tolist() for k, v in result.outputs.items()},
+        model_version=result.version,
+        variant=VariantRef(id=variant.id, backend=variant.backend, target=variant.target),
+    )
+
+
+# Sync handlers: FastAPI runs them in its thread pool, so inference never blocks the event loop.
+@router.post(
+    "/v1/models/{name}/predict",
+    operation_id="predict",
+    summary="Run the newest ready version with its fastest verified variant.",
+)
+def predict(
+    name: str,
+    body: PredictIn,
+    svc: Annotated[Services, Depends(services)],
+    backend: BackendQuery = None,
+) -> PredictOut:
+    return _predict(svc, name, None, body, backend)
+
+
+@router.post(
+    "/v1/models/{name}/versions/{version}/predict",
+    operation_id="predict_version",
+    summary="Run one version of a model.",
+)
+def predict_version(
+    name: str,
+    version: int,
+    body: PredictIn,
+    svc: Annotated[Services, Depends(services)],
+    backend: BackendQuery = None,
+) -> PredictOut:
+    return _predict(svc, name, version, body, backend)

@@ -1,0 +1,74 @@
+"""Every error becomes an RFC 9457 problem response here, and only here."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from compiler.errors import (
+    BackendUnavailableError,
+    InputMismatchError,
+    InvalidModelError,
+    InvalidSpecError,
+)
+from service.errors import KilnError
+from service.store import StoreUnavailableError
+
+log = logging.getLogger("kiln.api")
+
+# Compiler and store errors keep their own types; this is where they get an HTTP status.
+STATUS_OF: dict[type[Exception], tuple[int, str]] = {
+    InvalidModelError: (400, "Invalid model"),
+    InputMismatchError: (400, "Invalid inputs"),
+    InvalidSpecError: (422, "Invalid input spec"),
+    BackendUnavailableError: (422, "Backend unavailable"),
+    StoreUnavailableError: (503, "Store unavailable"),
+}
+
+
+def problem(status: int, title: str, detail: str) -> JSONResponse:
+    return JSONResponse(
+        {"type": "about:blank", "title": title, "status": status, "detail": detail},
+        status_code=status,
+        media_type="application/problem+json",
+    )
+
+
+def validation_detail(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+    return "; ".join(parts)
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(KilnError)
+    async def kiln_error(request: Request, exc: KilnError) -> JSONResponse:
+        return problem(exc.status_code, exc.title, str(exc))
+
+    for exc_type, (status, title) in STATUS_OF.items():
+
+        async def mapped(
+            request: Request, exc: Exception, s: int = status, t: str = title
+        ) -> JSONResponse:
+            return problem(s, t, str(exc))
+
+        app.add_exception_handler(exc_type, mapped)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return problem(422, "Invalid request", validation_detail(exc))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return problem(exc.status_code, "HTTP error", str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return problem(500, "Internal error", f"{type(exc).__name__}; see the server log")

@@ -1,0 +1,212 @@
+"""`kiln`: serve, worker, upload, models, predict, and offline compile."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn
+from rich.table import Table
+
+app = typer.Typer(help="Kiln: a model server that compiles what it serves.", no_args_is_help=True)
+console = Console()
+
+UrlOption = Annotated[str, typer.Option(envvar="KILN_URL", help="Kiln server URL.")]
+KeyOption = Annotated[str | None, typer.Option(envvar="KILN_API_KEY", help="API key.")]
+SETTLED = {"ready", "failed", "rejected"}
+
+
+def setup_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+
+def client(url: str, api_key: str | None) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=120)
+
+
+def check(response: httpx.Response) -> Any:
+    if response.is_error:
+        try:
+            detail = response.json().get("detail", response.text)
+        except ValueError:
+            detail = response.text
+        console.print(f"[red]error {response.status_code}:[/red] {detail}")
+        raise typer.Exit(1)
+    return response.json()
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
+    workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
+) -> None:
+    """Start the API (embedded mode unless KILN_REDIS_URL is set)."""
+    import uvicorn
+
+    setup_logging()
+    uvicorn.run("service.api.app:create_app", factory=True, host=host, port=port, workers=workers)
+
+
+@app.command()
+def worker() -> None:
+    """Consume compile jobs for this host's targets (needs KILN_REDIS_URL)."""
+    from service.settings import get_settings
+    from service.worker import run_worker
+
+    setup_logging()
+    run_worker(get_settings())
+
+
+@app.command()
+def upload(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="TorchScript file.")],
+    name: Annotated[str, typer.Option(help="Model name.")],
+    input: Annotated[list[str], typer.Option("--input", help="NAME:DTYPE[D0,...], -1 = dynamic.")],
+    max_batch_size: Annotated[int | None, typer.Option(help="Largest batch.")] = None,
+    backend: Annotated[
+        list[str] | None, typer.Option("--backend", help="Backends to compile.")
+    ] = None,
+    wait: Annotated[bool, typer.Option(help="Show progress until every variant settles.")] = True,
+    url: UrlOption = "http://127.0.0.1:8000",
+    api_key: KeyOption = None,
+) -> None:
+    """Upload a model and watch its variants compile."""
+    from compiler.spec import TensorSpec
+
+    config: dict[str, Any] = {
+        "name": name,
+        "inputs": [TensorSpec.parse(i).to_dict() for i in input],
+    }
+    if max_batch_size is not None:
+        config["max_batch_size"] = max_batch_size
+    if backend:
+        config["backends"] = backend
+    with client(url, api_key) as http:
+        body = check(
+            http.post(
+                "/v1/models", files={"file": file.read_bytes()}, data={"config": json.dumps(config)}
+            )
+        )
+        console.print(
+            f"{body['name']} version {body['version']} ({body['sha256'][:12]})"
+            + (" [dim]already uploaded[/dim]" if body["deduplicated"] else "")
+        )
+        if wait:
+            watch(http, body["name"], body["version"])
+
+
+def watch(http: httpx.Client, name: str, version: int) -> None:
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console) as progress:
+        tasks: dict[str, Any] = {}
+        while True:
+            variants = check(http.get(f"/v1/models/{name}/versions/{version}"))["variants"]
+            for v in variants:
+                label = f"{v['backend']:<12} {v['target']:<28} {v['status']}"
+                if v["error"]:
+                    label += f": {v['error']}"
+                if v["id"] not in tasks:
+                    tasks[v["id"]] = progress.add_task(label, total=1)
+                progress.update(
+                    tasks[v["id"]], description=label, completed=1 if v["status"] in SETTLED else 0
+                )
+            if all(v["status"] in SETTLED for v in variants):
+                break
+            time.sleep(0.5)
+
+
+@app.command()
+def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) -> None:
+    """List models, versions and variants."""
+    with client(url, api_key) as http:
+        body = check(http.get("/v1/models"))
+    table = Table("model", "version", "backend", "target", "status", "batch-1 ms", "active")
+    for model in body["models"]:
+        active = model["active"] or {}
+        for version in model["versions"]:
+            for v in version["variants"]:
+                ms = f"{v['latency_ms']:.3f}" if v["latency_ms"] is not None else ""
+                star = "*" if v["id"] == active.get("variant_id") else ""
+                table.add_row(
+                    model["name"],
+                    str(version["version"]),
+                    v["backend"],
+                    v["target"],
+                    v["status"],
+                    ms,
+                    star,
+                )
+    console.print(table)
+
+
+@app.command()
+def predict(
+    name: str,
+    data: Annotated[
+        str, typer.Option(help="JSON inputs, e.g. '{\"x\": [[1, 2]]}', or @file.json.")
+    ],
+    version: Annotated[int | None, typer.Option(help="Version; default: the serving one.")] = None,
+    url: UrlOption = "http://127.0.0.1:8000",
+    api_key: KeyOption = None,
+) -> None:
+    """Run a prediction and print the JSON response."""
+    text = Path(data[1:]).read_text() if data.startswith("@") else data
+    path = f"/v1/models/{name}" + (f"/versions/{version}" if version else "") + "/predict"
+    with client(url, api_key) as http:
+        body = check(http.post(path, json={"inputs": json.loads(text)}))
+    console.print_json(data=body)
+
+
+@app.command(name="compile")
+def compile_command(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="TorchScript file.")],
+    input: Annotated[list[str], typer.Option("--input", help="NAME:DTYPE[D0,...], -1 = dynamic.")],
+    backend: Annotated[str, typer.Option(help="Backend to compile with.")] = "tvm",
+    output: Annotated[Path, typer.Option("-o", "--output", help="Artifact file to write.")] = Path(
+        "out.kiln"
+    ),
+    max_batch_size: Annotated[int, typer.Option(help="Largest batch.")] = 8,
+    rtol: Annotated[float, typer.Option(help="Verification rtol.")] = 1e-4,
+    atol: Annotated[float, typer.Option(help="Verification atol.")] = 1e-5,
+) -> None:
+    """Compile, verify and benchmark offline, with no server."""
+    import os
+
+    from compiler.errors import CompilerError
+    from compiler.hardware import cpu_target
+    from compiler.pipeline import CompileOptions, compile_and_check
+    from compiler.spec import InputSpec
+
+    spec = InputSpec.parse(input, max_batch_size)
+    options = CompileOptions(rtol=rtol, atol=atol, threads=os.cpu_count() or 1)
+    try:
+        with console.status(f"compiling with {backend}"):
+            result = compile_and_check(file.read_bytes(), spec, backend, cpu_target(), options)
+    except CompilerError as exc:
+        console.print(f"[red]{type(exc).__name__}:[/red] {exc}")
+        raise typer.Exit(1) from None
+    output.write_bytes(result.artifact.pack())
+    table = Table("batch", f"{backend} ms", "torchscript ms", "speed-up")
+    for batch, ms in sorted(result.latency_ms.items()):
+        base = result.baseline_latency_ms[batch]
+        table.add_row(str(batch), f"{ms:.3f}", f"{base:.3f}", f"{base / ms:.2f}x")
+    console.print(table)
+    console.print(
+        f"verified: max abs error {result.max_abs_error:.3g}; "
+        f"compiled in {result.compile_s:.1f} s; wrote {output} "
+        f"({output.stat().st_size / 1e6:.1f} MB)"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(app())

@@ -1,0 +1,174 @@
+"""The compile job: one variant, from the artifact cache or a sandboxed compile, to ready or failed.
+
+Both queues (Dramatiq in Redis mode, the in-process pool in embedded mode) call `run_compile_job`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from compiler.artifact import Artifact, artifact_key
+from compiler.backends import get_backend
+from compiler.errors import CompilerError, VerificationError
+from compiler.pipeline import CompileOptions, compile_to_bytes
+from compiler.spec import InputSpec
+from service.errors import NotFoundError
+from service.records import (
+    SETTLED,
+    ArtifactRecord,
+    JobRecord,
+    JobStatus,
+    VariantRecord,
+    VariantStatus,
+    VersionRecord,
+    now,
+)
+from service.registry import MODEL_BLOB, Registry
+from service.sandbox import SandboxError, run_in_child
+from service.settings import Settings
+
+log = logging.getLogger("kiln.jobs")
+
+
+def spec_of(version: VersionRecord) -> InputSpec:
+    config = version.config
+    return InputSpec.from_dicts([t.model_dump() for t in config.inputs], config.max_batch_size or 1)
+
+
+def variant_key(version: VersionRecord, variant: VariantRecord) -> str:
+    backend = get_backend(variant.backend)
+    options = {"rtol": version.config.rtol, "atol": version.config.atol}
+    return artifact_key(
+        version.sha256,
+        variant.backend,
+        backend.version(),
+        variant.target,
+        spec_of(version),
+        options,
+    )
+
+
+def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None:
+    """Run one job to a settled variant. Store outages propagate so the queue retries."""
+    try:
+        job = registry.get_job(job_id)
+        version = registry.get_version(job.model, job.version)
+    except NotFoundError:
+        log.info("job %s: its model was deleted; dropping it", job_id)
+        return
+    variant = registry.get_variant(job.variant_id)
+    if variant is None or variant.status in SETTLED:
+        return  # deleted, or a redelivery of a job that already finished
+    registry.update_job(
+        job.id, status=JobStatus.running, attempts=job.attempts + 1, started_at=now(), error=None
+    )
+    key = variant_key(version, variant)
+    cached = registry.get_artifact(key)
+    if cached is not None:
+        log.info("job %s: artifact cache hit %s", job.id, key[:12])
+        _mark_ready(registry, job, key, cached, cache_hit=True)
+        return
+    _compile(registry, settings, job, version, key)
+
+
+def _compile(
+    registry: Registry, settings: Settings, job: JobRecord, version: VersionRecord, key: str
+) -> None:
+    model = registry.store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
+    options = CompileOptions(
+        rtol=version.config.rtol, atol=version.config.atol, threads=settings.threads
+    )
+
+    def on_progress(event: dict[str, Any]) -> None:
+        if "stage" in event:
+            registry.set_stage(job, VariantStatus(event["stage"]))
+
+    try:
+        packed, report = run_in_child(
+            compile_to_bytes,
+            (
+                model,
+                spec_of(version).to_dict(),
+                job.backend,
+                job.target,
+                options,
+                version.config.samples,
+            ),
+            timeout_s=settings.compile_timeout_s,
+            memory_mb=settings.compile_memory_mb,
+            on_progress=on_progress,
+        )
+    except VerificationError as exc:
+        _settle_failed(registry, job, VariantStatus.rejected, str(exc))
+        return
+    except (CompilerError, SandboxError) as exc:
+        _settle_failed(registry, job, VariantStatus.failed, f"{job.backend}: {exc}")
+        return
+    record = ArtifactRecord(
+        key=key,
+        backend=job.backend,
+        target=job.target,
+        size=len(packed),
+        compile_s=report["compile_s"],
+        max_abs_error=report["max_abs_error"],
+        latency_ms_by_batch=report["latency_ms"],
+        baseline_latency_ms_by_batch=report["baseline_latency_ms"],
+    )
+    Artifact.unpack(packed)  # never store bytes that would not load back
+    registry.put_artifact(record, packed)
+    _mark_ready(registry, job, key, record, cache_hit=False)
+
+
+def _mark_ready(
+    registry: Registry, job: JobRecord, key: str, record: ArtifactRecord, cache_hit: bool
+) -> None:
+    latency = record.latency_ms_by_batch
+    registry.update_variant(
+        job.variant_id,
+        status=VariantStatus.ready,
+        error=None,
+        artifact_key=key,
+        cache_hit=cache_hit,
+        max_abs_error=record.max_abs_error,
+        latency_ms=latency.get(1),
+        latency_ms_by_batch=latency,
+        baseline_latency_ms_by_batch=record.baseline_latency_ms_by_batch,
+    )
+    registry.update_job(
+        job.id,
+        status=JobStatus.succeeded,
+        stage=VariantStatus.ready,
+        cache_hit=cache_hit,
+        finished_at=now(),
+    )
+    _record_baseline(registry, job, record)
+    log.info(
+        "job %s: %s variant %s ready (%s)",
+        job.id,
+        job.backend,
+        job.variant_id,
+        "cache hit" if cache_hit else f"compiled in {record.compile_s:.1f} s",
+    )
+
+
+def _record_baseline(registry: Registry, job: JobRecord, record: ArtifactRecord) -> None:
+    """Give the version's TorchScript variant the latency its worker measured, for display."""
+    version = registry.get_version(job.model, job.version)
+    for variant in registry.variants_of(version):
+        if variant.backend == "torchscript" and not variant.latency_ms_by_batch:
+            baseline = record.baseline_latency_ms_by_batch
+            registry.update_variant(
+                variant.id,
+                latency_ms=baseline.get(1),
+                latency_ms_by_batch=baseline,
+                max_abs_error=0.0,
+            )
+
+
+def _settle_failed(registry: Registry, job: JobRecord, status: VariantStatus, reason: str) -> None:
+    log.warning("job %s: %s variant %s %s: %s", job.id, job.backend, job.variant_id, status, reason)
+    registry.update_variant(job.variant_id, status=status, error=reason)
+    registry.update_job(
+        job.id, status=JobStatus.failed, stage=status, error=reason, finished_at=now()
+    )

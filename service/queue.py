@@ -1,0 +1,98 @@
+"""Compile-job queues: Dramatiq on Redis for clusters, an in-process pool for embedded mode.
+
+Queues are named by target, so a job only ever reaches a worker with matching hardware.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+import dramatiq
+from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
+from dramatiq.message import Message
+
+from service.jobs import run_compile_job
+from service.registry import Registry
+from service.settings import Settings
+
+log = logging.getLogger("kiln.queue")
+
+ACTOR = "compile_variant"
+
+
+def queue_name(target: str) -> str:
+    return f"compile.{target}"
+
+
+class JobQueue(Protocol):
+    def enqueue(self, job_id: str, target: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class EmbeddedQueue:
+    """Threads that each drive one sandboxed compile child: a pool of worker processes."""
+
+    def __init__(self, registry: Registry, settings: Settings) -> None:
+        self.registry = registry
+        self.settings = settings
+        self.pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="kiln-compile")
+
+    def enqueue(self, job_id: str, target: str) -> None:
+        self.pool.submit(self._run, job_id)
+
+    def _run(self, job_id: str) -> None:
+        try:
+            run_compile_job(self.registry, self.settings, job_id)
+        except Exception:
+            log.exception("job %s failed unexpectedly", job_id)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def make_broker(settings: Settings) -> RedisBroker:
+    """A broker whose maintenance runs on every fetch, so a SIGKILLed worker's jobs come back
+    once its heartbeat is `queue_heartbeat_timeout_s` old, not many minutes later."""
+    assert settings.redis_url, "the Dramatiq queue needs KILN_REDIS_URL"
+    broker = RedisBroker(
+        url=settings.redis_url,
+        namespace=f"{settings.queue_namespace}-queue",
+        heartbeat_timeout=int(settings.queue_heartbeat_timeout_s * 1000),
+        maintenance_chance=MAINTENANCE_SCALE,
+    )
+    return broker
+
+
+def declare_actor(broker: RedisBroker, registry: Registry, settings: Settings) -> None:
+    def compile_variant(job_id: str) -> None:
+        run_compile_job(registry, settings, job_id)
+
+    # Compile failures are recorded on the variant and never raise; what raises is
+    # transient (a store outage), so a few retries with backoff are right.
+    dramatiq.actor(
+        actor_name=ACTOR,
+        broker=broker,
+        max_retries=5,
+        min_backoff=1000,
+        max_backoff=30000,
+        time_limit=int((settings.compile_timeout_s + 120) * 1000),
+    )(compile_variant)
+
+
+class DramatiqQueue:
+    def __init__(self, settings: Settings) -> None:
+        self.broker = make_broker(settings)
+        self.declared: set[str] = set()
+
+    def enqueue(self, job_id: str, target: str) -> None:
+        name = queue_name(target)
+        if name not in self.declared:
+            self.broker.declare_queue(name)
+            self.declared.add(name)
+        self.broker.enqueue(Message(queue_name=name, actor_name=ACTOR, args=(job_id,), kwargs={}, options={}))
+
+    def close(self) -> None:
+        self.broker.close()

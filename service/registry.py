@@ -1,0 +1,206 @@
+"""The registry: models -> versions -> variants, and compile jobs, on top of a Store."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+from service.errors import NotFoundError
+from service.records import (
+    ArtifactRecord,
+    JobRecord,
+    ModelConfig,
+    OutputInfo,
+    VariantRecord,
+    VariantStatus,
+    VersionRecord,
+    now,
+)
+from service.store import Store
+
+R = TypeVar("R", bound=BaseModel)
+
+MODEL_BLOB = "models/{sha256}"
+ARTIFACT_BLOB = "artifacts/{key}"
+
+
+def version_id(name: str, version: int) -> str:
+    # Zero-padded so that a model's versions list in order under the prefix "name/".
+    return f"{name}/{version:08d}"
+
+
+@dataclass
+class NewVersion:
+    version: VersionRecord
+    variants: list[VariantRecord]
+    jobs: list[JobRecord]
+    deduplicated: bool
+
+
+@dataclass
+class ModelView:
+    name: str
+    versions: list[tuple[VersionRecord, list[VariantRecord]]]
+
+
+class Registry:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _get(self, kind: str, doc_id: str, cls: type[R]) -> R | None:
+        doc = self.store.get_doc(kind, doc_id)
+        return None if doc is None else cls.model_validate(doc)
+
+    def _put(self, kind: str, doc_id: str, record: BaseModel) -> None:
+        self.store.put_doc(kind, doc_id, record.model_dump(mode="json"))
+
+    # Versions ----------------------------------------------------------------------------
+
+    def create_version(
+        self,
+        config: ModelConfig,
+        sha256: str,
+        outputs: list[OutputInfo],
+        plan: Callable[[str, int], tuple[list[VariantRecord], list[JobRecord]]],
+    ) -> NewVersion:
+        """Record a new version, or return the existing one for identical bytes and config.
+
+        `plan(name, version)` builds the variants and jobs of a new version.
+        """
+        canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True)
+        upload_key = hashlib.sha256(f"{sha256}\0{canonical}".encode()).hexdigest()
+        existing = self.store.get_doc("upload", upload_key)
+        if existing is not None:
+            version = self._get(
+                "version", version_id(config.name, existing["version"]), VersionRecord
+            )
+            if version is not None:
+                return NewVersion(version, self.variants_of(version), [], deduplicated=True)
+        self.store.create_doc("model", config.name, {"name": config.name, "created_at": now()})
+        number = self.store.next_id(f"version:{config.name}")
+        variants, jobs = plan(config.name, number)
+        version = VersionRecord(
+            name=config.name,
+            version=number,
+            sha256=sha256,
+            config=config,
+            outputs=outputs,
+            variant_ids=[v.id for v in variants],
+        )
+        for variant in variants:
+            self._put("variant", variant.id, variant)
+        for job in jobs:
+            self._put("job", job.id, job)
+        # The version doc goes last: readers never see a version whose variants are missing.
+        self._put("version", version_id(config.name, number), version)
+        self.store.put_doc(
+            "upload", upload_key, {"id": upload_key, "name": config.name, "version": number}
+        )
+        return NewVersion(version, variants, jobs, deduplicated=False)
+
+    def variants_of(self, version: VersionRecord) -> list[VariantRecord]:
+        found = (self._get("variant", vid, VariantRecord) for vid in version.variant_ids)
+        return [v for v in found if v is not None]
+
+    def get_version(self, name: str, version: int) -> VersionRecord:
+        record = self._get("version", version_id(name, version), VersionRecord)
+        if record is None:
+            self.get_model(name)  # a 404 that names the model when it is the model that's missing
+            raise NotFoundError(f"model {name!r} has no version {version}")
+        return record
+
+    def get_model(self, name: str) -> ModelView:
+        docs = self.store.list_docs("version", prefix=f"{name}/")
+        if not docs:
+            raise NotFoundError(f"no model named {name!r}")
+        versions = [VersionRecord.model_validate(d) for d in docs]
+        versions.sort(key=lambda v: v.version)
+        return ModelView(name, [(v, self.variants_of(v)) for v in versions])
+
+    def list_models(self) -> list[ModelView]:
+        names = sorted(doc["name"] for doc in self.store.list_docs("model"))
+        views = []
+        for name in names:
+            try:
+                views.append(self.get_model(name))
+            except NotFoundError:  # deleted between the two reads
+                continue
+        return views
+
+    # Variants and jobs -------------------------------------------------------------------
+
+    def get_variant(self, variant_id: str) -> VariantRecord | None:
+        return self._get("variant", variant_id, VariantRecord)
+
+    def update_variant(self, variant_id: str, **fields: Any) -> None:
+        fields["updated_at"] = now()
+        self.store.update_doc("variant", variant_id, _jsonable(VariantRecord, fields))
+
+    def get_job(self, job_id: str) -> JobRecord:
+        job = self._get("job", job_id, JobRecord)
+        if job is None:
+            raise NotFoundError(f"no job with id {job_id!r}")
+        return job
+
+    def update_job(self, job_id: str, **fields: Any) -> None:
+        self.store.update_doc("job", job_id, _jsonable(JobRecord, fields))
+
+    def set_stage(self, job: JobRecord, stage: VariantStatus) -> None:
+        self.update_job(job.id, stage=stage)
+        self.update_variant(job.variant_id, status=stage)
+
+    # Artifacts ---------------------------------------------------------------------------
+
+    def get_artifact(self, key: str) -> ArtifactRecord | None:
+        record = self._get("artifact", key, ArtifactRecord)
+        if record is None or not self.store.has_blob(ARTIFACT_BLOB.format(key=key)):
+            return None
+        return record
+
+    def put_artifact(self, record: ArtifactRecord, data: bytes) -> None:
+        self.store.put_blob(ARTIFACT_BLOB.format(key=record.key), [data])
+        self._put("artifact", record.key, record)
+
+    # Deletion ----------------------------------------------------------------------------
+
+    def delete_model(self, name: str) -> ModelView:
+        """Remove a model's metadata, then the blobs that nothing references any more."""
+        view = self.get_model(name)
+        for version, variants in view.versions:
+            for variant in variants:
+                if variant.job_id:
+                    self.store.delete_doc("job", variant.job_id)
+                self.store.delete_doc("variant", variant.id)
+            self.store.delete_doc("version", version_id(name, version.version))
+        for doc in self.store.list_docs("upload"):
+            if doc["name"] == name:
+                self.store.delete_doc("upload", doc["id"])
+        self.store.delete_doc("model", name)
+        self.collect_garbage()
+        return view
+
+    def collect_garbage(self) -> None:
+        versions = [VersionRecord.model_validate(d) for d in self.store.list_docs("version")]
+        live_models = {v.sha256 for v in versions}
+        live_artifacts = {
+            d["artifact_key"] for d in self.store.list_docs("variant") if d.get("artifact_key")
+        }
+        for blob in self.store.list_blobs("models/"):
+            if blob.removeprefix("models/") not in live_models:
+                self.store.delete_blob(blob)
+        for blob in self.store.list_blobs("artifacts/"):
+            key = blob.removeprefix("artifacts/")
+            if key not in live_artifacts:
+                self.store.delete_blob(blob)
+                self.store.delete_doc("artifact", key)
+
+
+def _jsonable(cls: type[BaseModel], fields: dict[str, Any]) -> dict[str, Any]:
+    """Dump only `fields`, through the record's own field types (enums, int-keyed dicts)."""
+    partial = cls.model_construct(**fields)
+    return partial.model_dump(mode="json", include=set(fields))

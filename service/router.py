@@ -1,0 +1,62 @@
+"""Routing: which variant serves a request. The fastest verified one, never a slower one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from service.errors import NotFoundError
+from service.records import VariantRecord, VariantStatus, VersionRecord
+
+REFERENCE = "torchscript"
+ANY_TARGET = "any"
+
+
+def latency_at(table: Mapping[int, float], batch: int) -> float | None:
+    """Latency measured at the smallest batch >= `batch`, else at the largest measured."""
+    if not table:
+        return None
+    at_or_above = [b for b in table if b >= batch]
+    return table[min(at_or_above) if at_or_above else max(table)]
+
+
+def servable(variants: Iterable[VariantRecord], targets: set[str]) -> list[VariantRecord]:
+    return [
+        v
+        for v in variants
+        if v.status == VariantStatus.ready and (v.target == ANY_TARGET or v.target in targets)
+    ]
+
+
+def choose_variant(
+    variants: Iterable[VariantRecord], targets: set[str], batch: int, backend: str | None = None
+) -> VariantRecord:
+    """A compiled variant replaces TorchScript only when it was measured faster at this batch
+    size than TorchScript timed in the same run; among those the fastest wins."""
+    ready = servable(variants, targets)
+    if backend is not None:
+        pinned = [v for v in ready if v.backend == backend]
+        if not pinned:
+            raise NotFoundError(f"no ready {backend!r} variant for this host's targets")
+        return min(pinned, key=lambda v: latency_at(v.latency_ms_by_batch, batch) or 0.0)
+    reference = [v for v in ready if v.backend == REFERENCE]
+    if not reference:
+        raise NotFoundError("no ready variant for this host")
+    best, best_ms = reference[0], None
+    for variant in ready:
+        ms = latency_at(variant.latency_ms_by_batch, batch)
+        base = latency_at(variant.baseline_latency_ms_by_batch, batch)
+        if variant.backend == REFERENCE or ms is None or base is None or ms >= base:
+            continue
+        if best_ms is None or ms < best_ms:
+            best, best_ms = variant, ms
+    return best
+
+
+def serving_version(
+    versions: list[tuple[VersionRecord, list[VariantRecord]]], targets: set[str]
+) -> tuple[VersionRecord, list[VariantRecord]]:
+    """The newest version that has a ready variant for this host."""
+    for version, variants in sorted(versions, key=lambda pair: -pair[0].version):
+        if servable(variants, targets):
+            return version, variants
+    raise NotFoundError("no version of this model is ready to serve on this host")

@@ -1,0 +1,53 @@
+"""One Settings object, read from KILN_* environment variables."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="KILN_", env_file=None)
+
+    # Redis mode when set; embedded mode (local disk + SQLite + in-process pool) otherwise.
+    redis_url: str | None = None
+    data_dir: Path = Path("~/.local/share/kiln").expanduser()
+
+    # Comma-separated `key:scope` pairs, scope in {admin, infer}. Empty: open, with a warning.
+    api_keys: str = ""
+
+    max_upload_mb: int = 512
+    compile_timeout_s: float = 600.0
+    compile_memory_mb: int = 8192
+    validate_timeout_s: float = 120.0
+    # Compile jobs run concurrently in embedded mode, and per `kiln worker` process.
+    compile_workers: int = 1
+
+    # Intra-op threads for every runtime (torch, TVM): set once so runtimes compare fairly
+    # and the server does not oversubscribe cores.
+    threads: int = Field(default_factory=lambda: os.cpu_count() or 1)
+
+    # Dramatiq redelivers the job of a dead worker once its heartbeat is this old and a
+    # maintenance pass runs; both are set on purpose, the library defaults take minutes.
+    queue_heartbeat_timeout_s: float = 60.0
+    queue_namespace: str = "kiln"
+
+    # How long a replica trusts its cached routing decision before asking the store again.
+    route_ttl_s: float = 1.0
+    runtime_max_loaded: int = 16
+
+    default_max_batch_size: int = 8
+    default_backends: list[str] = ["tvm"]
+
+    @property
+    def embedded(self) -> bool:
+        return not self.redis_url
+
+
+@functools.cache
+def get_settings() -> Settings:
+    return Settings()

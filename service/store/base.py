@@ -1,0 +1,81 @@
+"""The Store protocol: blobs (models, artifacts) and JSON documents (metadata).
+
+Two implementations pass the same contract tests: Redis for deployments, and a local
+directory plus SQLite for the embedded default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+Doc = dict[str, Any]
+
+
+class StoreError(Exception):
+    """Base class for store errors."""
+
+
+class StoreUnavailableError(StoreError):
+    """The backing service (Redis) cannot be reached. The API answers 503."""
+
+
+class BlobNotFoundError(StoreError, KeyError):
+    """No blob under that key."""
+
+
+class Store(Protocol):
+    def ping(self) -> None:
+        """Raise StoreUnavailableError unless the store answers."""
+        ...
+
+    # Blobs: written whole or not at all; a reader never sees a partial blob.
+    def put_blob(self, key: str, chunks: Iterable[bytes]) -> int:
+        """Store the concatenated chunks under `key`; return the size in bytes."""
+        ...
+
+    def get_blob(self, key: str) -> bytes:
+        """Raise BlobNotFoundError when absent."""
+        ...
+
+    def iter_blob(self, key: str) -> Iterator[bytes]:
+        """The blob in chunks. Raise BlobNotFoundError when absent."""
+        ...
+
+    def has_blob(self, key: str) -> bool: ...
+
+    def delete_blob(self, key: str) -> None:
+        """Delete if present."""
+        ...
+
+    def list_blobs(self, prefix: str = "") -> list[str]: ...
+
+    # Documents: flat JSON objects in named collections (`kind`), addressed by id.
+    def get_doc(self, kind: str, doc_id: str) -> Doc | None: ...
+
+    def put_doc(self, kind: str, doc_id: str, doc: Doc) -> None:
+        """Create or replace the whole document."""
+        ...
+
+    def create_doc(self, kind: str, doc_id: str, doc: Doc) -> bool:
+        """Create only if absent, atomically. Return False when it already existed."""
+        ...
+
+    def update_doc(self, kind: str, doc_id: str, fields: Doc) -> None:
+        """Set some top-level fields atomically, leaving the others. Concurrent updates of
+        different fields never lose each other. No-op when the document does not exist."""
+        ...
+
+    def delete_doc(self, kind: str, doc_id: str) -> None:
+        """Delete if present."""
+        ...
+
+    def list_docs(self, kind: str, prefix: str = "") -> list[Doc]:
+        """All documents of a kind whose id starts with `prefix`, in id order."""
+        ...
+
+    def next_id(self, counter: str) -> int:
+        """Atomically increment and return a named counter, starting at 1."""
+        ...
+
+    def close(self) -> None: ...

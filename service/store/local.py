@@ -1,0 +1,190 @@
+"""The Store on local disk, the embedded default: blobs are files, the rest is SQLite.
+
+Layout under `root`:
+    blobs/{h[:2]}/{h}   a blob, where h = sha256(key); any key maps to a safe file name
+    kiln.db             SQLite (WAL): the blob key index, documents and counters
+
+Several processes (uvicorn workers, the compile pool) may share one root: files are
+published with os.replace, and SQLite's locking serializes the writers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import tempfile
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from service.store.base import BlobNotFoundError, Doc, StoreUnavailableError
+
+# How long a writer waits for another process's write transaction before failing.
+_BUSY_TIMEOUT_S = 30.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS docs (
+    kind TEXT NOT NULL, id TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+"""
+
+
+class LocalStore:
+    def __init__(self, root: Path, *, chunk_size: int = 1 << 20) -> None:
+        self._blobs = root / "blobs"
+        self._blobs.mkdir(parents=True, exist_ok=True)
+        self._chunk_size = chunk_size
+        # One connection behind a lock: store calls are short, and SQLite runs one writer
+        # at a time anyway. Autocommit mode, so transactions are only the explicit ones.
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            root / "kiln.db", timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction; IMMEDIATE takes the lock up front, so a read-modify-write
+        waits for other writers instead of failing when it upgrades."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def ping(self) -> None:
+        try:
+            self._query("SELECT 1")
+        except sqlite3.Error as exc:
+            raise StoreUnavailableError(f"the database in {self._blobs.parent} fails: {exc}") from exc
+        if not self._blobs.is_dir():
+            raise StoreUnavailableError(f"the blob directory {self._blobs} is gone")
+
+    # Blobs
+
+    def _path(self, key: str) -> Path:
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return self._blobs / digest[:2] / digest
+
+    def put_blob(self, key: str, chunks: Iterable[bytes]) -> int:
+        path = self._path(key)
+        path.parent.mkdir(exist_ok=True)
+        # The temp file sits in the target's directory, so os.replace is an atomic rename.
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        size = 0
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks:
+                    out.write(chunk)
+                    size += len(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            # Inside the transaction, so a concurrent delete of the key cannot interleave.
+            with self._write() as db:
+                os.replace(tmp, path)
+                db.execute("INSERT OR IGNORE INTO blobs (key) VALUES (?)", (key,))
+        finally:
+            with suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return size
+
+    def get_blob(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise BlobNotFoundError(key) from None
+
+    def iter_blob(self, key: str) -> Iterator[bytes]:
+        # Open now, so a missing blob raises here; the open file survives a later replace.
+        try:
+            file = self._path(key).open("rb")
+        except FileNotFoundError:
+            raise BlobNotFoundError(key) from None
+        return self._read_chunks(file)
+
+    def _read_chunks(self, file: BinaryIO) -> Iterator[bytes]:
+        with file:
+            while chunk := file.read(self._chunk_size):
+                yield chunk
+
+    def has_blob(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def delete_blob(self, key: str) -> None:
+        with self._write() as db:
+            db.execute("DELETE FROM blobs WHERE key = ?", (key,))
+            with suppress(FileNotFoundError):
+                self._path(key).unlink()
+
+    def list_blobs(self, prefix: str = "") -> list[str]:
+        rows = self._query(
+            "SELECT key FROM blobs WHERE substr(key, 1, ?) = ? ORDER BY key", (len(prefix), prefix)
+        )
+        return [key for (key,) in rows]
+
+    # Documents
+
+    def get_doc(self, kind: str, doc_id: str) -> Doc | None:
+        rows = self._query("SELECT body FROM docs WHERE kind = ? AND id = ?", (kind, doc_id))
+        return json.loads(rows[0][0]) if rows else None
+
+    def put_doc(self, kind: str, doc_id: str, doc: Doc) -> None:
+        self._query(
+            "INSERT INTO docs (kind, id, body) VALUES (?, ?, ?)"
+            " ON CONFLICT (kind, id) DO UPDATE SET body = excluded.body",
+            (kind, doc_id, json.dumps(doc)),
+        )
+
+    def create_doc(self, kind: str, doc_id: str, doc: Doc) -> bool:
+        with self._write() as db:
+            cursor = db.execute(
+                "INSERT OR IGNORE INTO docs (kind, id, body) VALUES (?, ?, ?)",
+                (kind, doc_id, json.dumps(doc)),
+            )
+            return cursor.rowcount == 1
+
+    def update_doc(self, kind: str, doc_id: str, fields: Doc) -> None:
+        with self._write() as db:
+            row = db.execute("SELECT body FROM docs WHERE kind = ? AND id = ?", (kind, doc_id)).fetchone()
+            if row is not None:
+                body = json.dumps({**json.loads(row[0]), **fields})
+                db.execute("UPDATE docs SET body = ? WHERE kind = ? AND id = ?", (body, kind, doc_id))
+
+    def delete_doc(self, kind: str, doc_id: str) -> None:
+        self._query("DELETE FROM docs WHERE kind = ? AND id = ?", (kind, doc_id))
+
+    def list_docs(self, kind: str, prefix: str = "") -> list[Doc]:
+        # SQLite's default BINARY collation orders like Python's str order and Redis's ZSET.
+        rows = self._query(
+            "SELECT body FROM docs WHERE kind = ? AND substr(id, 1, ?) = ? ORDER BY id",
+            (kind, len(prefix), prefix),
+        )
+        return [json.loads(body) for (body,) in rows]
+
+    def next_id(self, counter: str) -> int:
+        with self._write() as db:
+            rows = db.execute(
+                "INSERT INTO counters (name, value) VALUES (?, 1)"
+                " ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value",
+                (counter,),
+            ).fetchall()
+        return int(rows[0][0])
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,59 @@
+"""A thin test client over httpx for Kiln's /v1 API."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from tests.models import TestModel
+
+SETTLED = {"ready", "failed", "rejected"}
+
+
+def upload(http: httpx.Client, model: TestModel, name: str | None = None, **config: Any) -> httpx.Response:
+    body = model.config(**config)
+    if name is not None:
+        body["name"] = name
+    return http.post(
+        "/v1/models", files={"file": ("model.pt", model.torchscript())}, data={"config": json.dumps(body)}
+    )
+
+
+def wait_settled(http: httpx.Client, name: str, version: int, timeout: float = 300) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        response = http.get(f"/v1/models/{name}/versions/{version}")
+        response.raise_for_status()
+        variants: list[dict[str, Any]] = response.json()["variants"]
+        if all(v["status"] in SETTLED for v in variants):
+            return variants
+        time.sleep(0.5)
+    raise TimeoutError(f"{name} v{version} did not settle in {timeout}s: {variants}")
+
+
+def by_backend(variants: list[dict[str, Any]], backend: str) -> dict[str, Any]:
+    return next(v for v in variants if v["backend"] == backend)
+
+
+def sample(model: TestModel, batch: int, seed: int = 1) -> np.ndarray:
+    shape = [batch if d == -1 else d for d in model.inputs[0]["shape"]]  # type: ignore[union-attr]
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def expected(model: TestModel, x: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        out: torch.Tensor = model.module()(torch.from_numpy(x))
+    return out.numpy()
+
+
+def predict(
+    http: httpx.Client, name: str, x: np.ndarray, backend: str | None = None, version: int | None = None
+) -> httpx.Response:
+    path = f"/v1/models/{name}" + (f"/versions/{version}" if version else "") + "/predict"
+    params = {"backend": backend} if backend else {}
+    return http.post(path, json={"inputs": {"x": x.tolist()}}, params=params)

@@ -1,0 +1,155 @@
+"""Real servers for tests: redis-server and Kiln processes on free loopback ports."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(check: object, timeout: float, what: str, interval: float = 0.1) -> None:
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except Exception:
+            pass
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+
+
+class RedisServer:
+    """A throwaway redis-server on a free port; `restart()` keeps its data dir (AOF on)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        if shutil.which("redis-server") is None:
+            raise RuntimeError("redis-server is not installed; `make test` installs it with apt-get")
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.data_dir),
+                "--appendonly",
+                "yes",
+                "--save",
+                "",
+                "--protected-mode",
+                "yes",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port)
+        wait_until(client.ping, 10, "redis-server")
+        client.close()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+class KilnProcess:
+    """`kiln serve` or `kiln worker` as a real subprocess with its own environment."""
+
+    def __init__(self, args: list[str], env: Mapping[str, str], log: Path) -> None:
+        self.args = args
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "service.cli", *self.args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            self.proc = None
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+class KilnServer(KilnProcess):
+    def __init__(self, env: Mapping[str, str], log: Path) -> None:
+        self.port = free_port()
+        super().__init__(["serve", "--host", "127.0.0.1", "--port", str(self.port)], env, log)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        super().start()
+        try:
+            wait_until(lambda: httpx.get(f"{self.url}/healthz").status_code == 200, 60, "kiln serve")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.tail()}") from exc
+
+
+@contextmanager
+def running(*procs: KilnProcess | RedisServer) -> Iterator[None]:
+    started: list[KilnProcess | RedisServer] = []
+    try:
+        for proc in procs:
+            proc.start()
+            started.append(proc)
+        yield
+    finally:
+        for proc in reversed(started):
+            proc.stop()

@@ -1,0 +1,152 @@
+"""Flows 1-3 and 5 in embedded mode: one `kiln serve`, no Redis, real TVM compiles."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.client import by_backend, expected, predict, sample, upload, wait_settled
+from tests.models import MODELS, UNCONVERTIBLE
+from tests.servers import KilnServer
+
+pytestmark = pytest.mark.timeout(1800)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    root: Path = tmp_path_factory.mktemp("embedded")
+    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_COMPILE_WORKERS": "2", "KILN_THREADS": "1"}
+    srv = KilnServer(env, root / "kiln.log")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: KilnServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def uploaded(http: httpx.Client, server: KilnServer) -> dict[str, list[dict[str, object]]]:
+    """Upload every test model at once, then wait: the compiles overlap."""
+    versions = {}
+    for name, model in MODELS.items():
+        response = upload(http, model, max_batch_size=8, backends=["tvm"])
+        assert response.status_code == 202, response.text
+        body = response.json()
+        assert body["deduplicated"] is False
+        # Serve on upload: TorchScript is ready before any compile has finished.
+        assert by_backend(body["variants"], "torchscript")["status"] == "ready"
+        assert by_backend(body["variants"], "tvm")["status"] == "queued"
+        versions[name] = body["version"]
+    try:
+        return {name: wait_settled(http, name, v, timeout=900) for name, v in versions.items()}
+    except TimeoutError:
+        print(server.tail(80))
+        raise
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_tvm_variant_ready_and_matches_torch(
+    http: httpx.Client, uploaded: dict[str, list[dict[str, object]]], name: str
+) -> None:
+    tvm = by_backend(uploaded[name], "tvm")
+    assert tvm["status"] == "ready", tvm["error"]
+    assert isinstance(tvm["max_abs_error"], float) and tvm["max_abs_error"] <= 1e-4
+    assert tvm["latency_ms_by_batch"].keys() == {"1", "8"}
+    model = MODELS[name]
+    for batch in (1, 7):
+        x = sample(model, batch)
+        response = predict(http, name, x, backend="tvm")
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["variant"]["backend"] == "tvm"
+        assert body["variant"]["id"] == tvm["id"]
+        out = np.asarray(body["outputs"]["output0"], dtype=np.float32)
+        assert out.shape[0] == batch
+        np.testing.assert_allclose(out, expected(model, x), rtol=1e-4, atol=1e-5)
+
+
+def test_default_route_serves_fastest_verified(
+    http: httpx.Client, uploaded: dict[str, list[dict[str, object]]]
+) -> None:
+    for name in MODELS:
+        model = http.get(f"/v1/models/{name}").json()
+        tvm = by_backend(model["versions"][-1]["variants"], "tvm")
+        faster = tvm["latency_ms_by_batch"]["1"] < tvm["baseline_latency_ms_by_batch"]["1"]
+        assert model["active"]["backend"] == ("tvm" if faster else "torchscript")
+        body = predict(http, name, sample(MODELS[name], 1)).json()
+        assert body["variant"]["id"] == model["active"]["variant_id"]
+
+
+def test_identical_reupload_starts_no_compile(
+    http: httpx.Client, uploaded: dict[str, list[dict[str, object]]]
+) -> None:
+    model = MODELS["mlp"]
+    again = upload(http, model, max_batch_size=8, backends=["tvm"])
+    assert again.status_code == 200, again.text
+    body = again.json()
+    assert body["deduplicated"] is True
+    assert body["version"] == 1
+    assert len(http.get("/v1/models/mlp").json()["versions"]) == 1
+
+    # The same bytes under another name: a new version, whose compile is an artifact cache hit.
+    copy = upload(http, model, name="mlp-copy", max_batch_size=8, backends=["tvm"])
+    assert copy.status_code == 202, copy.text
+    variants = wait_settled(http, "mlp-copy", copy.json()["version"], timeout=120)
+    tvm = by_backend(variants, "tvm")
+    original = by_backend(uploaded["mlp"], "tvm")
+    assert tvm["status"] == "ready" and tvm["cache_hit"] is True
+    assert tvm["latency_ms_by_batch"] == original["latency_ms_by_batch"]
+    job = http.get(f"/v1/jobs/{tvm['job_id']}").json()
+    assert job["status"] == "succeeded" and job["cache_hit"] is True and job["attempts"] == 1
+
+
+def test_new_upload_is_a_new_version(
+    http: httpx.Client, uploaded: dict[str, list[dict[str, object]]]
+) -> None:
+    response = upload(http, MODELS["mlp"], name="mlp-versions", max_batch_size=8, backends=[])
+    assert response.status_code == 202
+    response = upload(http, MODELS["mlp"], name="mlp-versions", max_batch_size=4, backends=[])
+    assert response.status_code == 202
+    assert response.json()["version"] == 2
+    x = sample(MODELS["mlp"], 2)
+    body = predict(http, "mlp-versions", x).json()
+    assert body["model_version"] == 2
+    assert predict(http, "mlp-versions", x, version=1).json()["model_version"] == 1
+
+
+def test_failed_conversion_keeps_torchscript_serving(http: httpx.Client, server: KilnServer) -> None:
+    response = upload(http, UNCONVERTIBLE, max_batch_size=4, backends=["tvm"])
+    assert response.status_code == 202, response.text
+    variants = wait_settled(http, UNCONVERTIBLE.name, response.json()["version"])
+    tvm = by_backend(variants, "tvm")
+    assert tvm["status"] == "failed"
+    assert tvm["error"] and tvm["error"].startswith("tvm: ")
+    job = http.get(f"/v1/jobs/{tvm['job_id']}").json()
+    assert job["status"] == "failed" and job["error"] == tvm["error"]
+    x = sample(UNCONVERTIBLE, 2)
+    body = predict(http, UNCONVERTIBLE.name, x).json()
+    assert body["variant"]["backend"] == "torchscript"
+    np.testing.assert_allclose(body["outputs"]["output0"], expected(UNCONVERTIBLE, x), rtol=1e-5, atol=1e-5)
+
+
+def test_delete_removes_metadata_and_unreferenced_artifacts(
+    http: httpx.Client, server: KilnServer, uploaded: dict[str, list[dict[str, object]]]
+) -> None:
+    data = Path(server.env["KILN_DATA_DIR"])
+    artifacts_before = sorted((data / "blobs").rglob("*"))
+    response = upload(http, MODELS["cnn"], name="cnn-doomed", max_batch_size=8, backends=["tvm"])
+    wait_settled(http, "cnn-doomed", response.json()["version"])
+    assert http.delete("/v1/models/cnn-doomed").status_code == 200
+    assert http.get("/v1/models/cnn-doomed").status_code == 404
+    assert predict(http, "cnn-doomed", sample(MODELS["cnn"], 1)).status_code == 404
+    # "cnn" still references the shared model blob and artifact: nothing it needs was removed.
+    assert sorted((data / "blobs").rglob("*")) == artifacts_before
+    assert predict(http, "cnn", sample(MODELS["cnn"], 1), backend="tvm").status_code == 200

@@ -1,0 +1,175 @@
+"""Every row of the bad-input table, and API-key scopes: a clear 4xx, never a 500 or a hang."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.client import predict, sample, upload
+from tests.models import MODELS
+from tests.servers import KilnServer, RedisServer
+
+ADMIN, INFER = "admin-secret", "infer-secret"
+MLP = MODELS["mlp"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    root = tmp_path_factory.mktemp("errors")
+    env = {
+        "KILN_DATA_DIR": str(root / "data"),
+        "KILN_MAX_UPLOAD_MB": "1",
+        "KILN_API_KEYS": f"{ADMIN}:admin,{INFER}:infer",
+    }
+    srv = KilnServer(env, root / "kiln.log")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: KilnServer) -> Iterator[httpx.Client]:
+    headers = {"Authorization": f"Bearer {ADMIN}"}
+    with httpx.Client(base_url=server.url, timeout=60, headers=headers) as client:
+        response = upload(client, MLP, backends=[])
+        assert response.status_code == 202, response.text
+        yield client
+
+
+def problem(response: httpx.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/problem+json")
+    detail: str = response.json()["detail"]
+    return detail
+
+
+def post_upload(http: httpx.Client, config: str, content: bytes) -> httpx.Response:
+    return http.post("/v1/models", files={"file": ("m.pt", content)}, data={"config": config})
+
+
+def test_config_not_json(http: httpx.Client) -> None:
+    assert "config" in problem(post_upload(http, "{not json", MLP.torchscript()), 422)
+
+
+def test_config_missing_field(http: httpx.Client) -> None:
+    detail = problem(post_upload(http, json.dumps({"name": "m"}), MLP.torchscript()), 422)
+    assert "inputs" in detail and "required" in detail.lower()
+
+
+def test_config_bad_dtype_names_the_field(http: httpx.Client) -> None:
+    config = {"name": "m", "inputs": [{"name": "x", "dtype": "float33", "shape": [-1, 64]}]}
+    detail = problem(post_upload(http, json.dumps(config), MLP.torchscript()), 422)
+    assert "inputs.0.dtype" in detail
+
+
+def test_unknown_backend(http: httpx.Client) -> None:
+    config = json.dumps(MLP.config(backends=["nope"]))
+    assert "nope" in problem(post_upload(http, config, MLP.torchscript()), 422)
+
+
+def test_file_not_torchscript(http: httpx.Client) -> None:
+    detail = problem(post_upload(http, json.dumps(MLP.config()), b"definitely not a model"), 400)
+    assert "not a TorchScript archive" in detail
+
+
+def test_spec_that_does_not_fit_the_model(http: httpx.Client) -> None:
+    config = {"name": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 3]}]}
+    detail = problem(post_upload(http, json.dumps(config), MLP.torchscript()), 400)
+    assert "failed on inputs x:float32[-1,3]" in detail
+
+
+def test_upload_over_limit(http: httpx.Client) -> None:
+    big = b"\0" * (2 * 1024 * 1024)
+    response = post_upload(http, json.dumps(MLP.config()), big)
+    assert response.status_code == 413, response.text
+    assert http.get("/v1/models/mlp").json()["versions"][0]["version"] == 1  # nothing was lost
+
+
+def test_unknown_model_and_version(http: httpx.Client) -> None:
+    assert "nope" in problem(http.get("/v1/models/nope"), 404)
+    assert "no version 9" in problem(http.get("/v1/models/mlp/versions/9"), 404)
+    assert "nope" in problem(predict(http, "nope", sample(MLP, 1)), 404)
+    assert problem(predict(http, "mlp", sample(MLP, 1), version=9), 404)
+    assert problem(http.get("/v1/jobs/nope"), 404)
+    assert problem(http.delete("/v1/models/nope"), 404)
+
+
+def test_missing_input(http: httpx.Client) -> None:
+    detail = problem(http.post("/v1/models/mlp/predict", json={"inputs": {}}), 400)
+    assert "'x'" in detail and "missing" in detail
+
+
+def test_unknown_input(http: httpx.Client) -> None:
+    body = {"inputs": {"x": sample(MLP, 1).tolist(), "y": [1]}}
+    assert "'y'" in problem(http.post("/v1/models/mlp/predict", json=body), 400)
+
+
+def test_wrong_shape(http: httpx.Client) -> None:
+    detail = problem(predict(http, "mlp", np.zeros((2, 3), np.float32)), 400)
+    assert "'x'" in detail and "[-1, 64]" in detail and "[2, 3]" in detail
+
+
+def test_wrong_dtype(http: httpx.Client) -> None:
+    body = {"inputs": {"x": [["a"] * 64]}}
+    detail = problem(http.post("/v1/models/mlp/predict", json=body), 400)
+    assert "'x'" in detail and "float32" in detail
+
+
+def test_ragged_input(http: httpx.Client) -> None:
+    body = {"inputs": {"x": [[1.0] * 64, [1.0]]}}
+    assert "'x'" in problem(http.post("/v1/models/mlp/predict", json=body), 400)
+
+
+def test_batch_over_max(http: httpx.Client) -> None:
+    assert "max_batch_size" in problem(predict(http, "mlp", sample(MLP, 9)), 400)
+
+
+def test_api_key_scopes(server: KilnServer) -> None:
+    with httpx.Client(base_url=server.url, timeout=60) as anon:
+        assert problem(anon.get("/v1/models"), 401)
+        assert problem(anon.get("/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+        infer = {"Authorization": f"Bearer {INFER}"}
+        assert anon.get("/v1/models", headers=infer).status_code == 200
+        response = anon.post(
+            "/v1/models/mlp/predict", json={"inputs": {"x": sample(MLP, 1).tolist()}}, headers=infer
+        )
+        assert response.status_code == 200
+        assert "admin" in problem(anon.delete("/v1/models/mlp", headers=infer), 403)
+        upload_response = anon.post(
+            "/v1/models",
+            headers={"X-API-Key": INFER},
+            files={"file": ("m.pt", MLP.torchscript())},
+            data={"config": json.dumps(MLP.config())},
+        )
+        assert problem(upload_response, 403)
+        assert anon.get("/healthz").status_code == 200  # probes need no key
+
+
+def test_redis_outage(tmp_path: Path) -> None:
+    """Uploads get 503 while Redis is down; a loaded model keeps answering predictions."""
+    redis_server = RedisServer(tmp_path)
+    redis_server.start()
+    server = KilnServer({"KILN_REDIS_URL": redis_server.url}, tmp_path / "kiln.log")
+    server.start()
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            assert upload(http, MLP, backends=[]).status_code == 202
+            x = sample(MLP, 2)
+            before = predict(http, "mlp", x)
+            assert before.status_code == 200
+            redis_server.stop()
+            assert "unreachable" in problem(upload(http, MLP, name="other", backends=[]), 503)
+            assert problem(http.get("/readyz"), 503)
+            during = predict(http, "mlp", x)
+            assert during.status_code == 200, during.text
+            assert during.json()["outputs"] == before.json()["outputs"]
+            redis_server.start()
+            assert http.get("/readyz").status_code == 200
+    finally:
+        server.stop()
+        redis_server.stop()

@@ -1,0 +1,242 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from service.sandbox import (
+    ChildCrashedError,
+    ChildFailedError,
+    ChildMemoryError,
+    ChildTimeoutError,
+    Progress,
+    SandboxError,
+    run_in_child,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Functions run in the child: module-level so that spawn can import them by name.
+
+
+def add(a: int, b: int, progress: Progress) -> int:
+    print("hello from the child", flush=True)
+    return a + b
+
+
+def big_bytes(n: int, progress: Progress) -> bytes:
+    return bytes(range(256)) * (n // 256)
+
+
+def report_stages(stages: list[str], progress: Progress) -> str:
+    for stage in stages:
+        progress({"stage": stage})
+    return "done"
+
+
+def raise_value_error(progress: Progress) -> None:
+    raise ValueError("bad input spec: 'x:float32[1,3'")
+
+
+class UnpicklableError(Exception):
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.callback = lambda: None
+
+
+class TwoArgError(Exception):
+    """Pickles, but cannot be rebuilt: pickle calls cls(*args) with only the message."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def raise_unpicklable(progress: Progress) -> None:
+    raise UnpicklableError("holds a lambda")
+
+
+def raise_two_arg(progress: Progress) -> None:
+    raise TwoArgError("needs a code", 7)
+
+
+def return_lock(progress: Progress) -> Any:
+    return threading.Lock()
+
+
+def sleep_forever(progress: Progress) -> None:
+    progress({"pid": os.getpid()})
+    time.sleep(30)
+
+
+def hog_memory(mb: int, progress: Progress) -> None:
+    chunks = [b"x" * 2**20 for _ in range(mb)]  # b"x" * n touches every page, unlike bytes(n)
+    time.sleep(30)
+    del chunks
+
+
+def exit_with_code(code: int, progress: Progress) -> None:
+    os._exit(code)
+
+
+def kill_self(signum: int, progress: Progress) -> None:
+    os.kill(os.getpid(), signum)
+    time.sleep(30)
+
+
+def write_pid_and_sleep(path: str, progress: Progress) -> None:
+    Path(path).write_text(str(os.getpid()))
+    time.sleep(60)
+
+
+def run(fn: Any, *args: Any, timeout_s: float = 30, memory_mb: int = 1024, **kw: Any) -> Any:
+    return run_in_child(fn, args, timeout_s=timeout_s, memory_mb=memory_mb, **kw)
+
+
+def test_returns_value_and_keeps_child_output(capfd: pytest.CaptureFixture[str]) -> None:
+    assert run(add, 2, 3) == 5
+    assert "hello from the child" in capfd.readouterr().out
+
+
+def test_returns_large_result() -> None:
+    n = 20 * 2**20
+    result = run(big_bytes, n)
+    assert len(result) == n
+    assert result == bytes(range(256)) * (n // 256)
+
+
+def test_progress_events_arrive_in_order() -> None:
+    events: list[dict[str, Any]] = []
+    stages = ["loading", "compiling", "verifying", "benchmarking"] * 50
+    assert run(report_stages, stages, on_progress=events.append) == "done"
+    assert events == [{"stage": s} for s in stages]
+
+
+def test_exception_comes_back_as_itself() -> None:
+    with pytest.raises(ValueError, match=r"bad input spec: 'x:float32\[1,3'") as info:
+        run(raise_value_error)
+    assert type(info.value) is ValueError
+    assert any("raise_value_error" in note for note in info.value.__notes__)
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (raise_unpicklable, "UnpicklableError: holds a lambda"),
+        (raise_two_arg, "TwoArgError: needs a code"),
+    ],
+)
+def test_unpicklable_exception_becomes_child_failed(fn: Any, message: str) -> None:
+    with pytest.raises(ChildFailedError) as info:
+        run(fn)
+    assert str(info.value) == message
+
+
+def test_unpicklable_result_raises() -> None:
+    with pytest.raises(TypeError, match=r"cannot pickle '_thread\.lock' object"):
+        run(return_lock)
+
+
+def test_timeout_kills_child() -> None:
+    events: list[dict[str, Any]] = []
+    start = time.monotonic()
+    with pytest.raises(ChildTimeoutError, match=r"^timed out after 1 s$"):
+        run(sleep_forever, timeout_s=1, on_progress=events.append)
+    assert time.monotonic() - start < 3
+    assert len(events) == 1, "the child started and reported its pid"
+    assert not psutil.pid_exists(events[0]["pid"])
+
+
+def test_memory_limit_kills_child() -> None:
+    start = time.monotonic()
+    with pytest.raises(ChildMemoryError, match=r"^used more than 200 MB of memory$"):
+        run(hog_memory, 600, memory_mb=200)
+    assert time.monotonic() - start < 20, "killed while hogging, not by the 30 s timeout"
+
+
+@pytest.mark.parametrize(
+    ("fn", "arg", "message"),
+    [
+        (exit_with_code, 3, "the child process exited with code 3 without answering"),
+        (kill_self, signal.SIGSEGV, "the child process crashed with signal SIGSEGV"),
+        (kill_self, signal.SIGKILL, "the child process crashed with signal SIGKILL"),
+    ],
+)
+def test_crash_is_reported(fn: Any, arg: int, message: str) -> None:
+    with pytest.raises(ChildCrashedError) as info:
+        run(fn, arg)
+    assert str(info.value) == message
+    assert isinstance(info.value, SandboxError)
+
+
+def _gone(pid: int) -> bool:
+    # Our container's init may not reap orphans, so a dead process can linger as a zombie.
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_for(predicate: Any, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _assert_dies_with_parent(script: str, pid_file: Path) -> None:
+    """Run `script` as the parent of a process that writes its pid; SIGKILL the parent."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        assert _wait_for(lambda: pid_file.exists() and pid_file.read_text(), 20)
+        child = int(pid_file.read_text())
+        assert psutil.Process(child).ppid() == parent.pid
+        assert not _gone(child)
+        parent.kill()
+        parent.wait()
+        assert _wait_for(lambda: _gone(child), 5), "the child outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def test_child_dies_with_its_parent(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    script = f"""
+        from service.sandbox import run_in_child
+        from tests.test_sandbox import write_pid_and_sleep
+        run_in_child(write_pid_and_sleep, ({str(pid_file)!r},), timeout_s=60, memory_mb=1024)
+    """
+    _assert_dies_with_parent(script, pid_file)
+
+
+def test_watchdog_fallback_kills_orphan(tmp_path: Path) -> None:
+    """The watchdog used where prctl(PR_SET_PDEATHSIG) is unavailable."""
+    pid_file = tmp_path / "pid"
+    child = f"""
+        import os, threading, time
+        from service.sandbox import _watch_parent
+        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        time.sleep(60)
+    """
+    script = f"""
+        import subprocess, sys
+        subprocess.run([sys.executable, "-c", {textwrap.dedent(child)!r}])
+    """
+    _assert_dies_with_parent(script, pid_file)

@@ -1,0 +1,370 @@
+"""One contract for every Store: the same tests run on Redis and on local disk + SQLite."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from service.settings import Settings
+from service.store import (
+    BlobNotFoundError,
+    LocalStore,
+    RedisStore,
+    Store,
+    StoreUnavailableError,
+    open_store,
+)
+from tests.servers import RedisServer, free_port
+
+CHUNK = 16  # small, so a blob of a few hundred bytes spans many chunks
+
+Opener = Callable[[], Store]
+
+
+@pytest.fixture(params=["redis", "local"])
+def opener(request: pytest.FixtureRequest) -> Iterator[Opener]:
+    """Opens stores on one backing Redis database or directory; closes them afterwards."""
+    opened: list[Store] = []
+
+    def open_() -> Store:
+        if request.param == "redis":
+            store: Store = RedisStore(request.getfixturevalue("redis_url"), chunk_size=CHUNK)
+        else:
+            store = LocalStore(request.getfixturevalue("data_dir"), chunk_size=CHUNK)
+        opened.append(store)
+        return store
+
+    yield open_
+    for store in opened:
+        store.close()
+
+
+@pytest.fixture
+def store(opener: Opener) -> Store:
+    return opener()
+
+
+def run_threads(count: int, target: Callable[[int], None]) -> None:
+    """Run target(i) in `count` threads that start together, to provoke races."""
+    barrier = threading.Barrier(count)
+
+    def start(i: int) -> None:
+        barrier.wait()
+        target(i)
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads)
+
+
+# Blobs
+
+
+def test_blob_roundtrip_across_many_chunks(store: Store) -> None:
+    data = os.urandom(CHUNK * 20 + 5)
+    # Pieces that do not line up with the chunk size.
+    pieces = [data[i : i + 7] for i in range(0, len(data), 7)]
+    assert store.put_blob("models/a", pieces) == len(data)
+    assert store.get_blob("models/a") == data
+    chunks = list(store.iter_blob("models/a"))
+    assert b"".join(chunks) == data
+    assert [len(c) for c in chunks] == [CHUNK] * 20 + [5]
+
+
+def test_empty_blob_exists(store: Store) -> None:
+    assert store.put_blob("empty", []) == 0
+    assert store.has_blob("empty")
+    assert store.get_blob("empty") == b""
+    assert list(store.iter_blob("empty")) == []
+
+
+def test_overwrite_replaces_the_blob(store: Store) -> None:
+    store.put_blob("k", [os.urandom(CHUNK * 5)])
+    store.put_blob("k", [b"short"])
+    assert store.get_blob("k") == b"short"
+    assert store.list_blobs() == ["k"]
+
+
+def test_reader_started_before_an_overwrite_reads_the_old_blob(store: Store) -> None:
+    old = os.urandom(CHUNK * 4)
+    store.put_blob("k", [old])
+    reader = store.iter_blob("k")
+    first = next(reader)
+    store.put_blob("k", [b"new"])
+    assert first + b"".join(reader) == old
+    assert store.get_blob("k") == b"new"
+
+
+def test_failed_upload_leaves_nothing_visible(store: Store) -> None:
+    def failing(payload: bytes) -> Iterator[bytes]:
+        yield payload
+        raise OSError("client went away")
+
+    with pytest.raises(OSError, match="went away"):
+        store.put_blob("new", failing(os.urandom(CHUNK * 3)))
+    assert not store.has_blob("new")
+    assert store.list_blobs() == []
+
+    store.put_blob("kept", [b"original"])
+    with pytest.raises(OSError, match="went away"):
+        store.put_blob("kept", failing(os.urandom(CHUNK * 3)))
+    assert store.get_blob("kept") == b"original"
+
+
+def test_missing_blob_raises(store: Store) -> None:
+    with pytest.raises(BlobNotFoundError):
+        store.get_blob("nope")
+    # Eagerly, before any chunk is read, so an HTTP route can answer 404 up front.
+    with pytest.raises(BlobNotFoundError):
+        store.iter_blob("nope")
+    with pytest.raises(KeyError):
+        store.get_blob("nope")
+    assert not store.has_blob("nope")
+
+
+def test_has_delete_and_list_with_prefix(store: Store) -> None:
+    keys = ["models/b/1", "models/a/2", "models/a/1", "artifacts/x", "models/ä:ü 1"]
+    for key in keys:
+        store.put_blob(key, [key.encode() * 10])
+    assert store.list_blobs() == sorted(keys)
+    assert store.list_blobs("models/a/") == ["models/a/1", "models/a/2"]
+    assert store.list_blobs("models/ä") == ["models/ä:ü 1"]
+    assert store.list_blobs("zzz") == []
+    assert store.get_blob("models/ä:ü 1") == "models/ä:ü 1".encode() * 10
+
+    store.delete_blob("models/a/1")
+    store.delete_blob("never-existed")
+    assert not store.has_blob("models/a/1")
+    assert store.has_blob("models/a/2")
+    assert store.list_blobs("models/a/") == ["models/a/2"]
+    with pytest.raises(BlobNotFoundError):
+        store.get_blob("models/a/1")
+
+
+# Documents
+
+
+def test_doc_roundtrip_and_replace(store: Store) -> None:
+    doc = {"name": "résumé", "n": 3, "ratio": 0.5, "tags": ["a"], "spec": {"x": [1, 2]}, "z": None}
+    assert store.get_doc("models", "m1") is None
+    store.put_doc("models", "m1", doc)
+    assert store.get_doc("models", "m1") == doc
+    store.put_doc("models", "m1", {"name": "other"})
+    assert store.get_doc("models", "m1") == {"name": "other"}
+    assert store.get_doc("jobs", "m1") is None
+
+
+def test_empty_doc_exists(store: Store) -> None:
+    store.put_doc("models", "empty", {})
+    assert store.get_doc("models", "empty") == {}
+    assert store.list_docs("models") == [{}]
+    assert not store.create_doc("models", "empty", {"a": 1})
+
+
+def test_list_docs_by_prefix_in_id_order(store: Store) -> None:
+    for doc_id in ["m/b", "m/a2", "n/x", "m/a", "m/B"]:
+        store.put_doc("variants", doc_id, {"id": doc_id})
+    store.put_doc("jobs", "m/z", {"id": "m/z"})
+    store.put_doc("a:b", "c", {"id": "kind with a colon"})
+    store.put_doc("a", "b:c", {"id": "id with a colon"})
+
+    assert [d["id"] for d in store.list_docs("variants")] == ["m/B", "m/a", "m/a2", "m/b", "n/x"]
+    assert [d["id"] for d in store.list_docs("variants", "m/a")] == ["m/a", "m/a2"]
+    assert store.list_docs("variants", "q") == []
+    assert store.list_docs("nothing") == []
+    assert store.get_doc("a:b", "c") == {"id": "kind with a colon"}
+    assert store.get_doc("a", "b:c") == {"id": "id with a colon"}
+
+    store.delete_doc("variants", "m/a")
+    store.delete_doc("variants", "never-existed")
+    assert store.get_doc("variants", "m/a") is None
+    assert [d["id"] for d in store.list_docs("variants", "m/a")] == ["m/a2"]
+
+
+def test_create_doc_only_once(store: Store) -> None:
+    assert store.create_doc("jobs", "j1", {"state": "queued"})
+    assert not store.create_doc("jobs", "j1", {"state": "other"})
+    assert store.get_doc("jobs", "j1") == {"state": "queued"}
+
+
+def test_create_doc_races_have_one_winner(opener: Opener) -> None:
+    stores = [opener(), opener()]
+    wins: dict[str, list[int]] = {f"j{n}": [] for n in range(20)}
+
+    def create(i: int) -> None:
+        for doc_id, winners in wins.items():
+            if stores[i % 2].create_doc("jobs", doc_id, {"by": i}):
+                winners.append(i)
+
+    run_threads(8, create)
+    for doc_id, winners in wins.items():
+        assert len(winners) == 1
+        assert stores[0].get_doc("jobs", doc_id) == {"by": winners[0]}
+
+
+def test_update_doc_merges_top_level_fields(store: Store) -> None:
+    store.put_doc("variants", "v", {"status": "queued", "spec": {"a": 1, "b": 2}, "n": 1})
+    store.update_doc("variants", "v", {"status": "ready", "spec": {"a": 9}, "latency": 1.5})
+    assert store.get_doc("variants", "v") == {
+        "status": "ready",
+        "spec": {"a": 9},
+        "n": 1,
+        "latency": 1.5,
+    }
+
+
+def test_update_doc_of_missing_doc_is_a_noop(store: Store) -> None:
+    store.update_doc("variants", "ghost", {"status": "ready"})
+    assert store.get_doc("variants", "ghost") is None
+    assert store.list_docs("variants") == []
+    assert store.create_doc("variants", "ghost", {"status": "queued"})
+
+
+def test_concurrent_updates_of_different_fields_lose_nothing(opener: Opener) -> None:
+    first = opener()
+    first.put_doc("variants", "v", {"base": True})
+    # Each thread uses its own store instance too, as separate processes would.
+    stores = [first, *(opener() for _ in range(3))]
+
+    def update(i: int) -> None:
+        for step in range(25):
+            stores[i % len(stores)].update_doc("variants", "v", {f"f{i}": step})
+
+    run_threads(8, update)
+    assert first.get_doc("variants", "v") == {"base": True, **{f"f{i}": 24 for i in range(8)}}
+
+
+def test_next_id_is_atomic_across_threads(opener: Opener) -> None:
+    stores = [opener(), opener()]
+    ids: list[int] = []
+    lock = threading.Lock()
+
+    def take(i: int) -> None:
+        mine = [stores[i % 2].next_id("jobs") for _ in range(50)]
+        with lock:
+            ids.extend(mine)
+
+    run_threads(8, take)
+    assert sorted(ids) == list(range(1, 401))
+    assert stores[0].next_id("models") == 1
+    assert stores[1].next_id("jobs") == 401
+
+
+def test_data_survives_reopening(opener: Opener) -> None:
+    store = opener()
+    blob = os.urandom(CHUNK * 3 + 1)
+    store.put_blob("models/m", [blob])
+    store.put_doc("models", "m", {"sha256": "abc"})
+    assert store.next_id("jobs") == 1
+    store.close()
+
+    again = opener()
+    again.ping()
+    assert again.get_blob("models/m") == blob
+    assert again.list_blobs() == ["models/m"]
+    assert again.get_doc("models", "m") == {"sha256": "abc"}
+    assert again.list_docs("models") == [{"sha256": "abc"}]
+    assert again.next_id("jobs") == 2
+
+
+def _take_ids(root: Path, start_at: float) -> list[int]:
+    store = LocalStore(root)
+    time.sleep(max(0.0, start_at - time.time()))  # all processes collide at once
+    try:
+        return [store.next_id("jobs") for _ in range(200)]
+    finally:
+        store.close()
+
+
+def test_local_store_is_shared_by_processes(data_dir: Path) -> None:
+    # Like several uvicorn workers on one data dir.
+    LocalStore(data_dir).close()
+    start_at = time.time() + 3
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        results = pool.starmap(_take_ids, [(data_dir, start_at)] * 4, chunksize=1)
+    assert sorted(i for ids in results for i in ids) == list(range(1, 801))
+
+
+# Choosing a store, and Redis outages
+
+
+def test_open_store_follows_settings(redis_url: str, data_dir: Path) -> None:
+    remote = open_store(Settings(redis_url=redis_url, data_dir=data_dir))
+    local = open_store(Settings(redis_url=None, data_dir=data_dir))
+    try:
+        assert isinstance(remote, RedisStore)
+        assert isinstance(local, LocalStore)
+        assert (data_dir / "kiln.db").is_file()
+    finally:
+        remote.close()
+        local.close()
+
+
+def test_unreachable_redis_raises_store_unavailable_quickly() -> None:
+    port = free_port()  # nothing listens there
+    store = RedisStore(f"redis://127.0.0.1:{port}/0")
+    message = f"redis at 127.0.0.1:{port} is unreachable"
+    try:
+        for call in (store.ping, lambda: store.get_doc("models", "m")):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailableError, match=message):
+                call()
+            assert time.monotonic() - started < 5
+        with pytest.raises(StoreUnavailableError):
+            store.put_blob("k", [b"x"])
+    finally:
+        store.close()
+
+
+def test_redis_outage_is_reported_and_then_recovered(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)
+    server.start()
+    store = RedisStore(server.url, chunk_size=CHUNK)
+    try:
+        store.put_doc("models", "m", {"v": 1})
+        store.put_blob("b", [b"y" * (CHUNK * 2)])
+        reader = store.iter_blob("b")
+        server.stop()
+        with pytest.raises(StoreUnavailableError):
+            store.get_doc("models", "m")
+        with pytest.raises(StoreUnavailableError):
+            list(reader)  # errors while streaming are translated too
+        server.start()  # same port, data kept in the append-only file
+        assert store.get_doc("models", "m") == {"v": 1}
+        assert store.get_blob("b") == b"y" * (CHUNK * 2)
+    finally:
+        store.close()
+        server.stop()
+
+
+def test_redis_chunks_are_cleaned_up(redis_url: str) -> None:
+    store = RedisStore(redis_url, chunk_size=CHUNK)
+    raw = redis.Redis.from_url(redis_url)
+    try:
+
+        def chunk_ttls() -> list[int]:
+            return sorted(raw.ttl(k) for k in raw.scan_iter("kiln:chunk:*"))
+
+        store.put_blob("k", [os.urandom(CHUNK * 5)])
+        assert chunk_ttls() == [-1] * 5  # published chunks do not expire
+        store.put_blob("k", [os.urandom(CHUNK * 2)])
+        ttls = chunk_ttls()
+        # The replaced version's chunks expire after a grace period for in-flight readers.
+        assert ttls[:2] == [-1, -1] and len(ttls) == 7 and all(t > 0 for t in ttls[2:])
+        store.delete_blob("k")
+        assert all(t > 0 for t in chunk_ttls()) and len(chunk_ttls()) == 5
+        assert not raw.exists("kiln:blob:k")
+        assert raw.zcard("kiln:blobs") == 0
+    finally:
+        raw.close()
+        store.close()
