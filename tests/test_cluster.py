@@ -1,0 +1,124 @@
+"""Redis mode: two API processes and a worker share one Redis; a SIGKILLed worker's job comes back."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.client import by_backend, expected, predict, sample, upload, wait_settled
+from tests.models import MODELS
+from tests.servers import KilnProcess, KilnServer, RedisServer, wait_until
+
+pytestmark = pytest.mark.timeout(1800)
+
+# Short, so a dead worker's job is redelivered within seconds of a new worker starting.
+HEARTBEAT_S = "3"
+
+
+class Cluster:
+    def __init__(self, redis_url: str, root: Path) -> None:
+        self.env = {
+            "KILN_REDIS_URL": redis_url,
+            "KILN_QUEUE_HEARTBEAT_TIMEOUT_S": HEARTBEAT_S,
+            "KILN_THREADS": "1",
+            "KILN_COMPILE_WORKERS": "2",
+        }
+        self.root = root
+        self.api1 = KilnServer(self.env, root / "api1.log")
+        self.api2 = KilnServer(self.env, root / "api2.log")
+        self.worker = self.new_worker()
+
+    def new_worker(self) -> KilnProcess:
+        return KilnProcess(["worker"], self.env, self.root / "worker.log")
+
+
+@pytest.fixture(scope="module")
+def cluster(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    import redis
+
+    redis.Redis.from_url(redis_server.url).flushdb()
+    c = Cluster(redis_server.url, tmp_path_factory.mktemp("cluster"))
+    for proc in (c.api1, c.api2, c.worker):
+        proc.start()
+    yield c
+    for proc in (c.worker, c.api2, c.api1):
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def api1(cluster: Cluster) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=cluster.api1.url, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def api2(cluster: Cluster) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=cluster.api2.url, timeout=120) as client:
+        yield client
+
+
+def test_upload_on_one_api_predict_on_another(
+    api1: httpx.Client, api2: httpx.Client, cluster: Cluster
+) -> None:
+    versions = {}
+    for name, model in MODELS.items():
+        response = upload(api1, model, max_batch_size=8, backends=["tvm"])
+        assert response.status_code == 202, response.text
+        versions[name] = response.json()["version"]
+    for name, model in MODELS.items():
+        try:
+            variants = wait_settled(api2, name, versions[name], timeout=900)
+        except TimeoutError:
+            print(cluster.worker.tail(60))
+            raise
+        tvm = by_backend(variants, "tvm")
+        assert tvm["status"] == "ready", tvm["error"]
+        for batch in (1, 7):
+            x = sample(model, batch)
+            response = predict(api2, name, x, backend="tvm")
+            assert response.status_code == 200, response.text
+            assert response.json()["variant"]["id"] == tvm["id"]
+            out = np.asarray(response.json()["outputs"]["output0"], dtype=np.float32)
+            np.testing.assert_allclose(out, expected(model, x), rtol=1e-4, atol=1e-5)
+    # API 1 answers too, from the same store.
+    assert predict(api1, "mlp", sample(MODELS["mlp"], 1)).status_code == 200
+
+
+def test_identical_reupload_is_deduplicated_across_apis(api1: httpx.Client, api2: httpx.Client) -> None:
+    response = upload(api2, MODELS["mlp"], max_batch_size=8, backends=["tvm"])
+    assert response.status_code == 200, response.text
+    assert response.json()["deduplicated"] is True
+    copy = upload(api2, MODELS["mlp"], name="mlp-again", max_batch_size=8, backends=["tvm"])
+    tvm = by_backend(wait_settled(api1, "mlp-again", copy.json()["version"], timeout=120), "tvm")
+    assert tvm["status"] == "ready" and tvm["cache_hit"] is True
+
+
+def test_sigkilled_worker_job_is_redelivered(api1: httpx.Client, cluster: Cluster) -> None:
+    # A config no earlier test used, so the artifact cache cannot answer it.
+    response = upload(api1, MODELS["encoder"], name="encoder-kill", max_batch_size=6, backends=["tvm"])
+    assert response.status_code == 202, response.text
+    job_id = by_backend(response.json()["variants"], "tvm")["job_id"]
+
+    def compiling() -> bool:
+        job = api1.get(f"/v1/jobs/{job_id}").json()
+        assert job["status"] != "succeeded", "the compile finished before the worker could be killed"
+        return bool(job["stage"] == "compiling")
+
+    wait_until(compiling, 120, "the compile to start", interval=0.05)
+    cluster.worker.kill()
+    time.sleep(1)
+    job = api1.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "running" and job["attempts"] == 1
+
+    cluster.worker = cluster.new_worker()
+    cluster.worker.start()
+    variants = wait_settled(api1, "encoder-kill", response.json()["version"], timeout=600)
+    tvm = by_backend(variants, "tvm")
+    assert tvm["status"] == "ready", tvm["error"]
+    job = api1.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded" and job["attempts"] == 2

@@ -1,0 +1,98 @@
+"""Routing picks the fastest verified variant, and never a failed, rejected or slower one."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.errors import NotFoundError
+from service.records import ModelConfig, TensorConfig, VariantRecord, VariantStatus, VersionRecord
+from service.router import ANY_TARGET, choose_variant, latency_at, serving_version
+
+HOST = "cpu-x86_64-test-avx2"
+
+
+def variant(
+    backend: str,
+    status: VariantStatus = VariantStatus.ready,
+    ms: dict[int, float] | None = None,
+    base: dict[int, float] | None = None,
+    target: str = HOST,
+) -> VariantRecord:
+    return VariantRecord(
+        id=f"{backend}-{status}-{target}",
+        model="m",
+        version=1,
+        backend=backend,
+        target=ANY_TARGET if backend == "torchscript" else target,
+        status=status,
+        latency_ms_by_batch=ms or {},
+        baseline_latency_ms_by_batch=base or {},
+    )
+
+
+def test_latency_at_picks_the_covering_batch() -> None:
+    table = {1: 1.0, 8: 5.0}
+    assert latency_at(table, 1) == 1.0
+    assert latency_at(table, 3) == 5.0
+    assert latency_at(table, 8) == 5.0
+    assert latency_at(table, 32) == 5.0
+    assert latency_at({}, 1) is None
+
+
+def test_torchscript_serves_until_a_faster_variant_is_ready() -> None:
+    ts = variant("torchscript")
+    queued = variant("tvm", VariantStatus.compiling)
+    assert choose_variant([ts, queued], {HOST}, 1) is ts
+
+
+def test_faster_verified_variant_replaces_torchscript() -> None:
+    ts = variant("torchscript")
+    tvm = variant("tvm", ms={1: 1.0, 8: 4.0}, base={1: 2.0, 8: 8.0})
+    assert choose_variant([ts, tvm], {HOST}, 1) is tvm
+    assert choose_variant([ts, tvm], {HOST}, 8) is tvm
+
+
+def test_slower_variant_never_serves_by_default() -> None:
+    ts = variant("torchscript")
+    slow = variant("tvm", ms={1: 3.0, 8: 4.0}, base={1: 2.0, 8: 8.0})
+    assert choose_variant([ts, slow], {HOST}, 1) is ts
+    assert choose_variant([ts, slow], {HOST}, 8) is slow  # faster at large batches only
+
+
+def test_failed_rejected_and_foreign_variants_never_serve() -> None:
+    ts = variant("torchscript")
+    fast = {1: 0.1}
+    slow_base = {1: 9.0}
+    failed = variant("tvm", VariantStatus.failed, fast, slow_base)
+    rejected = variant("onnx", VariantStatus.rejected, fast, slow_base)
+    foreign = variant("tensorrt", ms=fast, base=slow_base, target="cuda-sm90")
+    assert choose_variant([ts, failed, rejected, foreign], {HOST}, 1) is ts
+
+
+def test_fastest_of_several() -> None:
+    ts = variant("torchscript")
+    a = variant("tvm", ms={1: 1.5}, base={1: 2.0})
+    b = variant("ort", ms={1: 1.0}, base={1: 2.0})
+    assert choose_variant([ts, a, b], {HOST}, 1) is b
+
+
+def test_pinned_backend() -> None:
+    ts = variant("torchscript")
+    slow = variant("tvm", ms={1: 3.0}, base={1: 2.0})
+    assert choose_variant([ts, slow], {HOST}, 1, backend="tvm") is slow
+    with pytest.raises(NotFoundError):
+        choose_variant([ts, variant("tvm", VariantStatus.failed)], {HOST}, 1, backend="tvm")
+
+
+def test_newest_servable_version() -> None:
+    config = ModelConfig(name="m", inputs=[TensorConfig(name="x", dtype="float32", shape=[-1, 2])])
+
+    def version(n: int) -> VersionRecord:
+        return VersionRecord(name="m", version=n, sha256="0" * 64, config=config, outputs=[], variant_ids=[])
+
+    old = (version(1), [variant("torchscript")])
+    new = (version(2), [variant("tvm", VariantStatus.queued)])
+    assert serving_version([old, new], {HOST})[0].version == 1
+    assert serving_version([new, (version(3), [variant("torchscript")]), old], {HOST})[0].version == 3
+    with pytest.raises(NotFoundError):
+        serving_version([new], {HOST})
