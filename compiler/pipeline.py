@@ -84,9 +84,7 @@ def compile_and_check(
         "latency_ms": latency,
         "baseline_latency_ms": baseline,
     }
-    return CompileResult(
-        artifact, compile_s, checked.max_abs_error, checked.max_rel_error, latency, baseline
-    )
+    return CompileResult(artifact, compile_s, checked.max_abs_error, checked.max_rel_error, latency, baseline)
 
 
 def compile_to_bytes(

@@ -24,9 +24,7 @@ SETTLED = {"ready", "failed", "rejected"}
 
 
 def setup_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 def client(url: str, api_key: str | None) -> httpx.Client:
@@ -74,9 +72,7 @@ def upload(
     name: Annotated[str, typer.Option(help="Model name.")],
     input: Annotated[list[str], typer.Option("--input", help="NAME:DTYPE[D0,...], -1 = dynamic.")],
     max_batch_size: Annotated[int | None, typer.Option(help="Largest batch.")] = None,
-    backend: Annotated[
-        list[str] | None, typer.Option("--backend", help="Backends to compile.")
-    ] = None,
+    backend: Annotated[list[str] | None, typer.Option("--backend", help="Backends to compile.")] = None,
     wait: Annotated[bool, typer.Option(help="Show progress until every variant settles.")] = True,
     url: UrlOption = "http://127.0.0.1:8000",
     api_key: KeyOption = None,
@@ -94,9 +90,7 @@ def upload(
         config["backends"] = backend
     with client(url, api_key) as http:
         body = check(
-            http.post(
-                "/v1/models", files={"file": file.read_bytes()}, data={"config": json.dumps(config)}
-            )
+            http.post("/v1/models", files={"file": file.read_bytes()}, data={"config": json.dumps(config)})
         )
         console.print(
             f"{body['name']} version {body['version']} ({body['sha256'][:12]})"
@@ -152,9 +146,7 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
 @app.command()
 def predict(
     name: str,
-    data: Annotated[
-        str, typer.Option(help="JSON inputs, e.g. '{\"x\": [[1, 2]]}', or @file.json.")
-    ],
+    data: Annotated[str, typer.Option(help="JSON inputs, e.g. '{\"x\": [[1, 2]]}', or @file.json.")],
     version: Annotated[int | None, typer.Option(help="Version; default: the serving one.")] = None,
     url: UrlOption = "http://127.0.0.1:8000",
     api_key: KeyOption = None,

@@ -76,9 +76,7 @@ def _compile(
     registry: Registry, settings: Settings, job: JobRecord, version: VersionRecord, key: str
 ) -> None:
     model = registry.store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
-    options = CompileOptions(
-        rtol=version.config.rtol, atol=version.config.atol, threads=settings.threads
-    )
+    options = CompileOptions(rtol=version.config.rtol, atol=version.config.atol, threads=settings.threads)
 
     def on_progress(event: dict[str, Any]) -> None:
         if "stage" in event:
@@ -169,6 +167,4 @@ def _record_baseline(registry: Registry, job: JobRecord, record: ArtifactRecord)
 def _settle_failed(registry: Registry, job: JobRecord, status: VariantStatus, reason: str) -> None:
     log.warning("job %s: %s variant %s %s: %s", job.id, job.backend, job.variant_id, status, reason)
     registry.update_variant(job.variant_id, status=status, error=reason)
-    registry.update_job(
-        job.id, status=JobStatus.failed, stage=status, error=reason, finished_at=now()
-    )
+    registry.update_job(job.id, status=JobStatus.failed, stage=status, error=reason, finished_at=now())

@@ -76,9 +76,7 @@ class Registry:
         upload_key = hashlib.sha256(f"{sha256}\0{canonical}".encode()).hexdigest()
         existing = self.store.get_doc("upload", upload_key)
         if existing is not None:
-            version = self._get(
-                "version", version_id(config.name, existing["version"]), VersionRecord
-            )
+            version = self._get("version", version_id(config.name, existing["version"]), VersionRecord)
             if version is not None:
                 return NewVersion(version, self.variants_of(version), [], deduplicated=True)
         self.store.create_doc("model", config.name, {"name": config.name, "created_at": now()})
@@ -98,9 +96,7 @@ class Registry:
             self._put("job", job.id, job)
         # The version doc goes last: readers never see a version whose variants are missing.
         self._put("version", version_id(config.name, number), version)
-        self.store.put_doc(
-            "upload", upload_key, {"id": upload_key, "name": config.name, "version": number}
-        )
+        self.store.put_doc("upload", upload_key, {"id": upload_key, "name": config.name, "version": number})
         return NewVersion(version, variants, jobs, deduplicated=False)
 
     def variants_of(self, version: VersionRecord) -> list[VariantRecord]:
@@ -187,9 +183,7 @@ class Registry:
     def collect_garbage(self) -> None:
         versions = [VersionRecord.model_validate(d) for d in self.store.list_docs("version")]
         live_models = {v.sha256 for v in versions}
-        live_artifacts = {
-            d["artifact_key"] for d in self.store.list_docs("variant") if d.get("artifact_key")
-        }
+        live_artifacts = {d["artifact_key"] for d in self.store.list_docs("variant") if d.get("artifact_key")}
         for blob in self.store.list_blobs("models/"):
             if blob.removeprefix("models/") not in live_models:
                 self.store.delete_blob(blob)

@@ -63,9 +63,7 @@ class Runtime:
             return cached
         try:
             if version is None:
-                chosen, variants = serving_version(
-                    self.registry.get_model(name).versions, self.targets
-                )
+                chosen, variants = serving_version(self.registry.get_model(name).versions, self.targets)
             else:
                 chosen = self.registry.get_version(name, version)
                 variants = self.registry.variants_of(chosen)
@@ -124,9 +122,7 @@ class Runtime:
             payload = store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
             artifact = Artifact(variant.backend, ANY_TARGET, spec_of(version), payload)
         else:
-            artifact = Artifact.unpack(
-                store.get_blob(ARTIFACT_BLOB.format(key=variant.artifact_key))
-            )
+            artifact = Artifact.unpack(store.get_blob(ARTIFACT_BLOB.format(key=variant.artifact_key)))
         runner = get_backend(variant.backend).load(artifact)
         log.info(
             "loaded %s variant %s of %s v%d in %.2f s",

@@ -20,9 +20,7 @@ class Backend(Protocol):
         """None when this backend can compile for and run on `target` here, else why not."""
         ...
 
-    def compile(
-        self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]
-    ) -> Artifact:
+    def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
         """Compile TorchScript bytes for `target`. Raises ConversionError with a readable reason."""
         ...
 

@@ -21,9 +21,7 @@ def flatten_outputs(value: Any) -> list[torch.Tensor]:
         return [value]
     if isinstance(value, list | tuple):
         return [t for item in value for t in flatten_outputs(item)]
-    raise InvalidModelError(
-        f"model outputs must be tensors or tuples of tensors; got {type(value).__name__}"
-    )
+    raise InvalidModelError(f"model outputs must be tensors or tuples of tensors; got {type(value).__name__}")
 
 
 class TorchScriptRunner:
@@ -52,9 +50,7 @@ class TorchScriptBackend:
     def unavailable_reason(self, target: str) -> str | None:
         return None
 
-    def compile(
-        self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]
-    ) -> Artifact:
+    def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
         load_torchscript(model)
         return Artifact(self.name, target, spec, model)
 

@@ -39,9 +39,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = open_store(settings)
         registry = Registry(store)
-        queue: JobQueue = (
-            EmbeddedQueue(registry, settings) if settings.embedded else DramatiqQueue(settings)
-        )
+        queue: JobQueue = EmbeddedQueue(registry, settings) if settings.embedded else DramatiqQueue(settings)
         app.state.services = Services(settings, registry, queue, Runtime(registry, settings))
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")

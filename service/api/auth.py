@@ -24,9 +24,7 @@ def parse_keys(text: str) -> dict[str, Scope]:
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, scope = item.rpartition(":")
         if not sep or not key or scope not in Scope.__members__:
-            raise InvalidConfigError(
-                f"KILN_API_KEYS: expected KEY:admin or KEY:infer, got {item!r}"
-            )
+            raise InvalidConfigError(f"KILN_API_KEYS: expected KEY:admin or KEY:infer, got {item!r}")
         keys[key] = Scope(scope)
     return keys
 

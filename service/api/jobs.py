@@ -13,8 +13,6 @@ from service.api.schemas import JobOut
 router = APIRouter(tags=["jobs"], dependencies=[Depends(require(Scope.infer))])
 
 
-@router.get(
-    "/v1/jobs/{job_id}", operation_id="get_job", summary="A compile job's status and stage."
-)
+@router.get("/v1/jobs/{job_id}", operation_id="get_job", summary="A compile job's status and stage.")
 def get_job(job_id: str, svc: Annotated[Services, Depends(services)]) -> JobOut:
     return JobOut.model_validate(svc.registry.get_job(job_id).model_dump())

@@ -53,9 +53,7 @@ def install(app: FastAPI) -> None:
 
     for exc_type, (status, title) in STATUS_OF.items():
 
-        async def mapped(
-            request: Request, exc: Exception, s: int = status, t: str = title
-        ) -> JSONResponse:
+        async def mapped(request: Request, exc: Exception, s: int = status, t: str = title) -> JSONResponse:
             return problem(s, t, str(exc))
 
         app.add_exception_handler(exc_type, mapped)

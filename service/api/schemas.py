@@ -28,9 +28,7 @@ class VariantOut(VariantRef):
     job_id: str | None
     cache_hit: bool
     max_abs_error: float | None
-    latency_ms: float | None = Field(
-        description="Median latency at batch 1, measured by the worker."
-    )
+    latency_ms: float | None = Field(description="Median latency at batch 1, measured by the worker.")
     latency_ms_by_batch: dict[int, float]
     baseline_latency_ms_by_batch: dict[int, float] = Field(
         description="TorchScript's latency, timed in the same run as this variant."
@@ -73,9 +71,7 @@ class ActiveOut(BaseModel):
 class ModelOut(BaseModel):
     name: str
     versions: list[VersionOut]
-    active: ActiveOut | None = Field(
-        description="What serves batch-1 requests on this replica now."
-    )
+    active: ActiveOut | None = Field(description="What serves batch-1 requests on this replica now.")
 
 
 class ModelList(BaseModel):
