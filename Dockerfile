@@ -22,7 +22,7 @@ RUN pip install --upgrade pip \
 
 # torch above sits in its own layer, so a code change reinstalls only the lighter packages.
 WORKDIR /src
-COPY pyproject.toml ./
+COPY pyproject.toml README.md ./
 COPY compiler ./compiler
 COPY service ./service
 RUN pip install . \
