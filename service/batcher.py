@@ -1,0 +1,138 @@
+"""Dynamic batching: concurrent requests for one runner are merged, run once and split back.
+
+Like Triton's dynamic batcher: a batch closes when it reaches `max_batch_size` or a preferred
+size, or when its oldest request has waited `max_queue_delay_us`. Requests keep arriving while a
+batch runs, so under load batches grow even with no delay at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    max_batch_size: int
+    max_queue_delay_us: int = 0
+    preferred_batch_sizes: Sequence[int] = ()
+
+
+@dataclass
+class _Request:
+    inputs: Arrays
+    batch: int
+    future: asyncio.Future[Arrays]
+    # Requests merge only when every non-batch dimension agrees.
+    signature: tuple[tuple[str, tuple[int, ...], str], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.signature = tuple(
+            (name, arr.shape[1:], arr.dtype.str) for name, arr in sorted(self.inputs.items())
+        )
+
+
+class Batcher:
+    def __init__(
+        self,
+        run: Callable[[Arrays], Arrays],
+        policy: BatchPolicy,
+        executor: Executor,
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> None:
+        """`on_batch(batch_size, requests)` is called after every execution."""
+        self.run = run
+        self.policy = policy
+        self.executor = executor
+        self.on_batch = on_batch
+        self._queue: asyncio.Queue[_Request] = asyncio.Queue()
+        self._carry: _Request | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def submit(self, inputs: Arrays, batch: int) -> Arrays:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+        future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Request(inputs, batch, future))
+        return await future
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    async def _next(self, timeout: float | None) -> _Request | None:
+        if self._carry is not None:
+            request, self._carry = self._carry, None
+            return request
+        if timeout is None:
+            return await self._queue.get()
+        if timeout <= 0:
+            return self._queue.get_nowait() if not self._queue.empty() else None
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            return None
+
+    async def _collect(self) -> list[_Request]:
+        first = await self._next(None)
+        assert first is not None
+        batch, size = [first], first.batch
+        deadline = time.monotonic() + self.policy.max_queue_delay_us / 1e6
+        while size < self.policy.max_batch_size and size not in self.policy.preferred_batch_sizes:
+            request = await self._next(deadline - time.monotonic())
+            if request is None:
+                break
+            if request.signature != first.signature or size + request.batch > self.policy.max_batch_size:
+                self._carry = request  # starts the next batch
+                break
+            batch.append(request)
+            size += request.batch
+        return batch
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            requests = [r for r in await self._collect() if not r.future.cancelled()]
+            if not requests:
+                continue
+            merged = merge([r.inputs for r in requests])
+            try:
+                outputs = await loop.run_in_executor(self.executor, self.run, merged)
+                parts = split(outputs, [r.batch for r in requests])
+            except Exception as exc:
+                for r in requests:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
+                continue
+            for r, part in zip(requests, parts, strict=True):
+                if not r.future.done():
+                    r.future.set_result(part)
+            if self.on_batch is not None:
+                self.on_batch(sum(r.batch for r in requests), len(requests))
+
+
+def merge(parts: list[Arrays]) -> Arrays:
+    if len(parts) == 1:
+        return parts[0]
+    return {name: np.concatenate([p[name] for p in parts], axis=0) for name in parts[0]}
+
+
+def split(outputs: Arrays, sizes: list[int]) -> list[Arrays]:
+    if len(sizes) == 1:
+        return [outputs]
+    total = sum(sizes)
+    for name, value in outputs.items():
+        if value.ndim == 0 or value.shape[0] != total:
+            raise ValueError(f"output {name!r} has no batch dimension; it cannot be split back")
+    offsets = np.cumsum([0, *sizes])
+    return [
+        {name: np.ascontiguousarray(value[offsets[i] : offsets[i + 1]]) for name, value in outputs.items()}
+        for i in range(len(sizes))
+    ]

@@ -1,0 +1,134 @@
+"""The dynamic batcher merges concurrent requests, splits results back exactly, and isolates errors."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from service.batcher import Arrays, Batcher, BatchPolicy
+
+WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+
+
+class Recorder:
+    """A real computation that records the batch sizes it was called with."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.calls: list[int] = []
+        self.delay_s = delay_s
+        self.lock = threading.Lock()
+
+    def __call__(self, inputs: Arrays) -> Arrays:
+        with self.lock:
+            self.calls.append(int(inputs["x"].shape[0]))
+        if self.delay_s:
+            threading.Event().wait(self.delay_s)
+        x = inputs["x"]
+        if not np.isfinite(x).all():
+            raise ValueError("non-finite input")
+        return {"y": x @ WEIGHTS, "s": x.sum(axis=1)}
+
+
+def run(coro_factory: object) -> object:
+    assert callable(coro_factory)
+    return asyncio.run(coro_factory())
+
+
+def requests(n: int, batch: int = 1) -> list[np.ndarray]:
+    rng = np.random.default_rng(1)
+    return [rng.standard_normal((batch, 4)).astype(np.float32) for _ in range(n)]
+
+
+def test_concurrent_requests_merge_and_split_exactly() -> None:
+    recorder = Recorder()
+    xs = requests(32)
+
+    async def main() -> list[Arrays]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(16, max_queue_delay_us=20_000), pool)
+            results = await asyncio.gather(*(batcher.submit({"x": x}, 1) for x in xs))
+            batcher.close()
+            return list(results)
+
+    results = asyncio.run(main())
+    assert sum(recorder.calls) == 32
+    assert len(recorder.calls) < 32 and max(recorder.calls) > 1
+    assert max(recorder.calls) <= 16
+    for x, result in zip(xs, results, strict=True):
+        alone = recorder({"x": x})
+        np.testing.assert_array_equal(result["s"], alone["s"])
+        np.testing.assert_allclose(result["y"], alone["y"], rtol=1e-6, atol=1e-7)
+
+
+def test_requests_queue_while_a_batch_runs_even_without_delay() -> None:
+    recorder = Recorder(delay_s=0.05)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(8), pool)
+            xs = requests(9)
+            first = asyncio.ensure_future(batcher.submit({"x": xs[0]}, 1))
+            await asyncio.sleep(0.02)  # the first request is now running, alone
+            await asyncio.gather(first, *(batcher.submit({"x": x}, 1) for x in xs[1:]))
+            batcher.close()
+
+    asyncio.run(main())
+    assert recorder.calls == [1, 8]
+
+
+def test_preferred_size_closes_a_batch_early() -> None:
+    recorder = Recorder()
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            policy = BatchPolicy(16, max_queue_delay_us=200_000, preferred_batch_sizes=(4,))
+            batcher = Batcher(recorder, policy, pool)
+            await asyncio.gather(*(batcher.submit({"x": x}, 2) for x in requests(4, batch=2)))
+            batcher.close()
+
+    asyncio.run(main())
+    assert recorder.calls == [4, 4]
+
+
+def test_different_shapes_never_merge() -> None:
+    recorder = Recorder()
+
+    def widen(x: np.ndarray) -> Arrays:
+        return {"x": x}
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(
+                lambda a: {"z": a["x"] * 2},
+                BatchPolicy(8, 20_000),
+                pool,
+                on_batch=lambda size, n: recorder.calls.append(size),
+            )
+            a = np.ones((1, 4), np.float32)
+            b = np.ones((1, 5), np.float32)
+            out = await asyncio.gather(batcher.submit(widen(a), 1), batcher.submit(widen(b), 1))
+            batcher.close()
+            assert out[0]["z"].shape == (1, 4) and out[1]["z"].shape == (1, 5)
+
+    asyncio.run(main())
+    assert recorder.calls == [1, 1]
+
+
+def test_a_failing_batch_fails_only_its_requests() -> None:
+    recorder = Recorder()
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(1), pool)
+            bad = np.full((1, 4), np.nan, np.float32)
+            with pytest.raises(ValueError, match="non-finite"):
+                await batcher.submit({"x": bad}, 1)
+            good = await batcher.submit({"x": np.ones((1, 4), np.float32)}, 1)
+            batcher.close()
+            assert good["y"].shape == (1, 3)
+
+    asyncio.run(main())
