@@ -45,9 +45,9 @@ class Batcher:
         run: Callable[[Arrays], Arrays],
         policy: BatchPolicy,
         executor: Executor,
-        on_batch: Callable[[int, int], None] | None = None,
+        on_batch: Callable[[int, int, float], None] | None = None,
     ) -> None:
-        """`on_batch(batch_size, requests)` is called after every execution."""
+        """`on_batch(batch_size, requests, seconds)` is called after every execution."""
         self.run = run
         self.policy = policy
         self.executor = executor
@@ -103,6 +103,7 @@ class Batcher:
             if not requests:
                 continue
             merged = merge([r.inputs for r in requests])
+            started = time.perf_counter()
             try:
                 outputs = await loop.run_in_executor(self.executor, self.run, merged)
                 parts = split(outputs, [r.batch for r in requests])
@@ -115,7 +116,7 @@ class Batcher:
                 if not r.future.done():
                     r.future.set_result(part)
             if self.on_batch is not None:
-                self.on_batch(sum(r.batch for r in requests), len(requests))
+                self.on_batch(sum(r.batch for r in requests), len(requests), time.perf_counter() - started)
 
 
 def merge(parts: list[Arrays]) -> Arrays:

@@ -53,6 +53,9 @@ class ModelConfig(BaseModel):
     inputs: list[TensorConfig] = Field(min_length=1)
     max_batch_size: int | None = Field(default=None, ge=1, le=4096)
     backends: list[str] | None = None
+    # Dynamic batching, as in Triton: how long a batch may wait to fill, and sizes that close it.
+    max_queue_delay_us: int | None = Field(default=None, ge=0, le=10_000_000)
+    preferred_batch_sizes: list[int] = Field(default_factory=list, max_length=16)
     rtol: float = Field(default=1e-4, ge=0)
     atol: float = Field(default=1e-5, ge=0)
     # Extra verification inputs: each a mapping of input name to nested lists.

@@ -1,4 +1,4 @@
-"""The runtime: routes requests to variants and keeps loaded runners in an LRU cache.
+"""The runtime: routes requests to variants, batches them, and keeps loaded runners in an LRU.
 
 Requests hold a reference to the runner they started with, so swapping in a faster variant or
 evicting one never drops a request in flight.
@@ -11,24 +11,30 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from starlette.concurrency import run_in_threadpool
 
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
 from compiler.hardware import local_targets
 from compiler.runner import Runner
 from compiler.spec import InputSpec
+from service.batcher import Batcher, BatchPolicy
 from service.errors import NotFoundError
 from service.jobs import spec_of
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
 from service.router import ANY_TARGET, choose_variant, serving_version
 from service.settings import Settings
+from service.stats import Stats
 from service.store import StoreUnavailableError
 
 log = logging.getLogger("kiln.runtime")
+
+MB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -46,21 +52,56 @@ class Prediction:
     variant: VariantRecord
 
 
+@dataclass
+class Loaded:
+    runner: Runner
+    batcher: Batcher
+    model: str
+    # The artifact's size: weights and code, which is what a loaded runner holds in memory.
+    size_bytes: int
+
+
+def batch_policy(version: VersionRecord, settings: Settings) -> BatchPolicy:
+    """Batch only what can be split back: a batched spec whose outputs all lead with the batch."""
+    config = version.config
+    batchable = spec_of(version).batched and all(o.shape[:1] == [-1] for o in version.outputs)
+    if not batchable:
+        return BatchPolicy(1)
+    delay = config.max_queue_delay_us
+    return BatchPolicy(
+        config.max_batch_size or 1,
+        settings.max_queue_delay_us if delay is None else delay,
+        tuple(config.preferred_batch_sizes),
+    )
+
+
 class Runtime:
     def __init__(self, registry: Registry, settings: Settings) -> None:
         self.registry = registry
         self.settings = settings
         self.targets = set(local_targets())
+        self.stats = Stats()
         self._routes: dict[tuple[str, int | None], Route] = {}
-        self._runners: OrderedDict[str, Runner] = OrderedDict()
+        self._loaded: OrderedDict[str, Loaded] = OrderedDict()
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
+        # Batches of different models run side by side; each batcher runs one at a time.
+        self._executor = ThreadPoolExecutor(settings.inference_workers, thread_name_prefix="kiln-infer")
 
-    def route(self, name: str, version: int | None) -> Route:
-        key = (name, version)
+    # Routing -----------------------------------------------------------------------------
+
+    def _fresh_route(self, key: tuple[str, int | None]) -> Route | None:
         cached = self._routes.get(key)
         if cached is not None and time.monotonic() - cached.fetched_at < self.settings.route_ttl_s:
             return cached
+        return None
+
+    def route(self, name: str, version: int | None) -> Route:
+        """Blocking (store I/O). Serves the last known route while the store is down."""
+        key = (name, version)
+        fresh = self._fresh_route(key)
+        if fresh is not None:
+            return fresh
         try:
             if version is None:
                 chosen, variants = serving_version(self.registry.get_model(name).versions, self.targets)
@@ -68,8 +109,9 @@ class Runtime:
                 chosen = self.registry.get_version(name, version)
                 variants = self.registry.variants_of(chosen)
         except StoreUnavailableError:
+            cached = self._routes.get(key)
             if cached is not None:
-                return cached  # the store is down: keep serving what this replica knows
+                return cached
             raise
         except NotFoundError:
             self._routes.pop(key, None)
@@ -78,44 +120,55 @@ class Runtime:
         self._routes[key] = route
         return route
 
-    def predict(
+    async def aroute(self, name: str, version: int | None) -> Route:
+        fresh = self._fresh_route((name, version))
+        return fresh if fresh is not None else await run_in_threadpool(self.route, name, version)
+
+    # Inference ---------------------------------------------------------------------------
+
+    async def predict(
         self,
         name: str,
         version: int | None,
         inputs: Mapping[str, object],
         backend: str | None = None,
     ) -> Prediction:
-        """Blocking: call it from a worker thread, never on the event loop."""
-        route = self.route(name, version)
+        route = await self.aroute(name, version)
         arrays = route.spec.coerce(inputs)
         batch = route.spec.check(arrays)
         variant = choose_variant(route.variants, self.targets, batch, backend)
-        runner = self.runner(route.version, variant)
-        return Prediction(runner.run(arrays), route.version.version, variant)
+        loaded = self._cached(runner_key(route.version, variant))
+        if loaded is None:
+            loaded = await run_in_threadpool(self.load, route.version, variant)
+        started = time.perf_counter()
+        outputs = await loaded.batcher.submit(arrays, batch)
+        self.stats.request(name, route.version.version, time.perf_counter() - started)
+        return Prediction(outputs, route.version.version, variant)
 
-    def runner(self, version: VersionRecord, variant: VariantRecord) -> Runner:
-        key = variant.artifact_key or f"torchscript:{version.sha256}"
+    def _cached(self, key: str) -> Loaded | None:
         with self._lock:
-            runner = self._runners.get(key)
-            if runner is not None:
-                self._runners.move_to_end(key)
-                return runner
+            loaded = self._loaded.get(key)
+            if loaded is not None:
+                self._loaded.move_to_end(key)
+            return loaded
+
+    def load(self, version: VersionRecord, variant: VariantRecord) -> Loaded:
+        """Blocking: load a variant's runner once, however many requests ask at the same time."""
+        key = runner_key(version, variant)
+        with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
-        with loading:  # one load per artifact, however many requests arrive at once
-            with self._lock:
-                runner = self._runners.get(key)
-            if runner is None:
-                runner = self._load(version, variant)
+        with loading:
+            loaded = self._cached(key)
+            if loaded is None:
+                loaded = self._load(version, variant)
                 with self._lock:
-                    self._runners[key] = runner
-                    while len(self._runners) > self.settings.runtime_max_loaded:
-                        evicted, _ = self._runners.popitem(last=False)
-                        log.info("evicted runner %s", evicted)
+                    self._loaded[key] = loaded
+                    self._evict_over_budget()
         with self._lock:
             self._loading.pop(key, None)
-        return runner
+        return loaded
 
-    def _load(self, version: VersionRecord, variant: VariantRecord) -> Runner:
+    def _load(self, version: VersionRecord, variant: VariantRecord) -> Loaded:
         started = time.perf_counter()
         store = self.registry.store
         if variant.artifact_key is None:
@@ -124,21 +177,53 @@ class Runtime:
         else:
             artifact = Artifact.unpack(store.get_blob(ARTIFACT_BLOB.format(key=variant.artifact_key)))
         runner = get_backend(variant.backend).load(artifact)
+        name, number = version.name, version.version
+
+        def on_batch(size: int, requests: int, seconds: float) -> None:
+            self.stats.execution(name, number, size, seconds)
+
+        batcher = Batcher(runner.run, batch_policy(version, self.settings), self._executor, on_batch)
         log.info(
             "loaded %s variant %s of %s v%d in %.2f s",
             variant.backend,
             variant.id,
-            version.name,
-            version.version,
+            name,
+            number,
             time.perf_counter() - started,
         )
-        return runner
+        return Loaded(runner, batcher, name, len(artifact.payload))
 
-    def forget(self, name: str) -> None:
-        """Drop a deleted model's routes at once; its runners age out of the LRU."""
-        for key in [k for k in self._routes if k[0] == name]:
-            self._routes.pop(key, None)
+    def _evict_over_budget(self) -> None:
+        budget = self.settings.runtime_max_mb * MB
+        while len(self._loaded) > 1 and sum(x.size_bytes for x in self._loaded.values()) > budget:
+            key, evicted = self._loaded.popitem(last=False)
+            evicted.batcher.close()
+            log.info("evicted runner %s of %s (%.1f MB)", key[:24], evicted.model, evicted.size_bytes / MB)
+
+    def unload(self, name: str) -> int:
+        """Drop a model's routes and runners (deleted, or unloaded on request); return how many."""
+        for route_key in [k for k in self._routes if k[0] == name]:
+            self._routes.pop(route_key, None)
+        with self._lock:
+            keys = [k for k, x in self._loaded.items() if x.model == name]
+            for key in keys:
+                self._loaded.pop(key).batcher.close()
+        return len(keys)
 
     @property
-    def loaded(self) -> int:
-        return len(self._runners)
+    def loaded_bytes(self) -> int:
+        with self._lock:
+            return sum(x.size_bytes for x in self._loaded.values())
+
+    def close(self) -> None:
+        with self._lock:
+            for loaded in self._loaded.values():
+                loaded.batcher.close()
+            self._loaded.clear()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def runner_key(version: VersionRecord, variant: VariantRecord) -> str:
+    """Per model version: two names sharing an artifact may batch differently."""
+    artifact = variant.artifact_key or f"torchscript:{version.sha256}"
+    return f"{version.name}/{version.version}/{artifact}"

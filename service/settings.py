@@ -38,7 +38,13 @@ class Settings(BaseSettings):
 
     # How long a replica trusts its cached routing decision before asking the store again.
     route_ttl_s: float = 1.0
-    runtime_max_loaded: int = 16
+    # Memory budget of loaded runners; the least recently used are evicted past it.
+    runtime_max_mb: int = 4096
+    # Threads that run batches; each model's batcher runs one batch at a time.
+    inference_workers: int = 4
+    # Server default for models whose config sets no max_queue_delay_us (as in Triton). With 0,
+    # requests still merge when they queue behind a running batch.
+    max_queue_delay_us: int = 0
 
     default_max_batch_size: int = 8
     default_backends: list[str] = ["tvm"]

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.api import health, jobs, models, predict, problems
+from service.api import health, jobs, models, predict, problems, repository, v2
 from service.api.auth import parse_keys
 from service.api.deps import Services
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
@@ -40,7 +40,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = open_store(settings)
         registry = Registry(store)
         queue: JobQueue = EmbeddedQueue(registry, settings) if settings.embedded else DramatiqQueue(settings)
-        app.state.services = Services(settings, registry, queue, Runtime(registry, settings))
+        runtime = Runtime(registry, settings)
+        app.state.services = Services(settings, registry, queue, runtime)
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
         if settings.embedded:
@@ -49,6 +50,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            runtime.close()
             queue.close()
             store.close()
 
@@ -61,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.api_keys = api_keys
     problems.install(app)
-    for module in (health, models, jobs, predict):
+    # v2 last: its catch-all answers unknown /v2 paths in the protocol's error shape.
+    for module in (health, models, jobs, predict, repository, v2):
         app.include_router(module.router)
     return app

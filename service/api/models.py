@@ -59,6 +59,11 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
         config.max_batch_size = svc.settings.default_max_batch_size
     if config.backends is None:
         config.backends = list(svc.settings.default_backends)
+    too_big = [b for b in config.preferred_batch_sizes if not 1 <= b <= config.max_batch_size]
+    if too_big:
+        raise InvalidConfigError(
+            f"config.preferred_batch_sizes: {too_big} must lie in 1..max_batch_size ({config.max_batch_size})"
+        )
     unknown = [b for b in config.backends if b not in BACKENDS or b == REFERENCE]
     if unknown:
         known = sorted(set(BACKENDS) - {REFERENCE})
@@ -239,5 +244,5 @@ def get_model_version(name: str, version: int, svc: Annotated[Services, Depends(
 )
 def delete_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOut:
     view = svc.registry.delete_model(name)
-    svc.runtime.forget(name)
+    svc.runtime.unload(name)
     return ModelOut(name=name, versions=[VersionOut.of(v, vs) for v, vs in view.versions], active=None)

@@ -18,10 +18,10 @@ BackendQuery = Annotated[
 ]
 
 
-def _predict(
+async def _predict(
     svc: Services, name: str, version: int | None, body: PredictIn, backend: str | None
 ) -> PredictOut:
-    result = svc.runtime.predict(name, version, body.inputs, backend)
+    result = await svc.runtime.predict(name, version, body.inputs, backend)
     variant = result.variant
     return PredictOut(
         outputs={k: v.tolist() for k, v in result.outputs.items()},
@@ -30,19 +30,19 @@ def _predict(
     )
 
 
-# Sync handlers: FastAPI runs them in its thread pool, so inference never blocks the event loop.
+# The runtime awaits batches that run in its own threads: inference never blocks the event loop.
 @router.post(
     "/v1/models/{name}/predict",
     operation_id="predict",
     summary="Run the newest ready version with its fastest verified variant.",
 )
-def predict(
+async def predict(
     name: str,
     body: PredictIn,
     svc: Annotated[Services, Depends(services)],
     backend: BackendQuery = None,
 ) -> PredictOut:
-    return _predict(svc, name, None, body, backend)
+    return await _predict(svc, name, None, body, backend)
 
 
 @router.post(
@@ -50,11 +50,11 @@ def predict(
     operation_id="predict_version",
     summary="Run one version of a model.",
 )
-def predict_version(
+async def predict_version(
     name: str,
     version: int,
     body: PredictIn,
     svc: Annotated[Services, Depends(services)],
     backend: BackendQuery = None,
 ) -> PredictOut:
-    return _predict(svc, name, version, body, backend)
+    return await _predict(svc, name, version, body, backend)

@@ -1,0 +1,80 @@
+"""Triton's model-repository and statistics extensions, under /v2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Response
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from service.api.v2 import ServicesDep, V2Route, infer_scope, version_number
+from service.errors import NotFoundError
+from service.router import choose_variant, serving_version
+
+router = APIRouter(tags=["v2"], route_class=V2Route, dependencies=infer_scope)
+
+
+class IndexRequest(BaseModel):
+    ready: bool = False
+
+
+@router.post("/v2/repository/index", operation_id="v2_repository_index", summary="Every model and its state.")
+def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list[dict[str, Any]]:
+    index = []
+    for view in svc.registry.list_models():
+        try:
+            version, _ = serving_version(view.versions, svc.runtime.targets)
+            entry = {"name": view.name, "version": str(version.version), "state": "READY", "reason": ""}
+        except NotFoundError as exc:
+            entry = {"name": view.name, "version": "", "state": "UNAVAILABLE", "reason": str(exc)}
+        if entry["state"] == "READY" or not (body and body.ready):
+            index.append(entry)
+    return index
+
+
+@router.post(
+    "/v2/repository/models/{name}/load",
+    operation_id="v2_repository_load",
+    summary="Load the serving variant of a model into memory now.",
+)
+async def load_model(name: str, svc: ServicesDep) -> Response:
+    route = await svc.runtime.aroute(name, None)
+    variant = choose_variant(route.variants, svc.runtime.targets, batch=1)
+    await run_in_threadpool(svc.runtime.load, route.version, variant)
+    return Response()
+
+
+@router.post(
+    "/v2/repository/models/{name}/unload",
+    operation_id="v2_repository_unload",
+    summary="Free a model's loaded runners; the next request loads it again.",
+)
+def unload_model(name: str, svc: ServicesDep) -> Response:
+    svc.registry.get_model(name)  # 404 for unknown names
+    svc.runtime.unload(name)
+    return Response()
+
+
+@router.get("/v2/models/stats", operation_id="v2_all_stats", summary="Inference statistics of every model.")
+def all_stats(svc: ServicesDep) -> dict[str, Any]:
+    return {"model_stats": svc.runtime.stats.doc()}
+
+
+@router.get(
+    "/v2/models/{name}/stats", operation_id="v2_model_stats", summary="A model's inference statistics."
+)
+def model_stats(name: str, svc: ServicesDep) -> dict[str, Any]:
+    svc.registry.get_model(name)
+    return {"model_stats": svc.runtime.stats.doc(name)}
+
+
+@router.get(
+    "/v2/models/{name}/versions/{version}/stats",
+    operation_id="v2_model_version_stats",
+    summary="One version's inference statistics.",
+)
+def model_version_stats(name: str, version: str, svc: ServicesDep) -> dict[str, Any]:
+    number = version_number(version)
+    svc.registry.get_version(name, number)
+    return {"model_stats": svc.runtime.stats.doc(name, number)}

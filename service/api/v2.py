@@ -1,0 +1,221 @@
+"""The Open Inference Protocol (KServe v2, as Triton speaks it) over HTTP.
+
+Errors on these routes are `{"error": "..."}`, the protocol's shape that its clients parse,
+instead of /v1's problem+json: `V2Route` converts them, in one place.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, NoReturn
+
+import numpy as np
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from compiler.spec import DTYPES, InputSpec
+from service.api.auth import Scope, require
+from service.api.deps import Services, services
+from service.api.problems import STATUS_OF, validation_detail
+from service.errors import BadRequestError, KilnError, NotFoundError
+from service.router import servable, serving_version
+from service.runtime import Route
+from service.store import StoreUnavailableError
+from service.tensors import InferRequest, datatype_of, decode_request, encode_response
+
+log = logging.getLogger("kiln.api")
+
+PLATFORM = "pytorch_libtorch"  # Triton's platform name for TorchScript models
+HEADER_LENGTH = "Inference-Header-Content-Length"
+
+
+def error_of(exc: Exception) -> tuple[int, str] | None:
+    """The status and message of an expected error; None for a bug."""
+    if isinstance(exc, KilnError):
+        return exc.status_code, str(exc)
+    if isinstance(exc, HTTPException):
+        return exc.status_code, str(exc.detail)
+    if isinstance(exc, RequestValidationError):
+        return 400, validation_detail(exc)
+    for exc_type, (status, _) in STATUS_OF.items():
+        if isinstance(exc, exc_type):
+            return status, str(exc)
+    return None
+
+
+class V2Route(APIRoute):
+    """Wraps each handler, dependencies included, so every error leaves as `{"error": ...}`."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def guarded(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except Exception as exc:
+                found = error_of(exc)
+                if found is None:
+                    log.exception("unhandled error on %s %s", request.method, request.url.path)
+                    found = 500, f"{type(exc).__name__}; see the server log"
+                status, message = found
+                return JSONResponse({"error": message}, status_code=status)
+
+        return guarded
+
+
+router = APIRouter(tags=["v2"], route_class=V2Route)
+infer_scope = [Depends(require(Scope.infer))]
+ServicesDep = Annotated[Services, Depends(services)]
+
+
+def version_number(version: str) -> int:
+    if re.fullmatch(r"[0-9]{1,18}", version) is None:
+        raise BadRequestError(f"model version must be an integer; got {version!r}")
+    return int(version)
+
+
+@router.get("/v2", operation_id="v2_server_metadata", summary="Server name, version and extensions.")
+def server_metadata(request: Request) -> dict[str, Any]:
+    return {"name": "kiln", "version": request.app.version, "extensions": ["binary_tensor_data"]}
+
+
+@router.get("/v2/health/live", operation_id="v2_live", summary="200 while the process is up.")
+def live() -> Response:
+    return Response()
+
+
+@router.get("/v2/health/ready", operation_id="v2_ready", summary="200 when the store answers.")
+def ready(svc: ServicesDep) -> Response:
+    try:
+        svc.registry.store.ping()
+    except StoreUnavailableError as exc:
+        # The protocol answers "not ready" with a 4xx, and Triton uses 400.
+        raise BadRequestError(f"not ready: {exc}") from exc
+    return Response()
+
+
+def _metadata(svc: Services, name: str, version: int | None) -> dict[str, Any]:
+    view = svc.registry.get_model(name)
+    if version is not None:
+        record = next((v for v, _ in view.versions if v.version == version), None)
+        if record is None:
+            raise NotFoundError(f"model {name!r} has no version {version}")
+    else:
+        try:
+            record, _ = serving_version(view.versions, svc.runtime.targets)
+        except NotFoundError:
+            record = view.versions[-1][0]  # nothing serves here yet: describe the newest
+    return {
+        "name": name,
+        "versions": [str(v.version) for v, _ in view.versions],
+        "platform": PLATFORM,
+        "inputs": [
+            {"name": t.name, "datatype": datatype_of(DTYPES[t.dtype], t.name), "shape": t.shape}
+            for t in record.config.inputs
+        ],
+        "outputs": [
+            {"name": o.name, "datatype": datatype_of(np.dtype(o.dtype), o.name), "shape": o.shape}
+            for o in record.outputs
+        ],
+    }
+
+
+@router.get("/v2/models/{name}", operation_id="v2_model_metadata", dependencies=infer_scope)
+def model_metadata(name: str, svc: ServicesDep) -> dict[str, Any]:
+    return _metadata(svc, name, None)
+
+
+@router.get(
+    "/v2/models/{name}/versions/{version}", operation_id="v2_model_version_metadata", dependencies=infer_scope
+)
+def model_version_metadata(name: str, version: str, svc: ServicesDep) -> dict[str, Any]:
+    return _metadata(svc, name, version_number(version))
+
+
+def _model_ready(svc: Services, name: str, version: int | None) -> Response:
+    route = svc.runtime.route(name, version)
+    if not servable(route.variants, svc.runtime.targets):
+        number = route.version.version
+        raise BadRequestError(f"model {name!r} version {number} has no variant ready on this host")
+    return Response()
+
+
+@router.get("/v2/models/{name}/ready", operation_id="v2_model_ready", dependencies=infer_scope)
+def model_ready(name: str, svc: ServicesDep) -> Response:
+    return _model_ready(svc, name, None)
+
+
+@router.get(
+    "/v2/models/{name}/versions/{version}/ready",
+    operation_id="v2_model_version_ready",
+    dependencies=infer_scope,
+)
+def model_version_ready(name: str, version: str, svc: ServicesDep) -> Response:
+    return _model_ready(svc, name, version_number(version))
+
+
+def check_datatypes(spec: InputSpec, inputs: dict[str, np.ndarray]) -> None:
+    """The protocol sends exact datatypes: FP64 for an FP32 input is an error, not a cast."""
+    for t in spec.inputs:
+        array = inputs.get(t.name)
+        want = DTYPES[t.dtype]
+        if array is not None and array.dtype != want:
+            raise BadRequestError(
+                f"input {t.name!r}: expected datatype {datatype_of(want, t.name)}, "
+                f"received {datatype_of(array.dtype, t.name)}"
+            )
+
+
+def _decode(
+    svc: Services, name: str, version: int | None, body: bytes, header: str | None
+) -> tuple[InferRequest, Route]:
+    request = decode_request(body, header)
+    route = svc.runtime.route(name, version)
+    check_datatypes(route.spec, request.inputs)
+    return request, route
+
+
+async def _infer(request: Request, svc: Services, name: str, version: int | None) -> Response:
+    body = await request.body()
+    # Decoding, routing (store I/O) and encoding block: keep them off the event loop.
+    infer, route = await run_in_threadpool(
+        _decode, svc, name, version, body, request.headers.get(HEADER_LENGTH)
+    )
+    # Pin the version just checked against, so a newer upload cannot slip in between.
+    result = await svc.runtime.predict(name, route.version.version, infer.inputs)
+    header: dict[str, Any] = {"model_name": name, "model_version": str(result.version)}
+    if infer.id is not None:
+        header["id"] = infer.id
+    payload, json_length = await run_in_threadpool(encode_response, header, infer.select(result.outputs))
+    if json_length is None:
+        return Response(payload, media_type="application/json")
+    return Response(payload, media_type="application/octet-stream", headers={HEADER_LENGTH: str(json_length)})
+
+
+@router.post("/v2/models/{name}/infer", operation_id="v2_infer", dependencies=infer_scope)
+async def infer(name: str, request: Request, svc: ServicesDep) -> Response:
+    return await _infer(request, svc, name, None)
+
+
+@router.post(
+    "/v2/models/{name}/versions/{version}/infer", operation_id="v2_infer_version", dependencies=infer_scope
+)
+async def infer_version(name: str, version: str, request: Request, svc: ServicesDep) -> Response:
+    return await _infer(request, svc, name, version_number(version))
+
+
+# Last: any other /v2 path answers in the protocol's error shape, not with problem+json.
+@router.api_route(
+    "/v2/{path:path}",
+    methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+    include_in_schema=False,
+    response_model=None,
+)
+def unknown_endpoint(path: str, request: Request) -> NoReturn:
+    raise NotFoundError(f"no v2 endpoint {request.method} /v2/{path}")

@@ -1,0 +1,279 @@
+"""Open Inference Protocol (v2) tensors <-> numpy: JSON data and Triton's binary tensor extension.
+
+A pure codec with no HTTP in it. Every malformed tensor raises BadRequestError with a message that
+names the tensor and says what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.errors import BadRequestError
+
+DATATYPES: dict[str, np.dtype] = {
+    name: np.dtype(dtype)
+    for name, dtype in [
+        ("BOOL", np.bool_),
+        ("INT8", np.int8),
+        ("INT16", np.int16),
+        ("INT32", np.int32),
+        ("INT64", np.int64),
+        ("UINT8", np.uint8),
+        ("UINT16", np.uint16),
+        ("UINT32", np.uint32),
+        ("UINT64", np.uint64),
+        ("FP16", np.float16),
+        ("FP32", np.float32),
+        ("FP64", np.float64),
+    ]
+}
+_DATATYPE_OF = {dtype: name for name, dtype in DATATYPES.items()}
+MAX_DIMS = 32  # numpy 1.x's limit; numpy raises past its own
+
+# Which kinds of JSON-parsed arrays each dtype kind takes: never a float into an int, nor a
+# number into a bool, so no value is changed silently.
+_JSON_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+_JSON_WHAT = {"b": "true/false", "i": "integers", "u": "integers", "f": "numbers"}
+
+
+def numpy_dtype(datatype: object, name: str) -> np.dtype:
+    if datatype == "BYTES":
+        raise BadRequestError(f"tensor {name!r}: BYTES tensors are not supported; Kiln serves numbers")
+    found = DATATYPES.get(datatype) if isinstance(datatype, str) else None
+    if found is None:
+        raise BadRequestError(
+            f"tensor {name!r}: unknown datatype {_short(datatype)}; use one of {list(DATATYPES)}"
+        )
+    return found
+
+
+def datatype_of(dtype: np.dtype, name: str) -> str:
+    found = _DATATYPE_OF.get(np.dtype(dtype))
+    if found is None:
+        raise BadRequestError(f"tensor {name!r} has dtype {dtype}, which the v2 protocol cannot carry")
+    return found
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = json.dumps(value) if isinstance(value, str | int | float | list | dict | None) else repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _header(doc: object) -> tuple[str, tuple[int, ...], np.dtype]:
+    if not isinstance(doc, dict):
+        raise BadRequestError(f"each tensor must be a JSON object; got {_short(doc)}")
+    name = doc.get("name")
+    if not isinstance(name, str) or not name:
+        raise BadRequestError(f"each tensor needs a string `name`; got {_short(name)}")
+    shape = doc.get("shape")
+    if not isinstance(shape, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise BadRequestError(f"tensor {name!r}: `shape` must be a list of non-negative integers")
+    if len(shape) > MAX_DIMS:
+        raise BadRequestError(f"tensor {name!r}: {len(shape)} dimensions; at most {MAX_DIMS} are supported")
+    return name, tuple(shape), numpy_dtype(doc.get("datatype"), name)
+
+
+def _parameters(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    params = doc.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise BadRequestError(f"{name}: `parameters` must be a JSON object")
+    return params
+
+
+def _binary_size(doc: Mapping[str, Any], name: str) -> int | None:
+    size = _parameters(doc, f"tensor {name!r}").get("binary_data_size")
+    if size is None:
+        return None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise BadRequestError(f"tensor {name!r}: binary_data_size must be a non-negative integer")
+    if "data" in doc:
+        raise BadRequestError(f"tensor {name!r} has both `data` and binary_data_size; send one")
+    return size
+
+
+def _from_bytes(raw: memoryview, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    needed = math.prod(shape) * dtype.itemsize
+    if len(raw) != needed:
+        raise BadRequestError(
+            f"tensor {name!r}: binary_data_size is {len(raw)} bytes, but shape {list(shape)} "
+            f"of {datatype_of(dtype, name)} needs {needed}"
+        )
+    if dtype.kind == "b":
+        return np.frombuffer(raw, np.uint8).astype(bool).reshape(shape)  # any non-zero byte is true
+    # The extension is little-endian; astype also copies out of the read-only request buffer.
+    return np.frombuffer(raw, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+
+
+def _from_json(doc: Mapping[str, Any], name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    if "data" not in doc:
+        raise BadRequestError(f"tensor {name!r} has neither `data` nor a binary_data_size parameter")
+    try:
+        raw = np.asarray(doc["data"])
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise BadRequestError(f"tensor {name!r}: `data` is not a regular array: {exc}") from None
+    count = math.prod(shape)
+    if raw.size != count:
+        raise BadRequestError(
+            f"tensor {name!r}: shape {list(shape)} holds {count} elements, but `data` has {raw.size}"
+        )
+    datatype = datatype_of(dtype, name)
+    kind = raw.dtype.kind
+    if dtype.kind in "iu" and kind in "fO":
+        # numpy makes floats of integers past INT64 (UINT64's top half): keep them exact instead.
+        exact = np.asarray(doc["data"], dtype=object)
+        if all(isinstance(v, int) for v in exact.flat):
+            raw, kind = exact, "i"
+    if count and kind not in _JSON_KINDS[dtype.kind]:
+        raise BadRequestError(f"tensor {name!r}: {datatype} data must be {_JSON_WHAT[dtype.kind]}")
+    if count and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if int(raw.min()) < info.min or int(raw.max()) > info.max:
+            raise BadRequestError(f"tensor {name!r}: values out of the range of {datatype}")
+    # Nesting is only a notation: the data is row-major, and `shape` is the truth.
+    return raw.astype(dtype).reshape(shape)
+
+
+def decode_tensors(docs: object, binary: bytes | memoryview = b"") -> dict[str, np.ndarray]:
+    """v2 tensor objects (plus the binary bytes after the JSON header) -> name -> array.
+
+    Binary tensors take consecutive slices of `binary` in the order they are listed.
+    """
+    if not isinstance(docs, list) or not docs:
+        raise BadRequestError("`inputs` must be a non-empty list of tensors")
+    view = memoryview(binary)
+    offset = 0
+    tensors: dict[str, np.ndarray] = {}
+    for doc in docs:
+        name, shape, dtype = _header(doc)
+        if name in tensors:
+            raise BadRequestError(f"tensor {name!r} is given twice")
+        size = _binary_size(doc, name)
+        if size is None:
+            tensors[name] = _from_json(doc, name, shape, dtype)
+            continue
+        if offset + size > len(view):
+            raise BadRequestError(
+                f"tensor {name!r}: binary_data_size {size} runs past the end of the body "
+                f"({len(view) - offset} bytes left)"
+            )
+        tensors[name] = _from_bytes(view[offset : offset + size], name, shape, dtype)
+        offset += size
+    if offset != len(view):
+        raise BadRequestError(
+            f"the body has {len(view) - offset} bytes after the JSON header that no binary_data_size claims"
+        )
+    return tensors
+
+
+def encode_tensor(name: str, array: np.ndarray, binary: bool) -> tuple[dict[str, Any], bytes]:
+    """One output tensor object, and its raw little-endian bytes when `binary`."""
+    datatype = datatype_of(array.dtype, name)
+    doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+    if not binary:
+        doc["data"] = array.ravel().tolist()
+        return doc, b""
+    raw = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+    doc["parameters"] = {"binary_data_size": len(raw)}
+    return doc, raw
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    # Requested output -> whether it goes back as binary; None asks for every output.
+    outputs: dict[str, bool] | None
+    binary_output: bool
+
+    def select(self, available: Mapping[str, np.ndarray]) -> list[tuple[str, np.ndarray, bool]]:
+        """The outputs to send, each with its binary flag; an unknown requested name is an error."""
+        if self.outputs is None:
+            return [(name, array, self.binary_output) for name, array in available.items()]
+        unknown = [name for name in self.outputs if name not in available]
+        if unknown:
+            raise BadRequestError(f"unknown output(s) {unknown}; the model outputs {list(available)}")
+        return [(name, available[name], binary) for name, binary in self.outputs.items()]
+
+
+def _flag(params: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise BadRequestError(f"parameter {key} must be true or false")
+    return value
+
+
+def _requested(docs: object, binary_output: bool) -> dict[str, bool] | None:
+    if docs is None:
+        return None
+    if not isinstance(docs, list):
+        raise BadRequestError("`outputs` must be a list of {name, parameters}")
+    wanted: dict[str, bool] = {}
+    for doc in docs:
+        name = doc.get("name") if isinstance(doc, dict) else None
+        if not isinstance(name, str) or not name:
+            raise BadRequestError(f"each requested output needs a string `name`; got {_short(doc)}")
+        params = _parameters(doc, f"output {name!r}")
+        if "classification" in params:
+            raise BadRequestError(f"output {name!r}: the classification extension is not supported")
+        wanted[name] = _flag(params, "binary_data", binary_output)
+    return wanted
+
+
+def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    if header_length is None:
+        return body, memoryview(b"")
+    try:
+        length = int(header_length)
+    except ValueError:
+        raise BadRequestError("Inference-Header-Content-Length must be an integer") from None
+    if not 0 <= length <= len(body):
+        raise BadRequestError(
+            f"Inference-Header-Content-Length is {length}, but the body has {len(body)} bytes"
+        )
+    return body[:length], memoryview(body)[length:]
+
+
+def decode_request(body: bytes, header_length: str | None) -> InferRequest:
+    """An inference request body; `header_length` is its Inference-Header-Content-Length header."""
+    header, binary = _split(body, header_length)
+    try:
+        doc = json.loads(header)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise BadRequestError(f"the request header is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequestError("the request must be a JSON object with `inputs`")
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise BadRequestError("`id` must be a string")
+    binary_output = _flag(_parameters(doc, "the request"), "binary_data_output", False)
+    return InferRequest(
+        id=request_id,
+        inputs=decode_tensors(doc.get("inputs"), binary),
+        outputs=_requested(doc.get("outputs"), binary_output),
+        binary_output=binary_output,
+    )
+
+
+def encode_response(
+    header: Mapping[str, Any], outputs: list[tuple[str, np.ndarray, bool]]
+) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header's length when binary outputs follow it."""
+    docs, chunks = [], []
+    for name, array, binary in outputs:
+        doc, raw = encode_tensor(name, array, binary)
+        docs.append(doc)
+        chunks.append(raw)
+    payload = json.dumps({**header, "outputs": docs}, separators=(",", ":")).encode()
+    if not any(binary for _, _, binary in outputs):
+        return payload, None
+    return b"".join([payload, *chunks]), len(payload)

@@ -1,0 +1,313 @@
+"""The Open Inference Protocol frontend against a real server: the official tritonclient unchanged,
+the protocol's JSON and binary bodies on the wire, and a 4xx `{"error"}` for every malformed request."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import tritonclient.http as triton
+from torch import nn
+from tritonclient.utils import InferenceServerException
+
+from tests import models
+from tests.client import expected, sample, upload
+from tests.servers import KilnServer
+
+ADMIN, INFER = "admin-secret", "infer-secret"
+
+
+def auth() -> dict[str, str]:
+    """A fresh dict per call: tritonclient writes Inference-Header-Content-Length into the one it gets."""
+    return {"Authorization": f"Bearer {INFER}"}
+
+
+MLP = models.MODELS["mlp"]
+
+
+class TwoHeads(nn.Module):
+    """Two inputs of two dtypes; three outputs of three dtypes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = self.linear(x)
+        return y, y.sum(dim=1) > 0, k * 2 + 1
+
+
+HEADS = models.TestModel(
+    "heads",
+    TwoHeads,
+    [{"name": "x", "dtype": "float32", "shape": [-1, 4]}, {"name": "k", "dtype": "int64", "shape": [-1, 4]}],
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    root = tmp_path_factory.mktemp("v2")
+    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_API_KEYS": f"{ADMIN}:admin,{INFER}:infer"}
+    srv = KilnServer(env, root / "kiln.log")
+    srv.start()
+    with httpx.Client(base_url=srv.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
+        for model in (MLP, HEADS):
+            response = upload(admin, model, backends=[])
+            assert response.status_code == 202, response.text
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: KilnServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60, headers=auth()) as client:
+        yield client
+
+
+@pytest.fixture
+def client(server: KilnServer) -> Iterator[triton.InferenceServerClient]:
+    triton_client = triton.InferenceServerClient(url=server.url.removeprefix("http://"))
+    yield triton_client
+    triton_client.close()
+
+
+def fp32_input(x: np.ndarray, binary: bool) -> triton.InferInput:
+    tensor = triton.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary)
+    return tensor
+
+
+def test_tritonclient_conversation(client: triton.InferenceServerClient) -> None:
+    assert client.is_server_live()
+    assert client.is_server_ready()
+    assert client.is_model_ready("mlp", headers=auth())
+    assert client.is_model_ready("mlp", "1", headers=auth())
+    assert not client.is_model_ready("nope", headers=auth())
+    metadata = client.get_model_metadata("mlp", headers=auth())
+    assert metadata == {
+        "name": "mlp",
+        "versions": ["1"],
+        "platform": "pytorch_libtorch",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 64]}],
+        "outputs": [{"name": "output0", "datatype": "FP32", "shape": [-1, 10]}],
+    }
+    assert client.get_model_metadata("mlp", "1", headers=auth()) == metadata
+
+    x = sample(MLP, 3)
+    want = expected(MLP, x)
+    for binary_in in (False, True):
+        for binary_out in (False, True):
+            result = client.infer(
+                "mlp",
+                [fp32_input(x, binary_in)],
+                outputs=[triton.InferRequestedOutput("output0", binary_data=binary_out)],
+                request_id=f"req-{binary_in}-{binary_out}",
+                headers=auth(),
+            )
+            response = result.get_response()
+            assert response["id"] == f"req-{binary_in}-{binary_out}"
+            assert response["model_name"] == "mlp" and response["model_version"] == "1"
+            got = result.as_numpy("output0")
+            assert got.dtype == np.float32 and got.shape == (3, 10)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # No outputs named: the client asks for all of them, as binary.
+    result = client.infer("mlp", [fp32_input(x, True)], model_version="1", headers=auth())
+    assert result.get_output("output0")["parameters"]["binary_data_size"] == want.nbytes
+    np.testing.assert_allclose(result.as_numpy("output0"), want, rtol=1e-5, atol=1e-6)
+
+
+def test_multiple_inputs_and_outputs(client: triton.InferenceServerClient) -> None:
+    metadata = client.get_model_metadata("heads", headers=auth())
+    assert metadata["inputs"] == [
+        {"name": "x", "datatype": "FP32", "shape": [-1, 4]},
+        {"name": "k", "datatype": "INT64", "shape": [-1, 4]},
+    ]
+    assert metadata["outputs"] == [
+        {"name": "output0", "datatype": "FP32", "shape": [-1, 3]},
+        {"name": "output1", "datatype": "BOOL", "shape": [-1]},
+        {"name": "output2", "datatype": "INT64", "shape": [-1, 4]},
+    ]
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    k = rng.integers(-100, 100, (5, 4))
+    k_input = triton.InferInput("k", [5, 4], "INT64")
+    k_input.set_data_from_numpy(k, binary_data=False)
+    result = client.infer(
+        "heads",
+        [fp32_input(x, True), k_input],
+        outputs=[
+            triton.InferRequestedOutput("output2", binary_data=True),
+            triton.InferRequestedOutput("output1", binary_data=False),
+        ],
+        headers=auth(),
+    )
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["output2", "output1"]
+    assert result.as_numpy("output0") is None  # not requested, not returned
+    with torch.inference_mode():
+        _, positive, k_out = HEADS.module()(torch.from_numpy(x), torch.from_numpy(k))
+    np.testing.assert_array_equal(result.as_numpy("output2"), k_out.numpy())
+    np.testing.assert_array_equal(result.as_numpy("output1"), positive.numpy())
+    assert result.as_numpy("output1").dtype == np.bool_
+
+
+def infer_body(x: np.ndarray, **extra: object) -> dict[str, object]:
+    tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.tolist()}
+    return {"inputs": [tensor], **extra}
+
+
+def test_json_on_the_wire(http: httpx.Client) -> None:
+    x = sample(MLP, 2)
+    response = http.post("/v2/models/mlp/infer", json=infer_body(x, id="abc"))
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    assert "inference-header-content-length" not in response.headers
+    body = response.json()
+    assert body["id"] == "abc" and body["model_name"] == "mlp" and body["model_version"] == "1"
+    [output] = body["outputs"]
+    assert output["name"] == "output0" and output["datatype"] == "FP32" and output["shape"] == [2, 10]
+    assert len(output["data"]) == 20  # flat, row-major
+    got = np.array(output["data"], np.float32).reshape(2, 10)
+    np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
+def test_binary_on_the_wire(http: httpx.Client) -> None:
+    x = sample(MLP, 2)
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [2, 64],
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": x.nbytes},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    response = http.post(
+        "/v2/models/mlp/versions/1/infer",
+        content=header + x.tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/octet-stream"
+    length = int(response.headers["inference-header-content-length"])
+    body = json.loads(response.content[:length])
+    assert body["outputs"][0]["parameters"] == {"binary_data_size": 2 * 10 * 4}
+    got = np.frombuffer(response.content[length:], "<f4").reshape(2, 10)
+    np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
+def test_server_metadata_and_open_health(server: KilnServer) -> None:
+    with httpx.Client(base_url=server.url, timeout=60) as anon:
+        metadata = anon.get("/v2")
+        assert metadata.status_code == 200
+        assert metadata.json()["name"] == "kiln" and "binary_tensor_data" in metadata.json()["extensions"]
+        assert anon.get("/v2/health/live").status_code == 200
+        assert anon.get("/v2/health/ready").status_code == 200
+        for path in ("/v2/models/mlp", "/v2/models/mlp/ready"):
+            assert "API key" in error(anon.get(path), 401)
+        assert "API key" in error(anon.post("/v2/models/mlp/infer", json=infer_body(sample(MLP, 1))), 401)
+        bad_key = anon.get("/v2/models/mlp", headers={"Authorization": "Bearer wrong"})
+        assert "not valid" in error(bad_key, 401)
+
+
+def error(response: httpx.Response, status: int) -> str:
+    """The protocol's error shape: a JSON object with one `error` string, never problem+json."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert list(body) == ["error"] and isinstance(body["error"], str) and body["error"]
+    message: str = body["error"]
+    return message
+
+
+def tensor(**fields: object) -> dict[str, object]:
+    return {"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64, **fields}
+
+
+def post(http: httpx.Client, body: object, path: str = "/v2/models/mlp/infer") -> httpx.Response:
+    return http.post(path, json=body)
+
+
+MALFORMED = {
+    "wrong datatype": ({"inputs": [tensor(datatype="FP64")]}, "expected datatype FP32, received FP64"),
+    "unknown datatype": ({"inputs": [tensor(datatype="FP33")]}, "unknown datatype"),
+    "bytes": ({"inputs": [tensor(datatype="BYTES", data=["a"] * 64)]}, "BYTES tensors are not supported"),
+    "shape vs data length": ({"inputs": [tensor(shape=[1, 65])]}, "holds 65 elements, but `data` has 64"),
+    "shape vs model": ({"inputs": [tensor(shape=[2, 32])]}, r"expected shape [-1, 64], received [2, 32]"),
+    "strings for FP32": ({"inputs": [tensor(data=["a"] * 64)]}, "FP32 data must be numbers"),
+    "unknown input": ({"inputs": [tensor(), tensor(name="y")]}, "unknown input(s) ['y']"),
+    "missing input": ({"inputs": [tensor(name="y")]}, "missing input(s) ['x']"),
+    "no inputs": ({"inputs": []}, "non-empty list of tensors"),
+    "unknown output": ({"inputs": [tensor()], "outputs": [{"name": "nope"}]}, "unknown output(s) ['nope']"),
+    "over max batch": ({"inputs": [tensor(shape=[9, 64], data=[0.5] * 576)]}, "max_batch_size"),
+    "not an object": ([1, 2], "must be a JSON object"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED))
+def test_malformed_json_request(http: httpx.Client, case: str) -> None:
+    body, message = MALFORMED[case]
+    assert message in error(post(http, body), 400)
+
+
+def binary_request(header_length: int | None, size: int, payload: bytes) -> tuple[bytes, dict[str, str]]:
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [1, 64], "datatype": "FP32", "parameters": {"binary_data_size": size}}
+            ]
+        }
+    ).encode()
+    length = len(header) if header_length is None else header_length
+    return header + payload, {"Inference-Header-Content-Length": str(length)}
+
+
+@pytest.mark.parametrize(
+    ("header_length", "size", "payload", "message"),
+    [
+        (None, 256, b"\0" * 128, "runs past the end of the body"),
+        (None, 256, b"\0" * 384, "128 bytes after the JSON header"),
+        (None, 128, b"\0" * 128, "binary_data_size is 128 bytes, but shape [1, 64] of FP32 needs 256"),
+        (10**6, 256, b"\0" * 256, "Inference-Header-Content-Length is 1000000"),
+        (5, 256, b"\0" * 256, "not valid JSON"),
+    ],
+)
+def test_malformed_binary_request(
+    http: httpx.Client, header_length: int | None, size: int, payload: bytes, message: str
+) -> None:
+    content, headers = binary_request(header_length, size, payload)
+    response = http.post("/v2/models/mlp/infer", content=content, headers=headers)
+    assert message in error(response, 400)
+
+
+def test_invalid_json(http: httpx.Client) -> None:
+    response = http.post("/v2/models/mlp/infer", content=b'{"inputs": [', headers={"content-type": "x"})
+    assert "not valid JSON" in error(response, 400)
+
+
+def test_unknown_names_and_versions(http: httpx.Client) -> None:
+    body = {"inputs": [tensor()]}
+    assert "'nope'" in error(post(http, body, "/v2/models/nope/infer"), 404)
+    assert "no version 9" in error(post(http, body, "/v2/models/mlp/versions/9/infer"), 404)
+    assert "integer" in error(post(http, body, "/v2/models/mlp/versions/one/infer"), 400)
+    assert "'nope'" in error(http.get("/v2/models/nope"), 404)
+    assert "no version 9" in error(http.get("/v2/models/mlp/versions/9"), 404)
+    assert "integer" in error(http.get("/v2/models/mlp/versions/1.5/ready"), 400)
+    assert "'nope'" in error(http.get("/v2/models/nope/ready"), 404)
+    assert "no v2 endpoint GET /v2/models/mlp/infer" in error(http.get("/v2/models/mlp/infer"), 404)
+    assert "no v2 endpoint" in error(http.get("/v2/repository/index"), 404)
+
+
+def test_tritonclient_sees_errors(client: triton.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException, match="expected datatype FP32, received FP64") as caught:
+        tensor64 = triton.InferInput("x", [1, 64], "FP64")
+        tensor64.set_data_from_numpy(np.zeros((1, 64)), binary_data=True)
+        client.infer("mlp", [tensor64], headers=auth())
+    assert caught.value.status() == "400"
