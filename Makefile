@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: run test lint typecheck pytest redis-server benchmark clean
+.PHONY: run test lint typecheck pytest redis-server benchmark clients loadtest clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,6 +36,14 @@ test: lint typecheck pytest
 
 benchmark: $(STAMP)
 	$(BIN)/python benchmarks/backbone.py
+
+# openapi.json from the app, then the Python and TypeScript SDKs under clients/ from it.
+clients: $(STAMP)
+	VENV=$(VENV) scripts/generate_clients.sh
+
+# Locust for 20 s (10 users) against a fresh embedded server on 127.0.0.1; report in loadtest/reports/.
+loadtest: $(STAMP)
+	$(BIN)/python -m loadtest.run --users 10 --spawn-rate 5 --run-time 20s
 
 clean:
 	rm -rf $(VENV)

@@ -6,10 +6,11 @@ import io
 import zipfile
 from typing import Any
 
+import numpy as np
 import torch
 
 from compiler.errors import ConversionError, InvalidModelError
-from compiler.spec import InputSpec
+from compiler.spec import DTYPES, InputSpec
 
 
 def load_torchscript(data: bytes) -> torch.jit.ScriptModule:
@@ -28,8 +29,6 @@ def load_torchscript(data: bytes) -> torch.jit.ScriptModule:
 
 
 def sample_tensors(spec: InputSpec, batch: int) -> tuple[torch.Tensor, ...]:
-    import numpy as np
-
     arrays = spec.random_inputs(batch, np.random.default_rng(0))
     return tuple(torch.from_numpy(arrays[name]) for name in spec.names)
 
@@ -37,28 +36,51 @@ def sample_tensors(spec: InputSpec, batch: int) -> tuple[torch.Tensor, ...]:
 def export_program(module: torch.jit.ScriptModule, spec: InputSpec) -> Any:
     """TorchScript -> ExportedProgram where only the dynamic (-1) dims stay symbolic.
 
-    TS2EPConverter marks every dimension symbolic; re-exporting its module with explicit
-    dynamic_shapes pins the static ones, which both TVM's importer and tuning need.
+    TS2EPConverter marks every dimension symbolic and specialises the ones the model compares,
+    recording guards for them; re-exporting its module (without those guards) with explicit
+    dynamic_shapes pins the static dims and fails loudly if the model fixes a dynamic one.
     """
-    from torch._export.converter import TS2EPConverter
+    from compiler import ts_export
 
-    # Trace at batch 2: export specialises a dimension of size 1.
-    sample = sample_tensors(spec, 2 if spec.batched else 1)
+    # export specialises a dimension traced at size 1, so trace dynamic dims above 1.
+    batch = 2 if spec.max_batch_size > 1 else 1
+    sample = tuple(
+        torch.from_numpy(np.ones(t.concrete_shape(batch, fill=_TRACE_FILL), DTYPES[t.dtype]))
+        for t in spec.inputs
+    )
     try:
-        converted = TS2EPConverter(module, sample).convert()
-        dynamic_shapes = []
-        for t in spec.inputs:
-            dims: dict[int, Any] = {}
-            for axis, size in enumerate(t.shape):
-                if size == -1:
-                    upper = spec.max_batch_size if axis == 0 else None
-                    dims[axis] = torch.export.Dim(f"{t.name}_d{axis}", min=1, max=upper)
-            dynamic_shapes.append(dims or None)
+        converted = ts_export.convert(module, sample)
         return torch.export.export(
-            converted.module(), sample, dynamic_shapes=tuple(dynamic_shapes), strict=False
+            converted.module(check_guards=False),
+            sample,
+            dynamic_shapes=_dynamic_shapes(spec),
+            strict=False,
         )
     except Exception as exc:
         raise ConversionError(f"TorchScript export failed: {_first_line(exc)}") from exc
+
+
+# Size used to trace dynamic non-batch dims (sequence lengths, image sizes).
+_TRACE_FILL = 8
+
+
+def _dynamic_shapes(spec: InputSpec) -> tuple[dict[int, Any] | None, ...]:
+    """One shared batch Dim (spec.check makes inputs agree on it); one Dim per other -1 dim.
+
+    With max_batch_size 1 the batch is traced static: a Dim cannot have min == max.
+    """
+    batch = torch.export.Dim("batch", min=1, max=spec.max_batch_size) if spec.max_batch_size > 1 else None
+    shapes: list[dict[int, Any] | None] = []
+    for index, t in enumerate(spec.inputs):
+        dims: dict[int, Any] = {}
+        for axis, size in enumerate(t.shape):
+            if size == -1 and axis == 0 and batch is not None:
+                dims[axis] = batch
+            elif size == -1 and axis > 0:
+                # Dim names must be identifiers; spec names may contain dots.
+                dims[axis] = torch.export.Dim(f"input{index}_d{axis}", min=1)
+        shapes.append(dims or None)
+    return tuple(shapes)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -1,0 +1,225 @@
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from ... import errors
+from ...client import AuthenticatedClient, Client
+from ...models.http_validation_error import HTTPValidationError
+from ...models.predict_in import PredictIn
+from ...models.predict_out import PredictOut
+from ...types import UNSET, Response, Unset
+
+
+def _get_kwargs(
+    name: str,
+    version: int,
+    *,
+    body: PredictIn,
+    backend: None | str | Unset = UNSET,
+) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
+
+    params: dict[str, Any] = {}
+
+    json_backend: None | str | Unset
+    if isinstance(backend, Unset):
+        json_backend = UNSET
+    else:
+        json_backend = backend
+    params["backend"] = json_backend
+
+    params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
+
+    _kwargs: dict[str, Any] = {
+        "method": "post",
+        "url": "/v1/models/{name}/versions/{version}/predict".format(
+            name=quote(str(name), safe=""),
+            version=quote(str(version), safe=""),
+        ),
+        "params": params,
+    }
+
+    _kwargs["json"] = body.to_dict()
+
+    headers["Content-Type"] = "application/json"
+
+    _kwargs["headers"] = headers
+    return _kwargs
+
+
+def _parse_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> HTTPValidationError | PredictOut | None:
+    if response.status_code == 200:
+        response_200 = PredictOut.from_dict(response.json())
+
+        return response_200
+
+    if response.status_code == 422:
+        response_422 = HTTPValidationError.from_dict(response.json())
+
+        return response_422
+
+    if client.raise_on_unexpected_status:
+        raise errors.UnexpectedStatus(response.status_code, response.content)
+    else:
+        return None
+
+
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[HTTPValidationError | PredictOut]:
+    return Response(
+        status_code=HTTPStatus(response.status_code),
+        content=response.content,
+        headers=response.headers,
+        parsed=_parse_response(client=client, response=response),
+    )
+
+
+def sync_detailed(
+    name: str,
+    version: int,
+    *,
+    client: AuthenticatedClient | Client,
+    body: PredictIn,
+    backend: None | str | Unset = UNSET,
+) -> Response[HTTPValidationError | PredictOut]:
+    """Run one version of a model.
+
+    Args:
+        name (str):
+        version (int):
+        backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
+            variant.
+        body (PredictIn):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[HTTPValidationError | PredictOut]
+    """
+
+    kwargs = _get_kwargs(
+        name=name,
+        version=version,
+        body=body,
+        backend=backend,
+    )
+
+    response = client.get_httpx_client().request(
+        **kwargs,
+    )
+
+    return _build_response(client=client, response=response)
+
+
+def sync(
+    name: str,
+    version: int,
+    *,
+    client: AuthenticatedClient | Client,
+    body: PredictIn,
+    backend: None | str | Unset = UNSET,
+) -> HTTPValidationError | PredictOut | None:
+    """Run one version of a model.
+
+    Args:
+        name (str):
+        version (int):
+        backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
+            variant.
+        body (PredictIn):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        HTTPValidationError | PredictOut
+    """
+
+    return sync_detailed(
+        name=name,
+        version=version,
+        client=client,
+        body=body,
+        backend=backend,
+    ).parsed
+
+
+async def asyncio_detailed(
+    name: str,
+    version: int,
+    *,
+    client: AuthenticatedClient | Client,
+    body: PredictIn,
+    backend: None | str | Unset = UNSET,
+) -> Response[HTTPValidationError | PredictOut]:
+    """Run one version of a model.
+
+    Args:
+        name (str):
+        version (int):
+        backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
+            variant.
+        body (PredictIn):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[HTTPValidationError | PredictOut]
+    """
+
+    kwargs = _get_kwargs(
+        name=name,
+        version=version,
+        body=body,
+        backend=backend,
+    )
+
+    response = await client.get_async_httpx_client().request(**kwargs)
+
+    return _build_response(client=client, response=response)
+
+
+async def asyncio(
+    name: str,
+    version: int,
+    *,
+    client: AuthenticatedClient | Client,
+    body: PredictIn,
+    backend: None | str | Unset = UNSET,
+) -> HTTPValidationError | PredictOut | None:
+    """Run one version of a model.
+
+    Args:
+        name (str):
+        version (int):
+        backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
+            variant.
+        body (PredictIn):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        HTTPValidationError | PredictOut
+    """
+
+    return (
+        await asyncio_detailed(
+            name=name,
+            version=version,
+            client=client,
+            body=body,
+            backend=backend,
+        )
+    ).parsed

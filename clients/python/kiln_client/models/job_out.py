@@ -1,0 +1,186 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
+
+from attrs import define as _attrs_define
+from attrs import field as _attrs_field
+
+from ..models.job_status import JobStatus
+from ..models.variant_status import VariantStatus
+
+T = TypeVar("T", bound="JobOut")
+
+
+@_attrs_define
+class JobOut:
+    """
+    Attributes:
+        attempts (int):
+        backend (str):
+        cache_hit (bool):
+        created_at (float):
+        error (None | str):
+        finished_at (float | None):
+        id (str):
+        model (str):
+        stage (VariantStatus):
+        started_at (float | None):
+        status (JobStatus):
+        target (str):
+        variant_id (str):
+        version (int):
+    """
+
+    attempts: int
+    backend: str
+    cache_hit: bool
+    created_at: float
+    error: None | str
+    finished_at: float | None
+    id: str
+    model: str
+    stage: VariantStatus
+    started_at: float | None
+    status: JobStatus
+    target: str
+    variant_id: str
+    version: int
+    additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        attempts = self.attempts
+
+        backend = self.backend
+
+        cache_hit = self.cache_hit
+
+        created_at = self.created_at
+
+        error: None | str
+        error = self.error
+
+        finished_at: float | None
+        finished_at = self.finished_at
+
+        id = self.id
+
+        model = self.model
+
+        stage = self.stage.value
+
+        started_at: float | None
+        started_at = self.started_at
+
+        status = self.status.value
+
+        target = self.target
+
+        variant_id = self.variant_id
+
+        version = self.version
+
+        field_dict: dict[str, Any] = {}
+        field_dict.update(self.additional_properties)
+        field_dict.update(
+            {
+                "attempts": attempts,
+                "backend": backend,
+                "cache_hit": cache_hit,
+                "created_at": created_at,
+                "error": error,
+                "finished_at": finished_at,
+                "id": id,
+                "model": model,
+                "stage": stage,
+                "started_at": started_at,
+                "status": status,
+                "target": target,
+                "variant_id": variant_id,
+                "version": version,
+            }
+        )
+
+        return field_dict
+
+    @classmethod
+    def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        d = dict(src_dict)
+        attempts = d.pop("attempts")
+
+        backend = d.pop("backend")
+
+        cache_hit = d.pop("cache_hit")
+
+        created_at = d.pop("created_at")
+
+        def _parse_error(data: object) -> None | str:
+            if data is None:
+                return data
+            return cast(None | str, data)
+
+        error = _parse_error(d.pop("error"))
+
+        def _parse_finished_at(data: object) -> float | None:
+            if data is None:
+                return data
+            return cast(float | None, data)
+
+        finished_at = _parse_finished_at(d.pop("finished_at"))
+
+        id = d.pop("id")
+
+        model = d.pop("model")
+
+        stage = VariantStatus(d.pop("stage"))
+
+        def _parse_started_at(data: object) -> float | None:
+            if data is None:
+                return data
+            return cast(float | None, data)
+
+        started_at = _parse_started_at(d.pop("started_at"))
+
+        status = JobStatus(d.pop("status"))
+
+        target = d.pop("target")
+
+        variant_id = d.pop("variant_id")
+
+        version = d.pop("version")
+
+        job_out = cls(
+            attempts=attempts,
+            backend=backend,
+            cache_hit=cache_hit,
+            created_at=created_at,
+            error=error,
+            finished_at=finished_at,
+            id=id,
+            model=model,
+            stage=stage,
+            started_at=started_at,
+            status=status,
+            target=target,
+            variant_id=variant_id,
+            version=version,
+        )
+
+        job_out.additional_properties = d
+        return job_out
+
+    @property
+    def additional_keys(self) -> list[str]:
+        return list(self.additional_properties.keys())
+
+    def __getitem__(self, key: str) -> Any:
+        return self.additional_properties[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.additional_properties[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.additional_properties[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.additional_properties

@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from attrs import define as _attrs_define
+from attrs import field as _attrs_field
+
+if TYPE_CHECKING:
+    from ..models.active_out import ActiveOut
+    from ..models.version_out import VersionOut
+
+
+T = TypeVar("T", bound="ModelOut")
+
+
+@_attrs_define
+class ModelOut:
+    """
+    Attributes:
+        active (ActiveOut | None): What serves batch-1 requests on this replica now.
+        name (str):
+        versions (list[VersionOut]):
+    """
+
+    active: ActiveOut | None
+    name: str
+    versions: list[VersionOut]
+    additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        from ..models.active_out import ActiveOut  # noqa: PLC0415
+
+        active: dict[str, Any] | None
+        if isinstance(self.active, ActiveOut):
+            active = self.active.to_dict()
+        else:
+            active = self.active
+
+        name = self.name
+
+        versions = []
+        for versions_item_data in self.versions:
+            versions_item = versions_item_data.to_dict()
+            versions.append(versions_item)
+
+        field_dict: dict[str, Any] = {}
+        field_dict.update(self.additional_properties)
+        field_dict.update(
+            {
+                "active": active,
+                "name": name,
+                "versions": versions,
+            }
+        )
+
+        return field_dict
+
+    @classmethod
+    def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.active_out import ActiveOut  # noqa: PLC0415
+        from ..models.version_out import VersionOut  # noqa: PLC0415
+
+        d = dict(src_dict)
+
+        def _parse_active(data: object) -> ActiveOut | None:
+            if data is None:
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                active_type_0 = ActiveOut.from_dict(data)
+
+                return active_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(ActiveOut | None, data)
+
+        active = _parse_active(d.pop("active"))
+
+        name = d.pop("name")
+
+        versions = []
+        _versions = d.pop("versions")
+        for versions_item_data in _versions:
+            versions_item = VersionOut.from_dict(versions_item_data)
+
+            versions.append(versions_item)
+
+        model_out = cls(
+            active=active,
+            name=name,
+            versions=versions,
+        )
+
+        model_out.additional_properties = d
+        return model_out
+
+    @property
+    def additional_keys(self) -> list[str]:
+        return list(self.additional_properties.keys())
+
+    def __getitem__(self, key: str) -> Any:
+        return self.additional_properties[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.additional_properties[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.additional_properties[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.additional_properties

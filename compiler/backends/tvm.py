@@ -1,0 +1,239 @@
+"""The TVM backend: TorchScript -> Relax -> one self-contained shared library for the host CPU.
+
+TVM is imported inside the methods, so that a host without it still gets a readable
+`unavailable_reason` instead of an ImportError from the backend registry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from compiler.artifact import Artifact
+from compiler.errors import BackendUnavailableError, ConversionError
+from compiler.frontend import export_program, load_torchscript
+from compiler.runner import output_names
+from compiler.spec import InputSpec
+
+
+class TVMRunner:
+    backend = "tvm"
+
+    def __init__(self, vm: Any, spec: InputSpec, num_outputs: int) -> None:
+        self._main = vm["main"]
+        self.spec = spec
+        self.names = output_names(num_outputs)
+        # One VirtualMachine is not safe to enter from two threads at once.
+        self._lock = threading.Lock()
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import tvm
+
+        args = [_to_tvm(tvm, inputs[n]) for n in self.spec.names]
+        with self._lock:
+            result = self._main(*args)
+        # Outputs are fresh per call, so numpy can share their memory.
+        outputs = [np.from_dlpack(t) for t in _flatten(result, tvm.runtime.Tensor)]
+        return dict(zip(self.names, outputs, strict=True))
+
+
+def _to_tvm(tvm: Any, array: np.ndarray) -> Any:
+    """A zero-copy view for TVM, which needs 64-byte alignment; tvm.runtime.tensor() costs ~30 us."""
+    array = np.ascontiguousarray(array)
+    if array.ctypes.data % _ALIGNMENT:
+        raw = np.empty(array.nbytes + _ALIGNMENT, np.uint8)
+        start = -raw.ctypes.data % _ALIGNMENT
+        aligned = raw[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+        aligned[...] = array
+        array = aligned
+    return tvm.runtime.from_dlpack(array)
+
+
+_ALIGNMENT = 64
+
+
+class TVMBackend:
+    name = "tvm"
+
+    def version(self) -> str:
+        import tvm
+
+        return str(tvm.__version__)
+
+    def unavailable_reason(self, target: str) -> str | None:
+        if target.startswith("cuda"):
+            return "tvm: cuda targets are not supported yet"
+        if not target.startswith("cpu-"):
+            return f"tvm: unknown target {target!r}; expected cpu-..."
+        try:
+            import tvm  # noqa: F401
+        except Exception as exc:  # a broken install raises more than ImportError
+            return f"tvm: cannot import apache-tvm ({_first_line(exc)})"
+        return None
+
+    def compile(
+        self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]
+    ) -> Artifact:
+        reason = self.unavailable_reason(target)
+        if reason is not None:
+            raise BackendUnavailableError(reason)
+        module = load_torchscript(model)
+        program = export_program(module, spec)
+        threads = int(options.get("threads") or os.cpu_count() or 1)
+        tvm_target = host_target(threads)
+        try:
+            library = _build(program, tvm_target)
+        except ConversionError:
+            raise
+        except Exception as exc:  # TVM raises many types, with C++ traces
+            raise ConversionError(f"tvm: {_first_line(exc)}") from exc
+        meta = {
+            "num_outputs": len(program.graph_signature.user_outputs),
+            "tvm_target": json.loads(str(tvm_target)),  # str() of a Target is its JSON
+            "tvm_version": self.version(),
+        }
+        return Artifact(self.name, target, spec, library, meta)
+
+    def load(self, artifact: Artifact) -> TVMRunner:
+        import tvm
+        from tvm import relax
+
+        # load_module dlopens a path; the mapping outlives the file, so delete it at once.
+        with tempfile.NamedTemporaryFile(suffix=".so", delete=False) as f:
+            f.write(artifact.payload)
+        try:
+            library = tvm.runtime.load_module(f.name)
+        finally:
+            os.unlink(f.name)
+        vm = relax.VirtualMachine(library, tvm.cpu())
+        return TVMRunner(vm, artifact.spec, int(artifact.meta["num_outputs"]))
+
+
+def host_target(threads: int) -> Any:
+    """LLVM for this machine's CPU. TVM 0.27 only accepts the JSON form of a target."""
+    import tvm
+
+    cpu = str(tvm.target.codegen.llvm_get_system_cpu())
+    return tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": threads})
+
+
+def _build(program: Any, target: Any) -> bytes:
+    """Import, compile and link to .so bytes; weights stay embedded so the file stands alone."""
+    import tvm
+
+    from compiler.backends.tvm_convert import import_program
+
+    mod = import_program(program)
+    executable = tvm.compile(mod, target, relax_pipeline=_pipeline())
+    with tempfile.TemporaryDirectory(prefix="kiln-tvm-") as tmp:
+        path = os.path.join(tmp, "model.so")
+        executable.export_library(path)
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _pipeline() -> Any:
+    """tvm.compile's CPU default (relax.pipeline.default_build_pipeline) plus two passes.
+
+    Untuned, TVM emits naive loops. FoldConstant pre-computes what depends only on weights (the
+    transposes of Linear weights); the matmul schedule vectorises the kernels that dominate.
+    The fusing cpu_generic pipeline is avoided, as tvm.compile does on CPU; dlight's CPU rules
+    (GEMV, Reduction) measured no faster here, and slower on small reductions.
+    """
+    import tvm
+    import tvm.s_tir.dlight as dl
+    from tvm.relax import backend, transform
+
+    passes = [
+        backend.DispatchSampling(),
+        backend.DispatchSortScan(),
+        transform.LegalizeOps(),
+        transform.FoldConstant(),
+        dl.ApplyDefaultSchedule(_matmul_rule()),
+        transform.RewriteDataflowReshape(),
+        transform.ToNonDataflow(),
+        transform.RemovePurityChecking(),
+        transform.CallTIRRewrite(),
+        transform.StaticPlanBlockMemory(),
+        transform.LowerAllocTensor(),
+        transform.KillAfterLastUse(),
+        transform.LowerRuntimeBuiltin(),
+        transform.ComputePrimValue(),
+        transform.VMShapeLower(),
+        transform.AttachGlobalSymbol(),
+    ]
+    return tvm.transform.Sequential(passes)
+
+
+def _matmul_rule() -> Any:
+    import tvm.s_tir.dlight as dl
+    from tvm import s_tir, tirx
+
+    class Matmul(dl.ScheduleRule):
+        """Loops [rows..., j, k] -> [rows, j/L, k, L] with the L lanes of j vectorised.
+
+        Legalized matmuls index the right operand [.., k, j], so lanes of j are contiguous.
+        Single-threaded on purpose: thread-pool launches cost more than these kernels save.
+        """
+
+        def apply(self, func: Any, target: Any, _: bool) -> Any:
+            sch = s_tir.Schedule(func)
+            blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if _named(sch, b)]
+            if len(blocks) != 1:
+                return None
+            block = blocks[0]
+            kinds = [var.iter_type for var in sch.get(block).iter_vars]
+            loops = sch.get_loops(block)
+            spatial, reduce = 0, 2  # tirx.IterVar.DataPar, tirx.IterVar.CommReduce
+            if len(loops) < 3 or len(loops) != len(kinds) or kinds[-1] != reduce:
+                return None
+            if any(kind != spatial for kind in kinds[:-1]):
+                return None
+            *rows, j, k = loops
+            row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+            extent = sch.get(j).extent
+            lanes = next(
+                (n for n in (16, 8, 4) if isinstance(extent, tirx.IntImm) and extent.value % n == 0),
+                None,
+            )
+            if lanes is None:
+                sch.reorder(row, k, j)
+            else:
+                outer, inner = sch.split(j, [None, lanes])
+                sch.reorder(row, outer, k, inner)
+                sch.vectorize(inner)
+            sch.decompose_reduction(block, k)
+            return sch
+
+    def _named(sch: Any, block: Any) -> bool:
+        return str(sch.get(block).name_hint) == "matmul"
+
+    return Matmul()
+
+
+def _flatten(value: Any, tensor_type: type) -> list[Any]:
+    """The VM returns a tensor or a (nested) array of them; flatten in order like TorchScript."""
+    if isinstance(value, tensor_type):
+        return [value]
+    return [t for item in value for t in _flatten(item, tensor_type)]
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first line that says what went wrong; TVM messages start with a C++ traceback."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    useful = [
+        line
+        for line in lines
+        if not line.startswith(("Traceback", "File ", "File\t", "0:", "[bt]")) and line != "^"
+    ]
+    text = useful[0] if useful else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+backend = TVMBackend()

@@ -1,0 +1,214 @@
+"""Real TVM compiles of the test models and of the importer fixes, checked against TorchScript."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from compiler.artifact import Artifact
+from compiler.backends import get_backend
+from compiler.backends.base import Backend
+from compiler.errors import BackendUnavailableError, ConversionError
+from compiler.hardware import cpu_target
+from compiler.runner import Runner
+from compiler.spec import InputSpec
+from tests.models import MODELS, UNCONVERTIBLE
+
+pytest.importorskip("tvm")
+
+RTOL, ATOL = 1e-4, 1e-5
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tvm_backend() -> Backend:
+    return get_backend("tvm")
+
+
+def reference(model: bytes, spec: InputSpec) -> Runner:
+    backend = get_backend("torchscript")
+    return backend.load(backend.compile(model, spec, cpu_target(), {}))
+
+
+def compile_packed(model: bytes, spec: InputSpec) -> Artifact:
+    """Compile, then round-trip through the packed bytes: what a worker stores is what is served."""
+    artifact = tvm_backend().compile(model, spec, cpu_target(), {"threads": 1})
+    return Artifact.unpack(artifact.pack())
+
+
+def assert_matches(model: bytes, artifact: Artifact, batches: tuple[int, ...] = (1, 7)) -> None:
+    candidate, expected = tvm_backend().load(artifact), reference(model, artifact.spec)
+    for batch in batches:
+        inputs = artifact.spec.random_inputs(batch, np.random.default_rng(batch))
+        got, want = candidate.run(inputs), expected.run(inputs)
+        assert list(got) == list(want)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
+
+
+def script(module: nn.Module) -> bytes:
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(module), buf)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def compiled(request: pytest.FixtureRequest) -> tuple[bytes, Artifact]:
+    model = MODELS[request.param].torchscript()
+    return model, compile_packed(model, InputSpec.from_dicts(MODELS[request.param].inputs, 8))
+
+
+def test_model_matches_torchscript(compiled: tuple[bytes, Artifact]) -> None:
+    model, artifact = compiled
+    assert artifact.backend == "tvm"
+    assert artifact.meta["num_outputs"] == 1
+    assert artifact.meta["tvm_target"]["kind"] == "llvm"
+    assert_matches(model, artifact)
+
+
+def test_loads_in_a_fresh_process(tmp_path: Path) -> None:
+    model = MODELS["mlp"].torchscript()
+    artifact = compile_packed(model, InputSpec.from_dicts(MODELS["mlp"].inputs, 8))
+    (tmp_path / "mlp.kiln").write_bytes(artifact.pack())
+    x = np.random.default_rng(0).standard_normal((3, 64)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code = (
+        "import sys, numpy as np\n"
+        "from pathlib import Path\n"
+        "from compiler.artifact import Artifact\n"
+        "from compiler.backends import get_backend\n"
+        "d = Path(sys.argv[1])\n"
+        "runner = get_backend('tvm').load(Artifact.unpack((d / 'mlp.kiln').read_bytes()))\n"
+        "np.save(d / 'y.npy', runner.run({'x': np.load(d / 'x.npy')})['output0'])\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO, check=True, timeout=300)
+    want = reference(model, artifact.spec).run({"x": x})["output0"]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), want, rtol=RTOL, atol=ATOL)
+
+
+def test_runner_serialises_threads_and_leaves_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    artifact = compile_packed(MODELS["mlp"].torchscript(), InputSpec.from_dicts(MODELS["mlp"].inputs, 8))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    runner = tvm_backend().load(artifact)
+    assert list(tmp_path.iterdir()) == []
+
+    inputs = [artifact.spec.random_inputs(5, np.random.default_rng(i)) for i in range(8)]
+    want = [runner.run(x)["output0"] for x in inputs]
+    got: dict[int, np.ndarray] = {}
+
+    def work(i: int) -> None:
+        got[i] = runner.run(inputs[i])["output0"]
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, expected in enumerate(want):
+        np.testing.assert_array_equal(got[i], expected)
+
+
+def test_unconvertible_op_is_a_readable_conversion_error() -> None:
+    spec = InputSpec.from_dicts(UNCONVERTIBLE.inputs, 8)
+    with pytest.raises(ConversionError) as info:
+        tvm_backend().compile(UNCONVERTIBLE.torchscript(), spec, cpu_target(), {})
+    message = str(info.value)
+    assert message.startswith("tvm: no converter for torch op ")
+    assert "svd" in message
+    assert "\n" not in message
+
+
+def test_unavailable_reasons() -> None:
+    backend = tvm_backend()
+    assert backend.unavailable_reason(cpu_target()) is None
+    assert backend.unavailable_reason("cuda-sm90") == "tvm: cuda targets are not supported yet"
+    assert backend.unavailable_reason("tpu-v5") is not None
+    with pytest.raises(BackendUnavailableError):
+        backend.compile(MODELS["mlp"].torchscript(), InputSpec.parse(["x:float32[-1,64]"]), "cuda-sm90", {})
+
+
+# Tiny modules, one per importer fix (see compiler/backends/tvm_convert.py).
+
+
+class NegativeSelect(nn.Module):
+    """select.int with negative indices, on a static dim and on the symbolic batch dim."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x[:, -1] * 2 + x[:, 0]).unsqueeze(1) + x - x[-1]
+
+
+class FloorDivide(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.div(x, 2, rounding_mode="floor")
+
+
+class TruncDivide(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.div(x, 3, rounding_mode="trunc")
+
+
+class SymbolicScalarTensor(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.scalar_tensor(x.size(0))
+
+
+class SymbolicWhere(nn.Module):
+    """where.ScalarOther decomposes to scalar_tensor of the batch size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > 0, x, x.size(0))
+
+
+class SymbolicScalarArithmetic(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x / x.size(0) + x * x.shape[0] - x.shape[0]
+
+
+@pytest.mark.parametrize(
+    ("module", "dtype"),
+    [
+        (NegativeSelect(), "float32"),
+        (FloorDivide(), "float32"),
+        (FloorDivide(), "int64"),
+        (TruncDivide(), "float32"),
+        (TruncDivide(), "int64"),
+        (SymbolicScalarTensor(), "float32"),
+        (SymbolicWhere(), "float32"),
+        (SymbolicScalarArithmetic(), "float32"),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, nn.Module) else value,
+)
+def test_importer_fix(module: nn.Module, dtype: str) -> None:
+    model = script(module)
+    spec = InputSpec.parse([f"x:{dtype}[-1,4]"], 8)
+    assert_matches(model, compile_packed(model, spec))
+
+
+Nested = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
+
+
+class TwoInTwoOut(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> Nested:
+        return a + b, (a * b, (a - b).sum(1))
+
+
+def test_several_inputs_share_the_batch_and_nested_outputs_flatten_in_order() -> None:
+    model = script(TwoInTwoOut())
+    artifact = compile_packed(model, InputSpec.parse(["a:float32[-1,4]", "b:float32[-1,4]"], 8))
+    assert artifact.meta["num_outputs"] == 3
+    assert_matches(model, artifact)
+
+
+def test_max_batch_size_one_compiles_a_static_batch() -> None:
+    model = MODELS["mlp"].torchscript()
+    assert_matches(model, compile_packed(model, InputSpec.from_dicts(MODELS["mlp"].inputs, 1)), (1,))
