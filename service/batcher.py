@@ -8,6 +8,7 @@ batch runs, so under load batches grow even with no delay at all.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 Arrays = dict[str, np.ndarray]
+log = logging.getLogger("kiln.batcher")
 
 
 @dataclass(frozen=True)
@@ -97,26 +99,31 @@ class Batcher:
         return batch
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             requests = [r for r in await self._collect() if not r.future.cancelled()]
-            if not requests:
-                continue
+            if requests:
+                await self._execute(requests)
+
+    async def _execute(self, requests: list[_Request]) -> None:
+        """Run one batch. Whatever fails, fails its own requests: the loop must live on."""
+        started = time.perf_counter()
+        try:
             merged = merge([r.inputs for r in requests])
-            started = time.perf_counter()
-            try:
-                outputs = await loop.run_in_executor(self.executor, self.run, merged)
-                parts = split(outputs, [r.batch for r in requests])
-            except Exception as exc:
-                for r in requests:
-                    if not r.future.done():
-                        r.future.set_exception(exc)
-                continue
-            for r, part in zip(requests, parts, strict=True):
+            outputs = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, merged)
+            parts = split(outputs, [r.batch for r in requests])
+        except Exception as exc:
+            for r in requests:
                 if not r.future.done():
-                    r.future.set_result(part)
-            if self.on_batch is not None:
+                    r.future.set_exception(exc)
+            return
+        for r, part in zip(requests, parts, strict=True):
+            if not r.future.done():
+                r.future.set_result(part)
+        if self.on_batch is not None:
+            try:
                 self.on_batch(sum(r.batch for r in requests), len(requests), time.perf_counter() - started)
+            except Exception:
+                log.exception("batch statistics callback failed")
 
 
 def merge(parts: list[Arrays]) -> Arrays:

@@ -106,7 +106,7 @@ def test_different_shapes_never_merge() -> None:
                 lambda a: {"z": a["x"] * 2},
                 BatchPolicy(8, 20_000),
                 pool,
-                on_batch=lambda size, n: recorder.calls.append(size),
+                on_batch=lambda size, n, seconds: recorder.calls.append(size),
             )
             a = np.ones((1, 4), np.float32)
             b = np.ones((1, 5), np.float32)
