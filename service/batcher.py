@@ -65,9 +65,22 @@ class Batcher:
         await self._queue.put(_Request(inputs, batch, future))
         return await future
 
-    def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+    def close(self, then: Callable[[], None] | None = None) -> None:
+        """Stop the batching task, then call `then` once the task (and with it the runner) is
+        released. Safe from any thread: evictions happen in worker threads."""
+        task = self._task
+        if task is None or task.done():
+            if then is not None:
+                then()
+            return
+
+        def stop() -> None:
+            task.cancel()
+            if then is not None:
+                # On the next loop turn: during its own callbacks the task is still referenced.
+                task.add_done_callback(lambda _: task.get_loop().call_soon(then))
+
+        task.get_loop().call_soon_threadsafe(stop)
 
     async def _next(self, timeout: float | None) -> _Request | None:
         if self._carry is not None:
@@ -99,10 +112,15 @@ class Batcher:
         return batch
 
     async def _loop(self) -> None:
-        while True:
-            requests = [r for r in await self._collect() if not r.future.cancelled()]
-            if requests:
-                await self._execute(requests)
+        try:
+            while True:
+                requests = [r for r in await self._collect() if not r.future.cancelled()]
+                if requests:
+                    await self._execute(requests)
+        except asyncio.CancelledError:
+            # End normally: a stored CancelledError's traceback would keep this frame, and with
+            # it the runner, alive in a reference cycle after the batcher is dropped.
+            return
 
     async def _execute(self, requests: list[_Request]) -> None:
         """Run one batch. Whatever fails, fails its own requests: the loop must live on."""

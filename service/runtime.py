@@ -22,9 +22,11 @@ from compiler.backends import get_backend
 from compiler.hardware import local_targets
 from compiler.runner import Runner
 from compiler.spec import InputSpec
+from service import metrics
 from service.batcher import Batcher, BatchPolicy
 from service.errors import NotFoundError
 from service.jobs import spec_of
+from service.memory import release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
 from service.router import ANY_TARGET, choose_variant, serving_version
@@ -133,6 +135,7 @@ class Runtime:
         inputs: Mapping[str, object],
         backend: str | None = None,
     ) -> Prediction:
+        begun = time.perf_counter()
         route = await self.aroute(name, version)
         arrays = route.spec.coerce(inputs)
         batch = route.spec.check(arrays)
@@ -142,8 +145,11 @@ class Runtime:
             loaded = await run_in_threadpool(self.load, route.version, variant)
         started = time.perf_counter()
         outputs = await loaded.batcher.submit(arrays, batch)
-        self.stats.request(name, route.version.version, time.perf_counter() - started)
-        return Prediction(outputs, route.version.version, variant)
+        done = time.perf_counter()
+        number = route.version.version
+        self.stats.request(name, number, done - started)
+        metrics.REQUEST_SECONDS.labels(name, str(number), variant.backend).observe(done - begun)
+        return Prediction(outputs, number, variant)
 
     def _cached(self, key: str) -> Loaded | None:
         with self._lock:
@@ -164,6 +170,7 @@ class Runtime:
                 with self._lock:
                     self._loaded[key] = loaded
                     self._evict_over_budget()
+                    self._publish_loaded()
         with self._lock:
             self._loading.pop(key, None)
         return loaded
@@ -181,6 +188,7 @@ class Runtime:
 
         def on_batch(size: int, requests: int, seconds: float) -> None:
             self.stats.execution(name, number, size, seconds)
+            metrics.BATCH_SIZE.labels(name).observe(size)
 
         batcher = Batcher(runner.run, batch_policy(version, self.settings), self._executor, on_batch)
         log.info(
@@ -194,11 +202,12 @@ class Runtime:
         return Loaded(runner, batcher, name, len(artifact.payload))
 
     def _evict_over_budget(self) -> None:
+        """Evict least recently used runners until the budget holds; the newest always stays."""
         budget = self.settings.runtime_max_mb * MB
         while len(self._loaded) > 1 and sum(x.size_bytes for x in self._loaded.values()) > budget:
             key, evicted = self._loaded.popitem(last=False)
-            evicted.batcher.close()
-            log.info("evicted runner %s of %s (%.1f MB)", key[:24], evicted.model, evicted.size_bytes / MB)
+            evicted.batcher.close(then=release_memory)
+            log.info("evicted runner %s of %s (%.1f MB)", key, evicted.model, evicted.size_bytes / MB)
 
     def unload(self, name: str) -> int:
         """Drop a model's routes and runners (deleted, or unloaded on request); return how many."""
@@ -207,7 +216,8 @@ class Runtime:
         with self._lock:
             keys = [k for k, x in self._loaded.items() if x.model == name]
             for key in keys:
-                self._loaded.pop(key).batcher.close()
+                self._loaded.pop(key).batcher.close(then=release_memory)
+            self._publish_loaded()
         return len(keys)
 
     @property
@@ -215,11 +225,18 @@ class Runtime:
         with self._lock:
             return sum(x.size_bytes for x in self._loaded.values())
 
+    def _publish_loaded(self) -> None:
+        """Called under the lock on every change: a gauge read at scrape time would miss the
+        other uvicorn workers' runners in multiprocess mode."""
+        metrics.LOADED_RUNNERS.set(len(self._loaded))
+        metrics.LOADED_BYTES.set(sum(x.size_bytes for x in self._loaded.values()))
+
     def close(self) -> None:
         with self._lock:
             for loaded in self._loaded.values():
                 loaded.batcher.close()
             self._loaded.clear()
+            self._publish_loaded()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 

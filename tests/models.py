@@ -86,6 +86,7 @@ def _script(name: str, factory: Callable[[], nn.Module]) -> bytes:
 
 @dataclass(frozen=True)
 class TestModel:
+    __test__ = False  # not a pytest test class
     name: str
     factory: Callable[[], nn.Module]
     inputs: list[dict[str, object]]

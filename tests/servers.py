@@ -121,14 +121,20 @@ class KilnProcess:
                 self.proc.wait(10)
             self.proc = None
 
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not running"
+        return self.proc.pid
+
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
 
 class KilnServer(KilnProcess):
-    def __init__(self, env: Mapping[str, str], log: Path) -> None:
+    def __init__(self, env: Mapping[str, str], log: Path, workers: int = 1) -> None:
         self.port = free_port()
-        super().__init__(["serve", "--host", "127.0.0.1", "--port", str(self.port)], env, log)
+        args = ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers)]
+        super().__init__(args, env, log)
 
     @property
     def url(self) -> str:

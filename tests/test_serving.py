@@ -1,0 +1,138 @@
+"""Serving: dynamic batching over HTTP, LRU residency under a memory budget, several uvicorn workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from tests.client import expected, predict, sample, upload
+from tests.models import MODELS, TestModel
+from tests.servers import KilnServer, wait_until
+
+MLP = MODELS["mlp"]
+
+
+class Wide(nn.Module):
+    """About 32 MB of float32 weights: big enough to see in the process RSS."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2048, 4096)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+WIDE = [
+    TestModel(f"wide{i}", Wide, [{"name": "x", "dtype": "float32", "shape": [-1, 2048]}]) for i in range(2)
+]
+
+
+def stats(http: httpx.Client, name: str) -> dict[str, object]:
+    response = http.get(f"/v2/models/{name}/stats")
+    assert response.status_code == 200, response.text
+    found: dict[str, object] = response.json()["model_stats"][0]
+    return found
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    root = tmp_path_factory.mktemp("serving")
+    # Budget for one Wide model, not two: loading the second evicts the first.
+    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_RUNTIME_MAX_MB": "48", "KILN_THREADS": "1"}
+    srv = KilnServer(env, root / "kiln.log")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: KilnServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+
+
+def test_concurrent_requests_are_batched_and_split_back_exactly(
+    http: httpx.Client, server: KilnServer
+) -> None:
+    response = upload(http, MLP, name="batched", max_batch_size=16, max_queue_delay_us=20000, backends=[])
+    assert response.status_code == 202, response.text
+    xs = [sample(MLP, 1, seed=i) for i in range(32)]
+    predict(http, "batched", xs[0])  # load the runner first, so the burst below is all batching
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            return await asyncio.gather(
+                *(client.post("/v1/models/batched/predict", json={"inputs": {"x": x.tolist()}}) for x in xs)
+            )
+
+    before = stats(http, "batched")
+    responses = asyncio.run(burst())
+    after = stats(http, "batched")
+    executions = int(after["execution_count"]) - int(before["execution_count"])  # type: ignore[call-overload]
+    inferred = int(after["inference_count"]) - int(before["inference_count"])  # type: ignore[call-overload]
+    assert inferred == 32
+    assert executions < 32
+    assert max(b["batch_size"] for b in after["batch_stats"]) > 1  # type: ignore[attr-defined]
+    for x, r in zip(xs, responses, strict=True):
+        assert r.status_code == 200, r.text
+        # Equal to the model run alone at batch 1, up to float summation order.
+        np.testing.assert_allclose(r.json()["outputs"]["output0"], expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
+def rss_mb(server: KilnServer) -> float:
+    return float(psutil.Process(server.pid).memory_info().rss) / 2**20
+
+
+def test_lru_evicts_under_budget_and_reloads(http: httpx.Client, server: KilnServer) -> None:
+    for model in WIDE:
+        assert upload(http, model, max_batch_size=2, backends=[]).status_code == 202
+    x = np.random.default_rng(0).standard_normal((1, 2048)).astype(np.float32)
+    first, second = WIDE
+
+    def run(model: TestModel) -> None:
+        response = predict(http, model.name, x)
+        assert response.status_code == 200, response.text
+        np.testing.assert_allclose(
+            response.json()["outputs"]["output0"], expected(model, x), rtol=1e-4, atol=1e-4
+        )
+
+    run(first)
+    with_first = rss_mb(server)
+    run(second)  # over budget: the first is evicted, so RSS grows by far less than a model
+    with_second = rss_mb(server)
+    assert with_second - with_first < 16, (with_first, with_second)
+    run(first)  # reloaded from the store after its eviction, and correct
+    assert http.post(f"/v2/repository/models/{first.name}/unload").status_code == 200
+    wait_until(lambda: rss_mb(server) < with_second - 20, 10, "RSS to drop after unloading")
+    index = {m["name"]: m for m in http.post("/v2/repository/index", json={}).json()}
+    assert index[first.name]["state"] == "READY"
+    assert http.post(f"/v2/repository/models/{first.name}/load").status_code == 200
+    run(first)
+
+
+def test_several_uvicorn_workers_share_one_redis(tmp_path: Path, redis_url: str) -> None:
+    srv = KilnServer({"KILN_REDIS_URL": redis_url}, tmp_path / "kiln.log", workers=2)
+    srv.start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=120) as http:
+            assert upload(http, MLP, backends=[]).status_code == 202
+            x = sample(MLP, 3)
+            want = expected(MLP, x)
+            for _ in range(20):  # new connections spread over both worker processes
+                with httpx.Client(base_url=srv.url, timeout=60) as fresh:
+                    response = predict(fresh, "mlp", x)
+                    assert response.status_code == 200, response.text
+                    np.testing.assert_allclose(response.json()["outputs"]["output0"], want, rtol=1e-5)
+            assert json.loads(http.get("/v1/models").text)["models"][0]["name"] == "mlp"
+    finally:
+        srv.stop()
