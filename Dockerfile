@@ -17,7 +17,7 @@ ENV PATH=/opt/venv/bin:$PATH
 # torch first, pinned to the version in pyproject.toml, from the CPU index: on PyPI the plain
 # torch wheel for Linux x86_64 is the CUDA build, which pulls several GB of nvidia-* wheels that
 # a CPU image never uses. The later `pip install .` sees torch==2.13.0 satisfied (2.13.0+cpu).
-RUN pip install --upgrade pip \
+RUN pip install --upgrade pip==26.3 \
     && pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 
 # torch above sits in its own layer, so a code change reinstalls only the lighter packages.
@@ -51,7 +51,8 @@ ENV PATH=/opt/venv/bin:$PATH \
 
 # /data holds models and artifacts in embedded mode (no KILN_REDIS_URL): mount a volume there.
 # With Redis everything lives in Redis and /data stays empty.
-USER kiln
+# Numeric, so Kubernetes' runAsNonRoot can check it without reading /etc/passwd.
+USER 10001:10001
 WORKDIR /home/kiln
 EXPOSE 8000
 
