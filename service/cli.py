@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
-import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
 import httpx
 import typer
+from httpx_sse import SSEError, connect_sse
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn
+from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 
 app = typer.Typer(help="Kiln: a model server that compiles what it serves.", no_args_is_help=True)
@@ -21,10 +21,7 @@ console = Console()
 UrlOption = Annotated[str, typer.Option(envvar="KILN_URL", help="Kiln server URL.")]
 KeyOption = Annotated[str | None, typer.Option(envvar="KILN_API_KEY", help="API key.")]
 SETTLED = {"ready", "failed", "rejected"}
-
-
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+STAGES = ["queued", "compiling", "verifying", "benchmarking", "ready"]
 
 
 def client(url: str, api_key: str | None) -> httpx.Client:
@@ -52,18 +49,31 @@ def serve(
     """Start the API (embedded mode unless KILN_REDIS_URL is set)."""
     import uvicorn
 
-    setup_logging()
-    uvicorn.run("service.api.app:create_app", factory=True, host=host, port=port, workers=workers)
+    from service.logs import logging_config
+    from service.settings import get_settings
+
+    # uvicorn applies it here and again in each worker process it spawns.
+    log_config = logging_config(get_settings().log_format)
+    uvicorn.run(
+        "service.api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_config=log_config,
+    )
 
 
 @app.command()
 def worker() -> None:
     """Consume compile jobs for this host's targets (needs KILN_REDIS_URL)."""
+    from service.logs import setup_logging
     from service.settings import get_settings
     from service.worker import run_worker
 
-    setup_logging()
-    run_worker(get_settings())
+    settings = get_settings()
+    setup_logging(settings.log_format)
+    run_worker(settings)
 
 
 @app.command()
@@ -73,7 +83,7 @@ def upload(
     input: Annotated[list[str], typer.Option("--input", help="NAME:DTYPE[D0,...], -1 = dynamic.")],
     max_batch_size: Annotated[int | None, typer.Option(help="Largest batch.")] = None,
     backend: Annotated[list[str] | None, typer.Option("--backend", help="Backends to compile.")] = None,
-    wait: Annotated[bool, typer.Option(help="Show progress until every variant settles.")] = True,
+    wait: Annotated[bool, typer.Option(help="Show live progress until every variant settles.")] = True,
     url: UrlOption = "http://127.0.0.1:8000",
     api_key: KeyOption = None,
 ) -> None:
@@ -96,27 +106,64 @@ def upload(
             f"{body['name']} version {body['version']} ({body['sha256'][:12]})"
             + (" [dim]already uploaded[/dim]" if body["deduplicated"] else "")
         )
+        variants = body["variants"]
         if wait:
-            watch(http, body["name"], body["version"])
+            follow(http, variants)
+            variants = check(http.get(f"/v1/models/{body['name']}/versions/{body['version']}"))["variants"]
+    for v in variants:
+        latency = f" {v['latency_ms']:.3f} ms at batch 1" if v["latency_ms"] is not None else ""
+        error = f": {v['error']}" if v["error"] else ""
+        console.print(f"{v['backend']:<12} {v['target']:<28} {v['status']}{latency}{error}")
 
 
-def watch(http: httpx.Client, name: str, version: int) -> None:
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console) as progress:
-        tasks: dict[str, Any] = {}
-        while True:
-            variants = check(http.get(f"/v1/models/{name}/versions/{version}"))["variants"]
-            for v in variants:
-                label = f"{v['backend']:<12} {v['target']:<28} {v['status']}"
-                if v["error"]:
-                    label += f": {v['error']}"
-                if v["id"] not in tasks:
-                    tasks[v["id"]] = progress.add_task(label, total=1)
-                progress.update(
-                    tasks[v["id"]], description=label, completed=1 if v["status"] in SETTLED else 0
-                )
-            if all(v["status"] in SETTLED for v in variants):
-                break
-            time.sleep(0.5)
+def follow(http: httpx.Client, variants: list[dict[str, Any]]) -> None:
+    """A live bar per compiling variant, each fed by its job's server-sent events in a thread."""
+    pending = [v for v in variants if v["job_id"] and v["status"] not in SETTLED]
+    if not pending:
+        return
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.fields[stage]}"),
+    )
+    with Progress(*columns, console=console) as progress, ThreadPoolExecutor(len(pending)) as pool:
+        streams = [
+            pool.submit(
+                stream_job,
+                http,
+                v["job_id"],
+                progress,
+                progress.add_task(
+                    f"{v['backend']:<12} {v['target']:<28}", total=len(STAGES) - 1, stage=v["status"]
+                ),
+            )
+            for v in pending
+        ]
+        for stream in streams:
+            stream.result()
+
+
+def stream_job(http: httpx.Client, job_id: str, progress: Progress, task: TaskID) -> None:
+    """Follow one job to its `end` event. The final statuses are read again once every stream
+    ends, so a stream that fails only stops its own bar."""
+    try:
+        with connect_sse(http, "GET", f"/v1/jobs/{job_id}/events") as source:
+            if source.response.is_error:
+                progress.update(task, stage=f"no progress (HTTP {source.response.status_code})")
+                return
+            for event in source.iter_sse():
+                if event.event == "end":
+                    return
+                if event.event == "stage":
+                    data = event.json()
+                    stage = data["stage"]
+                    # A failure fills the bar too: the job is over either way.
+                    done = STAGES.index(stage) if stage in STAGES else len(STAGES) - 1
+                    error = f": {data['error']}" if data["error"] else ""
+                    progress.update(task, completed=done, stage=f"{stage}{error}")
+    except (httpx.HTTPError, SSEError) as exc:
+        progress.update(task, stage=f"no progress ({type(exc).__name__}: {exc})")
 
 
 @app.command()

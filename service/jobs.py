@@ -6,6 +6,7 @@ Both queues (Dramatiq in Redis mode, the in-process pool in embedded mode) call 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from compiler.artifact import Artifact, artifact_key
@@ -13,6 +14,7 @@ from compiler.backends import get_backend
 from compiler.errors import CompilerError, VerificationError
 from compiler.pipeline import CompileOptions, compile_to_bytes
 from compiler.spec import InputSpec
+from service import metrics
 from service.errors import NotFoundError
 from service.records import (
     SETTLED,
@@ -66,9 +68,11 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
     key = variant_key(version, variant)
     cached = registry.get_artifact(key)
     if cached is not None:
+        metrics.CACHE_HITS.labels(job.backend).inc()
         log.info("job %s: artifact cache hit %s", job.id, key[:12])
         _mark_ready(registry, job, key, cached, cache_hit=True)
         return
+    metrics.CACHE_MISSES.labels(job.backend).inc()
     _compile(registry, settings, job, version, key)
 
 
@@ -81,6 +85,11 @@ def _compile(
     def on_progress(event: dict[str, Any]) -> None:
         if "stage" in event:
             registry.set_stage(job, VariantStatus(event["stage"]))
+
+    started = time.monotonic()
+
+    def observe(outcome: VariantStatus) -> None:
+        metrics.COMPILE_SECONDS.labels(job.backend, outcome.value).observe(time.monotonic() - started)
 
     try:
         packed, report = run_in_child(
@@ -98,11 +107,14 @@ def _compile(
             on_progress=on_progress,
         )
     except VerificationError as exc:
+        observe(VariantStatus.rejected)
         _settle_failed(registry, job, VariantStatus.rejected, str(exc))
         return
     except (CompilerError, SandboxError) as exc:
+        observe(VariantStatus.failed)
         _settle_failed(registry, job, VariantStatus.failed, f"{job.backend}: {exc}")
         return
+    observe(VariantStatus.ready)
     record = ArtifactRecord(
         key=key,
         backend=job.backend,

@@ -6,13 +6,17 @@ Queues are named by target, so a job only ever reaches a worker with matching ha
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 import dramatiq
+import redis
 from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
 from dramatiq.message import Message
 
+from compiler.hardware import local_targets
 from service.jobs import run_compile_job
 from service.registry import Registry
 from service.settings import Settings
@@ -29,6 +33,10 @@ def queue_name(target: str) -> str:
 class JobQueue(Protocol):
     def enqueue(self, job_id: str, target: str) -> None: ...
 
+    def depth(self) -> dict[str, int]:
+        """Jobs queued or running, not yet settled, per queue of this host's targets."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -39,15 +47,26 @@ class EmbeddedQueue:
         self.registry = registry
         self.settings = settings
         self.pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="kiln-compile")
+        self._pending: Counter[str] = Counter()
+        self._lock = threading.Lock()
 
     def enqueue(self, job_id: str, target: str) -> None:
-        self.pool.submit(self._run, job_id)
+        with self._lock:
+            self._pending[target] += 1
+        self.pool.submit(self._run, job_id, target)
 
-    def _run(self, job_id: str) -> None:
+    def _run(self, job_id: str, target: str) -> None:
         try:
             run_compile_job(self.registry, self.settings, job_id)
         except Exception:
             log.exception("job %s failed unexpectedly", job_id)
+        finally:
+            with self._lock:
+                self._pending[target] -= 1
+
+    def depth(self) -> dict[str, int]:
+        with self._lock:
+            return {queue_name(t): self._pending[t] for t in local_targets()}
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -93,6 +112,17 @@ class DramatiqQueue:
             self.broker.declare_queue(name)
             self.declared.add(name)
         self.broker.enqueue(Message(queue_name=name, actor_name=ACTOR, args=(job_id,), kwargs={}, options={}))
+
+    def depth(self) -> dict[str, int]:
+        """Dramatiq keeps each message in the hash `{namespace}:{queue}.msgs` from enqueue to ack,
+        so its size counts queued and running jobs; `.DQ.msgs` holds those waiting to retry."""
+        client: redis.Redis = self.broker.client
+        ns = self.broker.namespace
+        depths = {}
+        for target in local_targets():
+            name = queue_name(target)
+            depths[name] = int(client.hlen(f"{ns}:{name}.msgs")) + int(client.hlen(f"{ns}:{name}.DQ.msgs"))
+        return depths
 
     def close(self) -> None:
         self.broker.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -48,6 +49,11 @@ class Settings(BaseSettings):
 
     default_max_batch_size: int = 8
     default_backends: list[str] = ["tvm"]
+
+    # JSON lines for log collectors; text for a person at a terminal.
+    log_format: Literal["json", "text"] = "json"
+    # `kiln worker` serves Prometheus metrics here (its compiles happen in its process); 0: off.
+    worker_metrics_port: int = 9100
 
     @property
     def embedded(self) -> bool:

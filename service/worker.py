@@ -7,6 +7,7 @@ import signal
 import threading
 
 import dramatiq
+from prometheus_client import start_http_server
 
 from compiler.hardware import local_targets
 from compiler.threads import set_threads
@@ -16,6 +17,16 @@ from service.settings import Settings
 from service.store import open_store
 
 log = logging.getLogger("kiln.worker")
+
+
+def serve_metrics(port: int) -> None:
+    """Compile durations and cache hits are counted in this process, not in any API's."""
+    try:
+        start_http_server(port)
+    except OSError as exc:  # a second worker on one host: compiling matters more than metrics
+        log.warning("worker metrics not served: port %d: %s", port, exc)
+        return
+    log.info("worker metrics on :%d/metrics", port)
 
 
 def run_worker(settings: Settings) -> None:
@@ -32,6 +43,8 @@ def run_worker(settings: Settings) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    if settings.worker_metrics_port:
+        serve_metrics(settings.worker_metrics_port)
     worker.start()
     log.info("worker consuming %s", sorted(queues))
     stop.wait()

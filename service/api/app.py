@@ -8,9 +8,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.api import health, jobs, models, predict, problems, repository, v2
+from service import metrics
+from service.api import events, health, jobs, models, predict, problems, repository, v2
 from service.api.auth import parse_keys
 from service.api.deps import Services
+from service.api.middleware import RequestContext
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
 from service.records import JobRecord, JobStatus
 from service.registry import Registry
@@ -53,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             runtime.close()
             queue.close()
             store.close()
+            metrics.process_exiting()
 
     app = FastAPI(
         title="Kiln",
@@ -62,8 +65,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_body_size=settings.max_upload_mb * MB,
     )
     app.state.api_keys = api_keys
+    app.add_middleware(RequestContext)
     problems.install(app)
     # v2 last: its catch-all answers unknown /v2 paths in the protocol's error shape.
-    for module in (health, models, jobs, predict, repository, v2):
+    for module in (health, models, jobs, events, predict, repository, v2):
         app.include_router(module.router)
     return app

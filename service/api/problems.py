@@ -15,7 +15,9 @@ from compiler.errors import (
     InvalidModelError,
     InvalidSpecError,
 )
+from service.api.middleware import HEADER
 from service.errors import KilnError
+from service.logs import request_id
 from service.store import StoreUnavailableError
 
 log = logging.getLogger("kiln.api")
@@ -69,4 +71,9 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem(500, "Internal error", f"{type(exc).__name__}; see the server log")
+        response = problem(500, "Internal error", f"{type(exc).__name__}; see the server log")
+        # Starlette answers this one outside the middleware that stamps every other response.
+        rid = request_id.get()
+        if rid is not None:
+            response.headers[HEADER] = rid
+        return response

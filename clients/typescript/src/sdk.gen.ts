@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import { type Client, formDataBodySerializer, type Options as Options2, type TDataShape } from './client/index.js';
-import type { DeleteModelData, DeleteModelErrors, DeleteModelResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, ListModelsData, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V2AllStatsData, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses } from './types.gen.js';
+import type { DeleteModelData, DeleteModelErrors, DeleteModelResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V2AllStatsData, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -32,6 +32,21 @@ export const readyz = <ThrowOnError extends boolean = false>(options?: Options<R
  * A compile job's status and stage.
  */
 export const getJob = <ThrowOnError extends boolean = false>(options: Options<GetJobData, ThrowOnError>) => (options.client ?? client).get<GetJobResponses, GetJobErrors, ThrowOnError>({ url: '/v1/jobs/{job_id}', ...options });
+
+/**
+ * Stream a compile job's stage changes as server-sent events until it settles.
+ *
+ * A `text/event-stream`. The first event comes at once with the job's current state, then one
+ * whenever its stage, status, attempts, error or cache hit changes:
+ *
+ * event: stage
+ * data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit": false}
+ *
+ * The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
+ * "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+ * Comment lines (`: ping`) keep idle connections open.
+ */
+export const jobEvents = <ThrowOnError extends boolean = false>(options: Options<JobEventsData, ThrowOnError, unknown>) => (options.client ?? client).sse.get<JobEventsResponses, JobEventsErrors, ThrowOnError>({ url: '/v1/jobs/{job_id}/events', ...options });
 
 /**
  * Every model, its versions and variants.

@@ -458,6 +458,34 @@ export type GetJobResponses = {
 
 export type GetJobResponse = GetJobResponses[keyof GetJobResponses];
 
+export type JobEventsData = {
+    body?: never;
+    path: {
+        /**
+         * Job Id
+         */
+        job_id: string;
+    };
+    query?: never;
+    url: '/v1/jobs/{job_id}/events';
+};
+
+export type JobEventsErrors = {
+    /**
+     * Validation Error
+     */
+    422: HttpValidationError;
+};
+
+export type JobEventsError = JobEventsErrors[keyof JobEventsErrors];
+
+export type JobEventsResponses = {
+    /**
+     * Successful Response
+     */
+    200: unknown;
+};
+
 export type ListModelsData = {
     body?: never;
     path?: never;

@@ -1,0 +1,203 @@
+from http import HTTPStatus
+from typing import Any, cast
+from urllib.parse import quote
+
+import httpx
+
+from ... import errors
+from ...client import AuthenticatedClient, Client
+from ...models.http_validation_error import HTTPValidationError
+from ...types import Response
+
+
+def _get_kwargs(
+    job_id: str,
+) -> dict[str, Any]:
+
+    _kwargs: dict[str, Any] = {
+        "method": "get",
+        "url": "/v1/jobs/{job_id}/events".format(
+            job_id=quote(str(job_id), safe=""),
+        ),
+    }
+
+    return _kwargs
+
+
+def _parse_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Any | HTTPValidationError | None:
+    if response.status_code == 200:
+        response_200 = cast(Any, None)
+        return response_200
+
+    if response.status_code == 422:
+        response_422 = HTTPValidationError.from_dict(response.json())
+
+        return response_422
+
+    if client.raise_on_unexpected_status:
+        raise errors.UnexpectedStatus(response.status_code, response.content)
+    else:
+        return None
+
+
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[Any | HTTPValidationError]:
+    return Response(
+        status_code=HTTPStatus(response.status_code),
+        content=response.content,
+        headers=response.headers,
+        parsed=_parse_response(client=client, response=response),
+    )
+
+
+def sync_detailed(
+    job_id: str,
+    *,
+    client: AuthenticatedClient | Client,
+) -> Response[Any | HTTPValidationError]:
+    """Stream a compile job's stage changes as server-sent events until it settles.
+
+     A `text/event-stream`. The first event comes at once with the job's current state, then one
+    whenever its stage, status, attempts, error or cache hit changes:
+
+        event: stage
+        data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit":
+    false}
+
+    The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
+    "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+    Comment lines (`: ping`) keep idle connections open.
+
+    Args:
+        job_id (str):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[Any | HTTPValidationError]
+    """
+
+    kwargs = _get_kwargs(
+        job_id=job_id,
+    )
+
+    response = client.get_httpx_client().request(
+        **kwargs,
+    )
+
+    return _build_response(client=client, response=response)
+
+
+def sync(
+    job_id: str,
+    *,
+    client: AuthenticatedClient | Client,
+) -> Any | HTTPValidationError | None:
+    """Stream a compile job's stage changes as server-sent events until it settles.
+
+     A `text/event-stream`. The first event comes at once with the job's current state, then one
+    whenever its stage, status, attempts, error or cache hit changes:
+
+        event: stage
+        data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit":
+    false}
+
+    The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
+    "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+    Comment lines (`: ping`) keep idle connections open.
+
+    Args:
+        job_id (str):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Any | HTTPValidationError
+    """
+
+    return sync_detailed(
+        job_id=job_id,
+        client=client,
+    ).parsed
+
+
+async def asyncio_detailed(
+    job_id: str,
+    *,
+    client: AuthenticatedClient | Client,
+) -> Response[Any | HTTPValidationError]:
+    """Stream a compile job's stage changes as server-sent events until it settles.
+
+     A `text/event-stream`. The first event comes at once with the job's current state, then one
+    whenever its stage, status, attempts, error or cache hit changes:
+
+        event: stage
+        data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit":
+    false}
+
+    The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
+    "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+    Comment lines (`: ping`) keep idle connections open.
+
+    Args:
+        job_id (str):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[Any | HTTPValidationError]
+    """
+
+    kwargs = _get_kwargs(
+        job_id=job_id,
+    )
+
+    response = await client.get_async_httpx_client().request(**kwargs)
+
+    return _build_response(client=client, response=response)
+
+
+async def asyncio(
+    job_id: str,
+    *,
+    client: AuthenticatedClient | Client,
+) -> Any | HTTPValidationError | None:
+    """Stream a compile job's stage changes as server-sent events until it settles.
+
+     A `text/event-stream`. The first event comes at once with the job's current state, then one
+    whenever its stage, status, attempts, error or cache hit changes:
+
+        event: stage
+        data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit":
+    false}
+
+    The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
+    "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+    Comment lines (`: ping`) keep idle connections open.
+
+    Args:
+        job_id (str):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Any | HTTPValidationError
+    """
+
+    return (
+        await asyncio_detailed(
+            job_id=job_id,
+            client=client,
+        )
+    ).parsed

@@ -1,0 +1,100 @@
+"""A compile job's progress as server-sent events, until it settles.
+
+The worker may be another process on another host, so this polls the job record in the store
+instead of listening to the compile itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterable
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+
+from service.api.auth import Scope, require
+from service.api.deps import Services, services
+from service.errors import NotFoundError
+from service.records import JobRecord, JobStatus, VariantStatus
+from service.store import StoreUnavailableError
+
+router = APIRouter(tags=["jobs"], dependencies=[Depends(require(Scope.infer))])
+
+POLL_S = 0.25
+SETTLED_JOBS = {JobStatus.succeeded, JobStatus.failed}
+
+DESCRIPTION = """\
+A `text/event-stream`. The first event comes at once with the job's current state, then one
+whenever its stage, status, attempts, error or cache hit changes:
+
+    event: stage
+    data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit": false}
+
+The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
+"status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+Comment lines (`: ping`) keep idle connections open.
+"""
+
+
+class JobState(BaseModel):
+    """The data of a `stage` event."""
+
+    stage: VariantStatus
+    status: JobStatus
+    attempts: int
+    error: str | None
+    cache_hit: bool
+
+    @classmethod
+    def of(cls, job: JobRecord) -> JobState:
+        return cls(
+            stage=job.stage,
+            status=job.status,
+            attempts=job.attempts,
+            error=job.error,
+            cache_hit=job.cache_hit,
+        )
+
+
+class JobEnd(BaseModel):
+    """The data of the final `end` event."""
+
+    reason: Literal["settled", "deleted"]
+    status: JobStatus | None = None
+    detail: str | None = None
+
+
+def existing_job(job_id: str, svc: Annotated[Services, Depends(services)]) -> JobRecord:
+    """Resolved before the stream starts, so an unknown id is a plain 404 problem."""
+    return svc.registry.get_job(job_id)
+
+
+@router.get(
+    "/v1/jobs/{job_id}/events",
+    operation_id="job_events",
+    summary="Stream a compile job's stage changes as server-sent events until it settles.",
+    description=DESCRIPTION,
+    response_class=EventSourceResponse,
+)
+async def job_events(
+    job: Annotated[JobRecord, Depends(existing_job)], svc: Annotated[Services, Depends(services)]
+) -> AsyncIterable[ServerSentEvent]:
+    state = JobState.of(job)
+    yield ServerSentEvent(event="stage", data=state)
+    while job.status not in SETTLED_JOBS:
+        await asyncio.sleep(POLL_S)
+        try:
+            job = await run_in_threadpool(svc.registry.get_job, job.id)
+        except NotFoundError as exc:
+            yield ServerSentEvent(event="end", data=JobEnd(reason="deleted", detail=str(exc)))
+            return
+        except StoreUnavailableError:
+            continue  # an outage pauses the stream; keep-alive comments hold the connection
+        latest = JobState.of(job)
+        if latest != state:
+            state = latest
+            yield ServerSentEvent(event="stage", data=state)
+    yield ServerSentEvent(event="end", data=JobEnd(reason="settled", status=job.status))

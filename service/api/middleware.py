@@ -1,0 +1,65 @@
+"""Per-request observability: a request id on every log line and response, and error counts.
+
+Pure ASGI rather than BaseHTTPMiddleware: streamed responses (server-sent events) pass through
+untouched, and the request id set here stays visible to the handler, its threadpool calls,
+uvicorn's access log and the 500 handler, which all run in this request's task.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import metrics
+from service.logs import request_id
+
+HEADER = "X-Request-ID"
+# Ids from proxies and clients are echoed and logged: accept only short, printable, unspaced ones.
+SANE_ID = re.compile(r"[A-Za-z0-9._:=+/-]{1,128}")
+
+
+def incoming_or_new(value: str | None) -> str:
+    if value is not None and SANE_ID.fullmatch(value):
+        return value
+    return uuid.uuid4().hex
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's path template, so that /v1/models/a and /v1/models/b count as one."""
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"
+
+
+class RequestContext:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = incoming_or_new(Headers(scope=scope).get(HEADER))
+        # Not reset afterwards: the task ends with the request, and the 500 handler, which runs
+        # outside this middleware, must still see it.
+        request_id.set(rid)
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                MutableHeaders(scope=message)[HEADER] = rid
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            if not status:  # the 500 handler answers it, outside this middleware
+                metrics.HTTP_ERRORS.labels("500", route_template(scope)).inc()
+            raise
+        if status >= 400:
+            metrics.HTTP_ERRORS.labels(str(status), route_template(scope)).inc()

@@ -1,0 +1,77 @@
+"""Logging for `kiln serve` and `kiln worker`: JSON lines (or text), each carrying its request id.
+
+One dictConfig serves both commands and uvicorn's own loggers (the access log included), and
+uvicorn applies it again in each worker process it spawns.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.config
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+LogFormat = Literal["json", "text"]
+
+# Set per request by the API's middleware. Each request runs in its own task, and threads that
+# handlers start through the threadpool copy the context, so every line a request causes has it.
+request_id: ContextVar[str | None] = ContextVar("kiln_request_id", default=None)
+
+NO_REQUEST = "-"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+
+
+class RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get() or NO_REQUEST
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts, level, logger, message, and request_id and exc_info when set."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        rid = getattr(record, "request_id", NO_REQUEST)
+        if rid != NO_REQUEST:
+            doc["request_id"] = rid
+        if record.exc_info:
+            doc["exc_info"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            doc["stack_info"] = self.formatStack(record.stack_info)
+        return json.dumps(doc, default=str)
+
+
+def logging_config(fmt: LogFormat, level: str = "INFO") -> dict[str, Any]:
+    """A dictConfig; uvicorn takes it as `log_config`."""
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "filters": {"request_id": {"()": RequestIdFilter}},
+        "formatters": {"json": {"()": JsonFormatter}, "text": {"format": TEXT_FORMAT}},
+        "handlers": {
+            "default": {
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": fmt,
+                "filters": ["request_id"],
+            }
+        },
+        "root": {"level": level, "handlers": ["default"]},
+        # No handlers of their own: uvicorn's lines, the access log too, go through the root's.
+        "loggers": {
+            name: {"handlers": [], "propagate": True}
+            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+        },
+    }
+
+
+def setup_logging(fmt: LogFormat) -> None:
+    logging.config.dictConfig(logging_config(fmt))

@@ -1,0 +1,130 @@
+"""Every Prometheus series Kiln exports, in one place, and the scrape that renders them.
+
+The API serves them at /metrics; `kiln worker` serves its own (compiles run in its process) on
+`KILN_WORKER_METRICS_PORT`. With PROMETHEUS_MULTIPROC_DIR set before start, every uvicorn worker
+writes its samples there and a scrape of any one of them aggregates all (prometheus_client's
+multiprocess mode); the per-process `process_*` series are then left out.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import psutil
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+log = logging.getLogger("kiln.metrics")
+
+# No `*_created` series: no query here reads them, and they would double every scrape.
+disable_created_metrics()
+
+REQUEST_SECONDS = Histogram(
+    "kiln_request_duration_seconds",
+    "Time to answer a prediction, from routing to outputs (loading a runner included), "
+    "by model, version and the backend of the variant that ran it.",
+    ["model", "version", "backend"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+BATCH_SIZE = Histogram(
+    "kiln_batch_size",
+    "Samples per model execution after dynamic batching merged concurrent requests.",
+    ["model"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096),
+)
+COMPILE_SECONDS = Histogram(
+    "kiln_compile_duration_seconds",
+    "Wall time of a sandboxed compile with its verification and benchmark, by backend and "
+    "outcome (ready, failed, rejected). Artifact-cache hits compile nothing and are not here.",
+    ["backend", "outcome"],
+    buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600),
+)
+CACHE_HITS = Counter(
+    "kiln_artifact_cache_hits",
+    "Compile jobs answered from the artifact cache: identical work done before, anywhere.",
+    ["backend"],
+)
+CACHE_MISSES = Counter(
+    "kiln_artifact_cache_misses",
+    "Compile jobs that found no artifact and compiled.",
+    ["backend"],
+)
+# livesum: in multiprocess mode, the sum over the live uvicorn workers of one replica.
+LOADED_RUNNERS = Gauge(
+    "kiln_loaded_runners",
+    "Runners (model variants) loaded in the runtime's LRU cache.",
+    multiprocess_mode="livesum",
+)
+LOADED_BYTES = Gauge(
+    "kiln_loaded_runner_bytes",
+    "Artifact bytes (weights and code) of the loaded runners: what the LRU budget counts.",
+    multiprocess_mode="livesum",
+)
+HTTP_ERRORS = Counter(
+    "kiln_http_errors",
+    "Responses with status >= 400, by status code and route template ('unmatched' when no route matched).",
+    ["code", "route"],
+)
+QUEUE_DEPTH_HELP = (
+    "Compile jobs queued or running and not yet settled, per target queue of this host; read "
+    "at scrape time from the in-process pool (embedded) or from Redis (cluster-wide)."
+)
+
+
+class QueueDepth:
+    """`kiln_queue_depth`, read when scraped: the queue, not this process, holds the truth."""
+
+    def __init__(self, depth: Callable[[], Mapping[str, int]]) -> None:
+        self.depth = depth
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("kiln_queue_depth", QUEUE_DEPTH_HELP, labels=["queue"])
+        try:
+            for queue, count in sorted(self.depth().items()):
+                family.add_metric([queue], count)
+        except Exception as exc:  # a scrape must answer even while the queue's Redis is down
+            log.warning("queue depth unavailable: %s", exc)
+        yield family
+
+
+def multiprocess() -> bool:
+    return bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
+
+
+def scrape(queue_depth: Callable[[], Mapping[str, int]]) -> bytes:
+    """The text exposition of this process's series (or every worker's) plus the queue depth."""
+    registry = CollectorRegistry()
+    if multiprocess():
+        forget_dead_processes()
+        MultiProcessCollector(registry)
+    else:
+        registry.register(REGISTRY)
+    registry.register(QueueDepth(queue_depth))
+    return generate_latest(registry)
+
+
+def forget_dead_processes() -> None:
+    """uvicorn kills and replaces a worker that misses its health check, and nothing then marks
+    it dead: drop the live gauges of every process that no longer exists."""
+    for path in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob("gauge_live*_*.db"):
+        pid = int(path.stem.rpartition("_")[2])
+        if not psutil.pid_exists(pid):
+            mark_process_dead(pid)
+
+
+def process_exiting() -> None:
+    """Drop this process's live gauges from a multiprocess directory, so they stop counting."""
+    if multiprocess():
+        mark_process_dead(os.getpid())

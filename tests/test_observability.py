@@ -1,0 +1,298 @@
+"""Observability on a live embedded server: /metrics, job event streams, request ids in JSON logs,
+and `kiln upload` following those streams. Real TVM compiles of the test MLP."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from httpx_sse import connect_sse
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.client import by_backend, predict, sample, upload
+from tests.models import MODELS, UNCONVERTIBLE
+from tests.servers import ROOT, KilnProcess, KilnServer, free_port, wait_until
+
+pytestmark = pytest.mark.timeout(900)
+
+MLP = MODELS["mlp"]
+STAGES = ["queued", "compiling", "verifying", "benchmarking", "ready"]
+DASHBOARD = ROOT / "deploy" / "grafana" / "kiln-dashboard.json"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    root = tmp_path_factory.mktemp("observability")
+    # One compile at a time, so that a second job waits, queued, behind the first.
+    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_COMPILE_WORKERS": "1", "KILN_LOG_FORMAT": "json"}
+    srv = KilnServer(env, root / "kiln.log")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: KilnServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client
+
+
+class JobStream(threading.Thread):
+    """Reads one job's event stream to its end in the background."""
+
+    def __init__(self, url: str, job_id: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.job_id = url, job_id
+        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.content_type = ""
+        self.first = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        with (
+            httpx.Client(base_url=self.url, timeout=120) as client,
+            connect_sse(client, "GET", f"/v1/jobs/{self.job_id}/events") as source,
+        ):
+            self.content_type = source.response.headers["content-type"]
+            for event in source.iter_sse():
+                self.events.append((event.event, event.json()))
+                self.first.set()
+        self.first.set()
+
+    def finish(self, timeout: float) -> list[tuple[str, dict[str, Any]]]:
+        self.join(timeout)
+        assert not self.is_alive(), f"job {self.job_id}: the stream did not end: {self.events}"
+        assert self.content_type.startswith("text/event-stream")
+        return self.events
+
+    def stages(self) -> list[str]:
+        """Stage events, with repeats folded (an attempts or status change keeps the stage)."""
+        stages: list[str] = []
+        for name, data in self.events:
+            if name == "stage" and (not stages or stages[-1] != data["stage"]):
+                stages.append(data["stage"])
+        return stages
+
+
+def job_of(response: httpx.Response, backend: str = "tvm") -> str:
+    assert response.status_code in (200, 202), response.text
+    job_id: str = by_backend(response.json()["variants"], backend)["job_id"]
+    return job_id
+
+
+def in_order(stages: list[str], order: list[str]) -> bool:
+    positions = [order.index(s) for s in stages]
+    return positions == sorted(positions)
+
+
+def scrape(http: httpx.Client) -> dict[str, list[tuple[dict[str, str], float]]]:
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(response.text):
+        samples.setdefault(family.name, [])
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
+    return sum(v for lab, v in samples.get(name, []) if labels.items() <= lab.items())
+
+
+def test_compile_job_streams_its_stages_in_order(server: KilnServer, http: httpx.Client) -> None:
+    compiled = JobStream(server.url, job_of(upload(http, MLP, backends=["tvm"])))
+    # Waits behind the MLP's compile; deleting its model ends its stream.
+    doomed = JobStream(server.url, job_of(upload(http, UNCONVERTIBLE, name="doomed", backends=["tvm"])))
+    assert doomed.first.wait(30)
+    assert http.delete("/v1/models/doomed").status_code == 200
+    events = doomed.finish(30)
+    assert events[0] == (
+        "stage",
+        {"stage": "queued", "status": "queued", "attempts": 0, "error": None, "cache_hit": False},
+    )
+    assert events[-1][0] == "end" and events[-1][1]["reason"] == "deleted"
+
+    events = compiled.finish(600)
+    stages = compiled.stages()
+    assert stages[0] in ("queued", "compiling") and stages[-1] == "ready", events
+    assert "compiling" in stages and in_order(stages, STAGES), stages
+    assert events[-1] == ("end", {"reason": "settled", "status": "succeeded", "detail": None})
+
+
+def test_failing_job_streams_to_failed(server: KilnServer, http: httpx.Client) -> None:
+    stream = JobStream(server.url, job_of(upload(http, UNCONVERTIBLE, backends=["tvm"])))
+    events = stream.finish(600)
+    stages = stream.stages()
+    assert stages[-1] == "failed" and in_order(stages[:-1], ["queued", "compiling"]), stages
+    final = [data for name, data in events if name == "stage"][-1]
+    assert final["status"] == "failed" and final["error"].startswith("tvm: ")
+    assert events[-1] == ("end", {"reason": "settled", "status": "failed", "detail": None})
+
+
+def test_cache_hit_streams_and_unknown_job_is_404(server: KilnServer, http: httpx.Client) -> None:
+    stream = JobStream(server.url, job_of(upload(http, MLP, name="mlp-again", backends=["tvm"])))
+    events = stream.finish(300)
+    assert [d for n, d in events if n == "stage"][-1]["cache_hit"] is True
+    assert events[-1][1]["status"] == "succeeded"
+    missing = http.get("/v1/jobs/no-such-job/events")
+    assert missing.status_code == 404 and "no-such-job" in missing.json()["detail"]
+
+
+def test_metrics_cover_every_series(http: httpx.Client) -> None:
+    assert predict(http, MLP.name, sample(MLP, 3)).status_code == 200
+    assert http.get("/v1/models/no-such-model").status_code == 404
+    samples = scrape(http)
+    assert value(samples, "kiln_request_duration_seconds_count", model="mlp", version="1") >= 1
+    assert value(samples, "kiln_batch_size_count", model="mlp") >= 1
+    assert value(samples, "kiln_batch_size_sum", model="mlp") >= 3
+    assert value(samples, "kiln_http_errors_total", code="404", route="/v1/models/{name}") >= 1
+    assert value(samples, "kiln_loaded_runners") >= 1
+    assert value(samples, "kiln_loaded_runner_bytes") > 0
+    assert value(samples, "process_resident_memory_bytes") > 0
+    depth = samples["kiln_queue_depth"]
+    assert depth and all(lab["queue"].startswith("compile.") and v >= 0 for lab, v in depth)
+    assert value(samples, "kiln_compile_duration_seconds_count", backend="tvm", outcome="ready") >= 1
+    assert value(samples, "kiln_compile_duration_seconds_count", backend="tvm", outcome="failed") >= 1
+    assert value(samples, "kiln_artifact_cache_misses_total", backend="tvm") >= 2
+    assert value(samples, "kiln_artifact_cache_hits_total", backend="tvm") >= 1
+
+    # The dashboard queries only series that exist.
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    exprs = [t["expr"] for p in panels for t in p["targets"]]
+    names = {n for e in exprs for n in re.findall(r"\b(?:kiln|process)_[a-z_]+\b", e)}
+    assert len(panels) >= 9 and names and names <= samples.keys(), names - samples.keys()
+
+
+def log_lines(server: KilnServer) -> list[dict[str, Any]]:
+    lines = server.log.read_text().splitlines()
+    # Only the child processes' stray stderr (library warnings) is not ours to format.
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def test_request_id_is_echoed_and_logged(server: KilnServer, http: httpx.Client) -> None:
+    given = http.get("/healthz", headers={"X-Request-ID": "obs-given.1"})
+    assert given.headers["x-request-id"] == "obs-given.1"
+    generated = http.get("/healthz").headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", generated)
+    insane = http.get("/healthz", headers={"X-Request-ID": "two words"}).headers["x-request-id"]
+    assert re.fullmatch(r"[0-9a-f]{32}", insane)
+    error = http.get("/v1/models/nope", headers={"X-Request-ID": "obs-404"})
+    assert error.status_code == 404 and error.headers["x-request-id"] == "obs-404"
+    # Never loaded yet, so the runtime logs the load inside this request.
+    loaded = predict_with_id(http, "mlp-again", "obs-predict")
+    assert loaded.status_code == 200 and loaded.headers["x-request-id"] == "obs-predict"
+
+    lines = log_lines(server)
+    assert all({"ts", "level", "logger", "message"} <= line.keys() for line in lines)
+    by_id = {
+        rid: [line for line in lines if line.get("request_id") == rid] for rid in ("obs-predict", generated)
+    }
+    assert {line["logger"] for line in by_id["obs-predict"]} >= {"kiln.runtime", "uvicorn.access"}
+    assert any("POST /v1/models/mlp-again/predict" in line["message"] for line in by_id["obs-predict"])
+    assert any("GET /healthz" in line["message"] for line in by_id[generated])
+
+
+def predict_with_id(http: httpx.Client, name: str, rid: str) -> httpx.Response:
+    body = {"inputs": {"x": sample(MLP, 1).tolist()}}
+    return http.post(f"/v1/models/{name}/predict", json=body, headers={"X-Request-ID": rid})
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> None:
+    model = tmp_path / "mlp.pt"
+    model.write_bytes(MLP.torchscript())
+    common = ["--input", "x:float32[-1,64]", "--backend", "tvm", "--url", server.url]
+    done = run_cli("upload", str(model), "--name", "cli-mlp", *common)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^torchscript\s+any\s+ready", done.stdout, re.M), done.stdout
+    assert re.search(r"^tvm\s+cpu-\S+\s+ready", done.stdout, re.M), done.stdout
+
+    queued = run_cli("upload", str(model), "--name", "cli-later", "--no-wait", *common)
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    assert re.search(r"^tvm\s+cpu-\S+\s+queued", queued.stdout, re.M), queued.stdout
+
+
+def test_worker_serves_its_own_metrics(redis_url: str, tmp_path: Path) -> None:
+    port = free_port()
+    env = {"KILN_REDIS_URL": redis_url, "KILN_WORKER_METRICS_PORT": str(port), "KILN_THREADS": "1"}
+    worker = KilnProcess(["worker"], env, tmp_path / "worker.log")
+    worker.start()
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        wait_until(lambda: httpx.get(url).status_code == 200, 60, "the worker's metrics")
+        text = httpx.get(url).text
+        assert "# TYPE kiln_compile_duration_seconds histogram" in text
+        assert "process_resident_memory_bytes" in text
+    finally:
+        worker.stop()
+    assert any(line.startswith("{") and "worker metrics on" in line for line in worker.tail().splitlines())
+
+
+def test_redis_queue_depth_counts_unsettled_messages(redis_url: str) -> None:
+    from compiler.hardware import local_targets
+    from service.queue import DramatiqQueue, queue_name
+    from service.settings import Settings
+
+    queue = DramatiqQueue(Settings(redis_url=redis_url))
+    try:
+        name = queue_name(local_targets()[0])
+        assert queue.depth()[name] == 0
+        queue.enqueue("job-1", local_targets()[0])
+        queue.enqueue("job-2", local_targets()[0])
+        assert queue.depth()[name] == 2  # nothing consumes them here
+    finally:
+        queue.close()
+
+
+def test_multiprocess_mode_aggregates_workers(tmp_path: Path) -> None:
+    prom_dir = tmp_path / "prom"
+    prom_dir.mkdir()
+    env = {"KILN_DATA_DIR": str(tmp_path / "data"), "PROMETHEUS_MULTIPROC_DIR": str(prom_dir)}
+    srv = KilnServer(env, tmp_path / "kiln.log", workers=2)
+    srv.start()
+    try:
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            assert upload(http, MLP, backends=[]).status_code == 202
+        # Fresh connections, so both workers are likely to answer some.
+        for _ in range(12):
+            with httpx.Client(base_url=srv.url, timeout=60) as http:
+                assert predict(http, MLP.name, sample(MLP, 1)).status_code == 200
+        with httpx.Client(base_url=srv.url, timeout=60) as http:
+            samples = scrape(http)
+        # Whichever worker answers the scrape counts every worker's requests.
+        assert value(samples, "kiln_request_duration_seconds_count", model="mlp") == 12
+        assert 1 <= value(samples, "kiln_loaded_runners") <= 2
+        # Two workers (uvicorn may have replaced one that missed a health check: its gauges
+        # were dropped by that scrape).
+        live = live_gauge_pids(prom_dir)
+        assert len(live) == 2 and all(psutil.pid_exists(pid) for pid in live), live
+    finally:
+        srv.stop()
+    assert not live & live_gauge_pids(prom_dir), "workers left their live gauges behind"
+
+
+def live_gauge_pids(prom_dir: Path) -> set[int]:
+    return {int(p.stem.rpartition("_")[2]) for p in prom_dir.glob("gauge_livesum_*.db")}
