@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 from typing import Any
 
@@ -26,11 +27,6 @@ def load_torchscript(data: bytes) -> torch.jit.ScriptModule:
         raise InvalidModelError(f"the file is not a TorchScript archive: {first_line}") from exc
     module.eval()
     return module
-
-
-def sample_tensors(spec: InputSpec, batch: int) -> tuple[torch.Tensor, ...]:
-    arrays = spec.random_inputs(batch, np.random.default_rng(0))
-    return tuple(torch.from_numpy(arrays[name]) for name in spec.names)
 
 
 def export_program(module: torch.jit.ScriptModule, spec: InputSpec) -> Any:
@@ -57,7 +53,15 @@ def export_program(module: torch.jit.ScriptModule, spec: InputSpec) -> Any:
             strict=False,
         )
     except Exception as exc:
-        raise ConversionError(f"TorchScript export failed: {_first_line(exc)}") from exc
+        raise ConversionError(f"TorchScript export failed: {_export_reason(exc)}") from exc
+
+
+def _export_reason(exc: BaseException) -> str:
+    fixed = re.search(r"Constraints violated \(([^)]*)\)", str(exc))
+    if fixed is None:
+        return _first_line(exc)
+    # Dims are named "batch" or "input<i>_d<axis>" by _dynamic_shapes.
+    return f"the model only runs with fixed sizes for dims the input spec marks dynamic ({fixed[1]})"
 
 
 # Size used to trace dynamic non-batch dims (sequence lengths, image sizes).

@@ -1,13 +1,15 @@
 """TorchScript -> ExportedProgram through torch's TS2EPConverter, with the repairs torch 2.13 needs.
 
 The converter translates TorchScript IR node by node, then re-exports the result with every
-dimension symbolic. Two things break that for real models:
+dimension symbolic. Three things break that for real models:
 
 - Fused fast paths. nn.TransformerEncoderLayer and nn.MultiheadAttention choose at run time
   between a fused kernel and plain ops. The checks that choose (list comprehensions, device and
   requires_grad tests) are IR the converter cannot translate, and no compiler has a converter for
   the fused kernels. `simplify` rewrites the graph to always take the plain path, which computes
   the same function, and deletes the checks.
+- A weight read in one block and used in a nested one is not lifted into the nested block;
+  `simplify` re-reads it where it is used.
 - Integer arithmetic and comparisons on sizes become calls like `aten.mul.int` whose schemas take
   plain ints, so re-exporting bakes the trace-time batch size into reshapes. `_patched_converter`
   emits Python operators instead, which keep sizes symbolic.
@@ -55,6 +57,7 @@ def simplify(graph: IR) -> None:
     for kind in FUSED_FAST_PATHS:
         for node in graph.findAllNodes(kind):
             _force_plain_path(graph, node)
+    # MultiheadAttention's self-attention test `query is key`, with one tensor on both sides.
     for kind, value in (("aten::__is__", True), ("aten::__isnot__", False)):
         for node in graph.findAllNodes(kind):
             if node.inputsAt(0).unique() == node.inputsAt(1).unique():
@@ -137,11 +140,15 @@ def _drop_dead_ifs(graph: IR) -> None:
 
 
 def _is_pure(if_node: IR) -> bool:
+    """No effects outside the If: no raise/print/SetAttr, and writes ("!" in the schema) only to
+    lists built inside it."""
     for block in if_node.blocks():
         for node in block.nodes():
             if node.kind() in _EFFECTS:
                 return False
-            if node.kind() == "aten::append" and not _defined_inside(node.inputsAt(0), if_node):
+            if "!" in node.schema() and not (
+                node.kind() == "aten::append" and _defined_inside(node.inputsAt(0), if_node)
+            ):
                 return False
             if list(node.blocks()) and (node.kind() != "prim::If" or not _is_pure(node)):
                 return False

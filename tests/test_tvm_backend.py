@@ -137,7 +137,7 @@ def test_unavailable_reasons() -> None:
         backend.compile(MODELS["mlp"].torchscript(), InputSpec.parse(["x:float32[-1,64]"]), "cuda-sm90", {})
 
 
-# Tiny modules, one per importer fix (see compiler/backends/tvm_convert.py).
+# Tiny modules, one per conversion fix (compiler/backends/tvm_convert.py, compiler/ts_export.py).
 
 
 class NegativeSelect(nn.Module):
@@ -174,6 +174,16 @@ class SymbolicScalarArithmetic(nn.Module):
         return x / x.size(0) + x * x.shape[0] - x.shape[0]
 
 
+class InPlaceBranch(nn.Module):
+    """An If without outputs that writes to an outer tensor: ts_export's dead-If pass must keep it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        if y.size(1) == 4:
+            y.add_(1)
+        return y
+
+
 @pytest.mark.parametrize(
     ("module", "dtype"),
     [
@@ -185,10 +195,11 @@ class SymbolicScalarArithmetic(nn.Module):
         (SymbolicScalarTensor(), "float32"),
         (SymbolicWhere(), "float32"),
         (SymbolicScalarArithmetic(), "float32"),
+        (InPlaceBranch(), "float32"),
     ],
     ids=lambda value: type(value).__name__ if isinstance(value, nn.Module) else value,
 )
-def test_importer_fix(module: nn.Module, dtype: str) -> None:
+def test_conversion_fix(module: nn.Module, dtype: str) -> None:
     model = script(module)
     spec = InputSpec.parse([f"x:{dtype}[-1,4]"], 8)
     assert_matches(model, compile_packed(model, spec))

@@ -173,48 +173,55 @@ def _pipeline() -> Any:
 
 def _matmul_rule() -> Any:
     import tvm.s_tir.dlight as dl
-    from tvm import s_tir, tirx
+    from tvm import s_tir
 
     class Matmul(dl.ScheduleRule):
-        """Loops [rows..., j, k] -> [rows, j/L, k, L] with the L lanes of j vectorised.
+        """Vectorise the output columns of PrimFuncs that are a single matmul block.
 
-        Legalized matmuls index the right operand [.., k, j], so lanes of j are contiguous.
-        Single-threaded on purpose: thread-pool launches cost more than these kernels save.
+        Single-threaded on purpose: for these kernels a thread-pool launch costs more than it saves.
         """
 
         def apply(self, func: Any, target: Any, _: bool) -> Any:
             sch = s_tir.Schedule(func)
-            blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root")) if _named(sch, b)]
-            if len(blocks) != 1:
+            try:
+                return sch if _vectorise_matmul(sch) else None
+            except s_tir.schedule.ScheduleError:  # an unusual matmul keeps TVM's plain loops
                 return None
-            block = blocks[0]
-            kinds = [var.iter_type for var in sch.get(block).iter_vars]
-            loops = sch.get_loops(block)
-            spatial, reduce = 0, 2  # tirx.IterVar.DataPar, tirx.IterVar.CommReduce
-            if len(loops) < 3 or len(loops) != len(kinds) or kinds[-1] != reduce:
-                return None
-            if any(kind != spatial for kind in kinds[:-1]):
-                return None
-            *rows, j, k = loops
-            row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-            extent = sch.get(j).extent
-            lanes = next(
-                (n for n in (16, 8, 4) if isinstance(extent, tirx.IntImm) and extent.value % n == 0),
-                None,
-            )
-            if lanes is None:
-                sch.reorder(row, k, j)
-            else:
-                outer, inner = sch.split(j, [None, lanes])
-                sch.reorder(row, outer, k, inner)
-                sch.vectorize(inner)
-            sch.decompose_reduction(block, k)
-            return sch
-
-    def _named(sch: Any, block: Any) -> bool:
-        return str(sch.get(block).name_hint) == "matmul"
 
     return Matmul()
+
+
+def _vectorise_matmul(sch: Any) -> bool:
+    """Loops [rows..., j, k] -> [rows, j/L, k, L], the L lanes of j vectorised.
+
+    Legalized matmuls read the right operand as [.., k, j], so lanes of j are contiguous, and
+    FoldConstant has already transposed Linear weights into that layout.
+    """
+    from tvm import tirx
+
+    blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    if len(blocks) != 1 or str(sch.get(blocks[0]).name_hint) != "matmul":
+        return False
+    block = blocks[0]
+    kinds = [var.iter_type for var in sch.get(block).iter_vars]
+    loops = sch.get_loops(block)
+    if len(loops) < 3 or len(loops) != len(kinds) or kinds[-1] != tirx.IterVar.CommReduce:
+        return False
+    if any(kind != tirx.IterVar.DataPar for kind in kinds[:-1]):
+        return False
+    *rows, j, k = loops
+    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    extent = sch.get(j).extent
+    width = extent.value if isinstance(extent, tirx.IntImm) else 0
+    lanes = next((n for n in (16, 8, 4) if width and width % n == 0), None)
+    if lanes is None:
+        sch.reorder(row, k, j)
+    else:
+        outer, inner = sch.split(j, [None, lanes])
+        sch.reorder(row, outer, k, inner)
+        sch.vectorize(inner)
+    sch.decompose_reduction(block, k)
+    return True
 
 
 def _flatten(value: Any, tensor_type: type) -> list[Any]:

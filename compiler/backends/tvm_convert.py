@@ -31,13 +31,9 @@ Converter = Callable[[fx.Node, Any], relax.Expr]
 def import_program(program: Any) -> tvm.IRModule:
     """Decompose to core ATen, check every op has a converter, then import with the fixes."""
     program = program.run_decompositions()
-    missing = sorted(
-        {
-            node.target.__name__
-            for node in program.graph.nodes
-            if node.op == "call_function" and node.target.__name__ not in _known_ops()
-        }
-    )
+    known = _known_ops()
+    used = {node.target.__name__ for node in program.graph.nodes if node.op == "call_function"}
+    missing = sorted(used - known)
     if missing:
         raise ConversionError(f"tvm: no converter for torch op {', '.join(missing)}")
     return from_exported_program(
