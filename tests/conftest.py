@@ -3,9 +3,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.servers import RedisServer
+from tests.servers import KilnServer, RedisServer
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +31,10 @@ def redis_url(redis_server: RedisServer) -> Iterator[str]:
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "kiln-data"
+
+
+@pytest.fixture(scope="module")
+def http(server: KilnServer) -> Iterator[httpx.Client]:
+    """A client for the `server` fixture of the requesting test module."""
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        yield client

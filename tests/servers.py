@@ -149,6 +149,14 @@ class KilnServer(KilnProcess):
 
 
 @contextmanager
+def embedded_server(root: Path, **env: str) -> Iterator[KilnServer]:
+    """An embedded-mode `kiln serve` (no Redis) with its data and log under `root`."""
+    server = KilnServer({"KILN_DATA_DIR": str(root / "data"), **env}, root / "kiln.log")
+    with running(server):
+        yield server
+
+
+@contextmanager
 def running(*procs: KilnProcess | RedisServer) -> Iterator[None]:
     started: list[KilnProcess | RedisServer] = []
     try:

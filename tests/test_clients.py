@@ -24,7 +24,7 @@ import pytest
 
 from tests.client import expected
 from tests.models import MODELS
-from tests.servers import ROOT, KilnServer
+from tests.servers import ROOT, KilnServer, embedded_server
 
 # The test imports the committed SDK itself, as a user's checkout of clients/python would.
 sys.path.insert(0, str(ROOT / "clients" / "python"))
@@ -98,12 +98,10 @@ def test_python_sdk_is_current(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
-    root = tmp_path_factory.mktemp("clients")
-    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_DEFAULT_BACKENDS": "[]", "KILN_THREADS": "1"}
-    srv = KilnServer(env, root / "kiln.log")
-    srv.start()
-    yield srv
-    srv.stop()
+    with embedded_server(
+        tmp_path_factory.mktemp("clients"), KILN_DEFAULT_BACKENDS="[]", KILN_THREADS="1"
+    ) as srv:
+        yield srv
 
 
 def test_python_sdk_flow(server: KilnServer) -> None:

@@ -11,25 +11,17 @@ import pytest
 
 from tests.client import by_backend, expected, predict, sample, upload, wait_settled
 from tests.models import MODELS, UNCONVERTIBLE
-from tests.servers import KilnServer
+from tests.servers import KilnServer, embedded_server
 
 pytestmark = pytest.mark.timeout(1800)
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
-    root: Path = tmp_path_factory.mktemp("embedded")
-    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_COMPILE_WORKERS": "2", "KILN_THREADS": "1"}
-    srv = KilnServer(env, root / "kiln.log")
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server: KilnServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
+    with embedded_server(
+        tmp_path_factory.mktemp("embedded"), KILN_COMPILE_WORKERS="2", KILN_THREADS="1"
+    ) as srv:
+        yield srv
 
 
 @pytest.fixture(scope="module")

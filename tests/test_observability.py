@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.client import by_backend, predict, sample, upload
 from tests.models import MODELS, UNCONVERTIBLE
-from tests.servers import ROOT, KilnProcess, KilnServer, free_port, wait_until
+from tests.servers import ROOT, KilnProcess, KilnServer, embedded_server, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -32,19 +32,11 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "kiln-dashboard.json"
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
-    root = tmp_path_factory.mktemp("observability")
     # One compile at a time, so that a second job waits, queued, behind the first.
-    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_COMPILE_WORKERS": "1", "KILN_LOG_FORMAT": "json"}
-    srv = KilnServer(env, root / "kiln.log")
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server: KilnServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
+    with embedded_server(
+        tmp_path_factory.mktemp("observability"), KILN_COMPILE_WORKERS="1", KILN_LOG_FORMAT="json"
+    ) as srv:
+        yield srv
 
 
 class JobStream(threading.Thread):

@@ -16,7 +16,7 @@ from torch import nn
 
 from tests.client import expected, predict, sample, upload
 from tests.models import MODELS, TestModel
-from tests.servers import KilnServer, wait_until
+from tests.servers import KilnServer, embedded_server, wait_until
 
 MLP = MODELS["mlp"]
 
@@ -46,19 +46,11 @@ def stats(http: httpx.Client, name: str) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
-    root = tmp_path_factory.mktemp("serving")
     # Budget for one Wide model, not two: loading the second evicts the first.
-    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_RUNTIME_MAX_MB": "48", "KILN_THREADS": "1"}
-    srv = KilnServer(env, root / "kiln.log")
-    srv.start()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture(scope="module")
-def http(server: KilnServer) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=server.url, timeout=120) as client:
-        yield client
+    with embedded_server(
+        tmp_path_factory.mktemp("serving"), KILN_RUNTIME_MAX_MB="48", KILN_THREADS="1"
+    ) as srv:
+        yield srv
 
 
 def test_concurrent_requests_are_batched_and_split_back_exactly(
