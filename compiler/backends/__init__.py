@@ -11,6 +11,8 @@ from compiler.errors import BackendUnavailableError
 REGISTRY: dict[str, str] = {
     "torchscript": "compiler.backends.torchscript",
     "tvm": "compiler.backends.tvm",
+    "onnxruntime": "compiler.backends.onnxruntime",
+    "inductor": "compiler.backends.inductor",
 }
 
 REFERENCE = "torchscript"
