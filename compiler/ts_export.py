@@ -189,8 +189,12 @@ _SCALAR_OPS: dict[str, Callable[[Any, Any], Any]] = {
     **{
         f"{name}.{overload}": _concrete(op)
         for name, op in (
-            ("eq", operator.eq), ("ne", operator.ne), ("lt", operator.lt),
-            ("gt", operator.gt), ("le", operator.le), ("ge", operator.ge),
+            ("eq", operator.eq),
+            ("ne", operator.ne),
+            ("lt", operator.lt),
+            ("gt", operator.gt),
+            ("le", operator.le),
+            ("ge", operator.ge),
         )
         for overload in ("int", "int_list")
     },

@@ -77,9 +77,7 @@ class TVMBackend:
             return f"tvm: cannot import apache-tvm ({_first_line(exc)})"
         return None
 
-    def compile(
-        self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]
-    ) -> Artifact:
+    def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
         reason = self.unavailable_reason(target)
         if reason is not None:
             raise BackendUnavailableError(reason)

@@ -36,9 +36,7 @@ def import_program(program: Any) -> tvm.IRModule:
     missing = sorted(used - known)
     if missing:
         raise ConversionError(f"tvm: no converter for torch op {', '.join(missing)}")
-    return from_exported_program(
-        program, custom_convert_map=CUSTOM_CONVERT_MAP, run_ep_decomposition=False
-    )
+    return from_exported_program(program, custom_convert_map=CUSTOM_CONVERT_MAP, run_ep_decomposition=False)
 
 
 def _known_ops() -> set[str]:
@@ -74,9 +72,7 @@ def _scalar_tensor(node: fx.Node, importer: Any) -> relax.Expr:
     value = importer._retrieve_args(node.args[0])
     if not _is_symbolic(value):
         return importer._scalar_tensor(node)
-    dtype = importer._convert_data_type(
-        node.kwargs.get("dtype", torch.get_default_dtype()), importer.env
-    )
+    dtype = importer._convert_data_type(node.kwargs.get("dtype", torch.get_default_dtype()), importer.env)
     return _scalar_operand(importer, value, dtype)
 
 
