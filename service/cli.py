@@ -226,9 +226,9 @@ def compile_command(
     from compiler.pipeline import CompileOptions, compile_and_check
     from compiler.spec import InputSpec
 
-    spec = InputSpec.parse(input, max_batch_size)
     options = CompileOptions(rtol=rtol, atol=atol, threads=os.cpu_count() or 1)
     try:
+        spec = InputSpec.parse(input, max_batch_size)
         with console.status(f"compiling with {backend}"):
             result = compile_and_check(file.read_bytes(), spec, backend, cpu_target(), options)
     except CompilerError as exc:

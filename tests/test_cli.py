@@ -1,0 +1,55 @@
+"""`kiln compile` works offline: compile, verify, benchmark and write a loadable artifact."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from compiler.artifact import Artifact
+from compiler.backends import get_backend
+from tests.client import expected, sample
+from tests.models import MODELS, UNCONVERTIBLE
+from tests.servers import ROOT
+
+
+def kiln(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_compile_writes_a_verified_artifact(tmp_path: Path) -> None:
+    model = MODELS["mlp"]
+    source, out = tmp_path / "mlp.pt", tmp_path / "mlp.kiln"
+    source.write_bytes(model.torchscript())
+    done = kiln("compile", str(source), "--input", "x:float32[-1,64]", "--backend", "tvm", "-o", str(out))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verified: max abs error" in done.stdout and "speed-up" in done.stdout
+    artifact = Artifact.unpack(out.read_bytes())
+    assert artifact.backend == "tvm" and artifact.spec.max_batch_size == 8
+    assert artifact.meta["report"]["max_abs_error"] < 1e-5
+    x = sample(model, 5)
+    got = get_backend("tvm").load(artifact).run({"x": x})["output0"]
+    np.testing.assert_allclose(got, expected(model, x), rtol=1e-4, atol=1e-5)
+
+
+def test_compile_failure_is_one_readable_line(tmp_path: Path) -> None:
+    source = tmp_path / "svd.pt"
+    source.write_bytes(UNCONVERTIBLE.torchscript())
+    done = kiln("compile", str(source), "--input", "x:float32[-1,16]", "-o", str(tmp_path / "x.kiln"))
+    assert done.returncode == 1
+    assert "ConversionError: tvm: no converter for torch op" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not (tmp_path / "x.kiln").exists()
+
+
+def test_compile_rejects_a_bad_spec(tmp_path: Path) -> None:
+    source = tmp_path / "mlp.pt"
+    source.write_bytes(MODELS["mlp"].torchscript())
+    done = kiln("compile", str(source), "--input", "x:float33[-1,64]")
+    assert done.returncode == 1
+    assert "InvalidSpecError" in done.stdout and "unknown dtype 'float33'" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
