@@ -83,6 +83,10 @@ def upload(
     input: Annotated[list[str], typer.Option("--input", help="NAME:DTYPE[D0,...], -1 = dynamic.")],
     max_batch_size: Annotated[int | None, typer.Option(help="Largest batch.")] = None,
     backend: Annotated[list[str] | None, typer.Option("--backend", help="Backends to compile.")] = None,
+    target: Annotated[
+        list[str] | None,
+        typer.Option("--target", help="Targets to compile for; `auto`: every live worker's."),
+    ] = None,
     wait: Annotated[bool, typer.Option(help="Show live progress until every variant settles.")] = True,
     url: UrlOption = "http://127.0.0.1:8000",
     api_key: KeyOption = None,
@@ -98,6 +102,8 @@ def upload(
         config["max_batch_size"] = max_batch_size
     if backend:
         config["backends"] = backend
+    if target:
+        config["targets"] = target
     with client(url, api_key) as http:
         body = check(
             http.post("/v1/models", files={"file": file.read_bytes()}, data={"config": json.dumps(config)})
@@ -113,7 +119,13 @@ def upload(
     for v in variants:
         latency = f" {v['latency_ms']:.3f} ms at batch 1" if v["latency_ms"] is not None else ""
         error = f": {v['error']}" if v["error"] else ""
-        console.print(f"{v['backend']:<12} {v['target']:<28} {v['status']}{latency}{error}")
+        console.print(f"{variant_label(v):<24} {v['target']:<28} {v['status']}{latency}{error}")
+
+
+def variant_label(variant: dict[str, Any]) -> str:
+    """`tensorrt[precision=fp16]`: two variants of one backend differ by their options."""
+    options = ",".join(f"{k}={v}" for k, v in sorted(variant.get("options", {}).items()))
+    return f"{variant['backend']}[{options}]" if options else str(variant["backend"])
 
 
 def follow(http: httpx.Client, variants: list[dict[str, Any]]) -> None:
@@ -135,7 +147,7 @@ def follow(http: httpx.Client, variants: list[dict[str, Any]]) -> None:
                 v["job_id"],
                 progress,
                 progress.add_task(
-                    f"{v['backend']:<12} {v['target']:<28}", total=len(STAGES) - 1, stage=v["status"]
+                    f"{variant_label(v):<24} {v['target']:<28}", total=len(STAGES) - 1, stage=v["status"]
                 ),
             )
             for v in pending
@@ -181,7 +193,7 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
                 table.add_row(
                     model["name"],
                     str(version["version"]),
-                    v["backend"],
+                    variant_label(v),
                     v["target"],
                     v["status"],
                     ms,
@@ -204,6 +216,29 @@ def predict(
     with client(url, api_key) as http:
         body = check(http.post(path, json={"inputs": json.loads(text)}))
     console.print_json(data=body)
+
+
+@app.command()
+def targets() -> None:
+    """This host's hardware targets, and which backends can compile for each here (and why not)."""
+    from compiler.backends import availability
+    from compiler.hardware import cuda_devices, local_targets
+    from service.settings import get_settings
+
+    devices = Table("cuda", "name", "compute capability", "memory", "target", title="CUDA devices")
+    for d in cuda_devices():
+        memory = f"{d.memory_mb} MiB" if d.memory_mb is not None else "?"
+        devices.add_row(str(d.index), d.name, "{}.{}".format(*d.compute_capability), memory, d.target)
+    console.print(devices if devices.row_count else "CUDA devices: none found")
+    detected = local_targets()
+    chosen = get_settings().host_targets()
+    if chosen != detected:
+        console.print(f"KILN_TARGETS overrides the detected targets {detected}")
+    table = Table("target", "backend", "status", title="Targets")
+    for target in chosen:
+        for name, reason in availability(target).items():
+            table.add_row(target, name, "[green]available[/green]" if reason is None else reason)
+    console.print(table)
 
 
 @app.command(name="compile")

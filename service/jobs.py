@@ -6,6 +6,8 @@ Both queues (Dramatiq in Redis mode, the in-process pool in embedded mode) call 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
 from typing import Any
 
@@ -38,9 +40,17 @@ def spec_of(version: VersionRecord) -> InputSpec:
     return InputSpec.from_dicts([t.model_dump() for t in config.inputs], config.max_batch_size or 1)
 
 
+def this_worker() -> str:
+    """What a job record's `worker` names: the process that runs compiles, on which host."""
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 def variant_key(version: VersionRecord, variant: VariantRecord) -> str:
     backend = get_backend(variant.backend)
-    options = {"rtol": version.config.rtol, "atol": version.config.atol}
+    rtol, atol = version.config.tolerance(variant.options)
+    options: dict[str, Any] = {"rtol": rtol, "atol": atol}
+    if variant.options:  # absent when empty, so the keys of plain variants never change
+        options["backend"] = variant.options
     return artifact_key(
         version.sha256,
         variant.backend,
@@ -63,8 +73,18 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
     if variant is None or variant.status in SETTLED:
         return  # deleted, or a redelivery of a job that already finished
     registry.update_job(
-        job.id, status=JobStatus.running, attempts=job.attempts + 1, started_at=now(), error=None
+        job.id,
+        status=JobStatus.running,
+        attempts=job.attempts + 1,
+        started_at=now(),
+        error=None,
+        worker=this_worker(),
     )
+    # This host's library and devices decide, before any work: an API cannot know them.
+    reason = get_backend(job.backend).unavailable_reason(job.target)
+    if reason is not None:
+        _settle_failed(registry, job, VariantStatus.failed, reason)
+        return
     key = variant_key(version, variant)
     cached = registry.get_artifact(key)
     if cached is not None:
@@ -80,7 +100,8 @@ def _compile(
     registry: Registry, settings: Settings, job: JobRecord, version: VersionRecord, key: str
 ) -> None:
     model = registry.store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
-    options = CompileOptions(rtol=version.config.rtol, atol=version.config.atol, threads=settings.threads)
+    rtol, atol = version.config.tolerance(job.options)
+    options = CompileOptions(rtol=rtol, atol=atol, threads=settings.threads, backend_options=job.options)
 
     def on_progress(event: dict[str, Any]) -> None:
         if "stage" in event:

@@ -16,7 +16,6 @@ import redis
 from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
 from dramatiq.message import Message
 
-from compiler.hardware import local_targets
 from service.jobs import run_compile_job
 from service.registry import Registry
 from service.settings import Settings
@@ -66,7 +65,7 @@ class EmbeddedQueue:
 
     def depth(self) -> dict[str, int]:
         with self._lock:
-            return {queue_name(t): self._pending[t] for t in local_targets()}
+            return {queue_name(t): self._pending[t] for t in self.settings.host_targets()}
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -103,6 +102,7 @@ def declare_actor(broker: RedisBroker, registry: Registry, settings: Settings) -
 
 class DramatiqQueue:
     def __init__(self, settings: Settings) -> None:
+        self.settings = settings
         self.broker = make_broker(settings)
         self.declared: set[str] = set()
 
@@ -119,7 +119,7 @@ class DramatiqQueue:
         client: redis.Redis = self.broker.client
         ns = self.broker.namespace
         depths = {}
-        for target in local_targets():
+        for target in self.settings.host_targets():
             name = queue_name(target)
             depths[name] = int(client.hlen(f"{ns}:{name}.msgs")) + int(client.hlen(f"{ns}:{name}.DQ.msgs"))
         return depths

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
@@ -46,20 +46,49 @@ class TensorConfig(BaseModel):
     shape: list[int] = Field(min_length=1, max_length=8)
 
 
+# A hardware target (`cpu-x86_64-znver3-avx2`, `cuda-sm90`); it also names a queue.
+Target = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)]
+# Option values are plain JSON scalars: they are hashed into the artifact key.
+Options = dict[str, str | int | float | bool]
+
+
+class BackendRequest(BaseModel):
+    """A backend with options, e.g. {"name": "tensorrt", "options": {"precision": "fp16"}}."""
+
+    name: str
+    options: Options = Field(default_factory=dict, max_length=16)
+
+
 class ModelConfig(BaseModel):
     """The `config` field of an upload. Only `name` and `inputs` are required."""
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     inputs: list[TensorConfig] = Field(min_length=1)
     max_batch_size: int | None = Field(default=None, ge=1, le=4096)
-    backends: list[str] | None = None
+    # Each a backend name, or a BackendRequest; one variant per entry and target.
+    backends: list[str | BackendRequest] | None = None
+    # Targets to compile for: "auto" is every target a live worker announced plus this API
+    # host's own; other strings are taken as is. None: this API host's targets.
+    targets: list[Target] | None = Field(default=None, min_length=1, max_length=16)
     # Dynamic batching, as in Triton: how long a batch may wait to fill, and sizes that close it.
     max_queue_delay_us: int | None = Field(default=None, ge=0, le=10_000_000)
     preferred_batch_sizes: list[int] = Field(default_factory=list, max_length=16)
     rtol: float = Field(default=1e-4, ge=0)
     atol: float = Field(default=1e-5, ge=0)
+    # Verification tolerance for variants whose options ask for precision "fp16".
+    fp16_rtol: float = Field(default=1e-2, ge=0)
+    fp16_atol: float = Field(default=1e-2, ge=0)
     # Extra verification inputs: each a mapping of input name to nested lists.
     samples: list[dict[str, Any]] = Field(default_factory=list, max_length=16)
+
+    def backend_requests(self) -> list[BackendRequest]:
+        return [BackendRequest(name=b) if isinstance(b, str) else b for b in self.backends or []]
+
+    def tolerance(self, options: Options) -> tuple[float, float]:
+        """(rtol, atol) for a variant with these options."""
+        if options.get("precision") == "fp16":
+            return self.fp16_rtol, self.fp16_atol
+        return self.rtol, self.atol
 
 
 class OutputInfo(BaseModel):
@@ -84,6 +113,7 @@ class VariantRecord(BaseModel):
     version: int
     backend: str
     target: str
+    options: Options = Field(default_factory=dict)
     status: VariantStatus
     error: str | None = None
     artifact_key: str | None = None
@@ -105,11 +135,14 @@ class JobRecord(BaseModel):
     version: int
     backend: str
     target: str
+    options: Options = Field(default_factory=dict)
     status: JobStatus = JobStatus.queued
     stage: VariantStatus = VariantStatus.queued
     attempts: int = 0
     error: str | None = None
     cache_hit: bool = False
+    # The worker (hostname-pid) that last started it.
+    worker: str | None = None
     created_at: float = Field(default_factory=now)
     started_at: float | None = None
     finished_at: float | None = None
@@ -127,3 +160,13 @@ class ArtifactRecord(BaseModel):
     latency_ms_by_batch: dict[int, float]
     baseline_latency_ms_by_batch: dict[int, float]
     created_at: float = Field(default_factory=now)
+
+
+class WorkerRecord(BaseModel):
+    """What a `kiln worker` announces every few seconds: the targets whose queues it consumes."""
+
+    id: str
+    targets: list[str]
+    # target -> backend -> None when available there, else why not
+    backends: dict[str, dict[str, str | None]]
+    last_seen: float = Field(default_factory=now)

@@ -19,6 +19,7 @@ from service.records import (
     VariantRecord,
     VariantStatus,
     VersionRecord,
+    WorkerRecord,
     now,
 )
 from service.store import Store
@@ -161,6 +162,22 @@ class Registry:
     def put_artifact(self, record: ArtifactRecord, data: bytes) -> None:
         self.store.put_blob(ARTIFACT_BLOB.format(key=record.key), [data])
         self._put("artifact", record.key, record)
+
+    # Workers -----------------------------------------------------------------------------
+
+    def announce_worker(self, record: WorkerRecord) -> None:
+        self._put("worker", record.id, record)
+
+    def remove_worker(self, worker_id: str) -> None:
+        self.store.delete_doc("worker", worker_id)
+
+    def live_workers(self, max_age_s: float) -> list[WorkerRecord]:
+        """Workers heard from in the last `max_age_s`; a killed worker's doc just goes stale."""
+        workers = [WorkerRecord.model_validate(d) for d in self.store.list_docs("worker")]
+        return [w for w in workers if now() - w.last_seen <= max_age_s]
+
+    def live_targets(self, max_age_s: float) -> set[str]:
+        return {t for w in self.live_workers(max_age_s) for t in w.targets}
 
     # Deletion ----------------------------------------------------------------------------
 

@@ -19,7 +19,6 @@ from starlette.concurrency import run_in_threadpool
 
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
-from compiler.hardware import local_targets
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service import metrics
@@ -81,7 +80,7 @@ class Runtime:
     def __init__(self, registry: Registry, settings: Settings) -> None:
         self.registry = registry
         self.settings = settings
-        self.targets = set(local_targets())
+        self.targets = set(settings.host_targets())
         self.stats = Stats()
         self._routes: dict[tuple[str, int | None], Route] = {}
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()

@@ -10,6 +10,8 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from compiler.hardware import local_targets
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KILN_", env_file=None)
@@ -47,6 +49,13 @@ class Settings(BaseSettings):
     # requests still merge when they queue behind a running batch.
     max_queue_delay_us: int = 0
 
+    # Hardware targets this process compiles for (a worker) or serves (an API), overriding
+    # detection: to pin a worker to some of its targets, or to give test processes on one host
+    # different ones (KILN_TARGETS='["cuda-sm90"]'). None: detect (compiler.hardware).
+    targets: list[str] | None = Field(default=None, min_length=1)
+    # How often `kiln worker` announces its targets; an API counts a worker live for 3 beats.
+    worker_heartbeat_s: float = Field(default=5.0, gt=0)
+
     default_max_batch_size: int = 8
     default_backends: list[str] = ["tvm"]
 
@@ -58,6 +67,9 @@ class Settings(BaseSettings):
     @property
     def embedded(self) -> bool:
         return not self.redis_url
+
+    def host_targets(self) -> list[str]:
+        return list(self.targets) if self.targets is not None else local_targets()
 
 
 @functools.cache

@@ -1,4 +1,4 @@
-"""`kiln worker`: consume the compile queue of every target this host has."""
+"""`kiln worker`: consume the compile queue of every target this host has, and announce them."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import threading
 import dramatiq
 from prometheus_client import start_http_server
 
-from compiler.hardware import local_targets
+from compiler.backends import availability
 from compiler.threads import set_threads
+from service.jobs import this_worker
 from service.queue import declare_actor, make_broker, queue_name
+from service.records import WorkerRecord, now
 from service.registry import Registry
 from service.settings import Settings
-from service.store import open_store
+from service.store import StoreUnavailableError, open_store
 
 log = logging.getLogger("kiln.worker")
 
@@ -29,6 +31,44 @@ def serve_metrics(port: int) -> None:
     log.info("worker metrics on :%d/metrics", port)
 
 
+class Heartbeat:
+    """Announces this worker's targets (and its backends' availability on each) every few
+    seconds, so uploads with targets ["auto"] compile for them; withdraws them on a clean stop."""
+
+    def __init__(self, registry: Registry, targets: list[str], interval_s: float) -> None:
+        self.registry = registry
+        self.interval_s = interval_s
+        # Computed once: it imports every backend, and what is installed does not change.
+        self.record = WorkerRecord(
+            id=this_worker(), targets=targets, backends={t: availability(t) for t in targets}
+        )
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kiln-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._beat()  # before consuming: the first upload after start already sees us
+        self._thread.start()
+
+    def _beat(self) -> None:
+        self.record.last_seen = now()
+        try:
+            self.registry.announce_worker(self.record)
+        except StoreUnavailableError as exc:  # the queue notices the outage too; keep beating
+            log.warning("heartbeat not stored: %s", exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        try:
+            self.registry.remove_worker(self.record.id)
+        except StoreUnavailableError as exc:  # the doc goes stale instead
+            log.warning("heartbeat not withdrawn: %s", exc)
+
+
 def run_worker(settings: Settings) -> None:
     if settings.embedded:
         raise SystemExit("kiln worker needs KILN_REDIS_URL; embedded `kiln serve` compiles itself")
@@ -36,7 +76,8 @@ def run_worker(settings: Settings) -> None:
     registry = Registry(open_store(settings))
     broker = make_broker(settings)
     declare_actor(broker, registry, settings)
-    queues = {queue_name(t) for t in local_targets()}
+    targets = settings.host_targets()
+    queues = {queue_name(t) for t in targets}
     for name in queues:
         broker.declare_queue(name)
     worker = dramatiq.Worker(broker, queues=queues, worker_threads=settings.compile_workers)
@@ -45,9 +86,15 @@ def run_worker(settings: Settings) -> None:
         signal.signal(sig, lambda *_: stop.set())
     if settings.worker_metrics_port:
         serve_metrics(settings.worker_metrics_port)
+    heartbeat = Heartbeat(registry, targets, settings.worker_heartbeat_s)
+    for target, backends in heartbeat.record.backends.items():
+        for name, reason in backends.items():
+            log.info("target %s: %s %s", target, name, "available" if reason is None else reason)
     worker.start()
-    log.info("worker consuming %s", sorted(queues))
+    heartbeat.start()
+    log.info("worker %s consuming %s", heartbeat.record.id, sorted(queues))
     stop.wait()
     log.info("worker stopping")
+    heartbeat.stop()
     worker.stop()
     broker.close()

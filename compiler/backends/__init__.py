@@ -13,9 +13,20 @@ REGISTRY: dict[str, str] = {
     "tvm": "compiler.backends.tvm",
     "onnxruntime": "compiler.backends.onnxruntime",
     "inductor": "compiler.backends.inductor",
+    "tensorrt": "compiler.backends.tensorrt",
 }
 
 REFERENCE = "torchscript"
+
+# Target families (a target's text before its first "-") each backend builds for on some host.
+# An API rejects any other pairing at upload; whether a worker has the library or the device
+# for a target of the right family is for that worker to say. Unlisted: every family.
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "tvm": ("cpu", "cuda"),
+    "onnxruntime": ("cpu",),
+    "inductor": ("cpu",),
+    "tensorrt": ("cuda",),
+}
 
 
 def get_backend(name: str) -> Backend:
@@ -24,3 +35,23 @@ def get_backend(name: str) -> Backend:
         raise BackendUnavailableError(f"unknown backend {name!r}; known: {sorted(REGISTRY)}")
     backend: Backend = importlib.import_module(module_name).backend
     return backend
+
+
+def family_reason(name: str, target: str) -> str | None:
+    """Why `name` can never build for `target` on any host, or None when some host might."""
+    families = FAMILIES.get(name)
+    family = target.partition("-")[0]
+    if families is None or family in families:
+        return None
+    return f"{name}: {family} targets are not supported (only {', '.join(families)})"
+
+
+def availability(target: str) -> dict[str, str | None]:
+    """Every registered backend -> None when it can build for `target` on this host, else why not."""
+    found: dict[str, str | None] = {}
+    for name in REGISTRY:
+        try:
+            found[name] = get_backend(name).unavailable_reason(target)
+        except Exception as exc:  # one broken backend module must not hide the others
+            found[name] = f"{name}: cannot load its module ({type(exc).__name__}: {exc})"
+    return found

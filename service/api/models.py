@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from compiler.backends import REGISTRY as BACKENDS
-from compiler.backends import get_backend
+from compiler.backends import family_reason, get_backend
 from compiler.errors import CompilerError, InvalidModelError
 from compiler.inspect import inspect_model
 from compiler.spec import InputSpec
@@ -36,6 +36,9 @@ from service.sandbox import SandboxError, run_in_child
 
 router = APIRouter(tags=["models"])
 CHUNK = 1024 * 1024
+AUTO = "auto"
+# A worker counts as live while its last announcement is under this many heartbeats old.
+LIVE_BEATS = 3
 
 EXAMPLE_CONFIG = json.dumps(
     {
@@ -64,10 +67,20 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
         raise InvalidConfigError(
             f"config.preferred_batch_sizes: {too_big} must lie in 1..max_batch_size ({config.max_batch_size})"
         )
-    unknown = [b for b in config.backends if b not in BACKENDS or b == REFERENCE]
+    requests = config.backend_requests()
+    unknown = [r.name for r in requests if r.name not in BACKENDS or r.name == REFERENCE]
     if unknown:
         known = sorted(set(BACKENDS) - {REFERENCE})
         raise InvalidConfigError(f"config.backends: unknown backend(s) {unknown}; use {known}")
+    if len({(r.name, json.dumps(r.options, sort_keys=True)) for r in requests}) < len(requests):
+        raise InvalidConfigError("config.backends: an entry is repeated (same backend and options)")
+    if svc.settings.embedded and config.targets is not None:
+        foreign = sorted(set(config.targets) - {AUTO, *svc.runtime.targets})
+        if foreign:
+            raise InvalidConfigError(
+                f"config.targets: {foreign} are not this host's; embedded mode compiles only for "
+                f'{sorted(svc.runtime.targets)} (use "auto", or run workers with KILN_REDIS_URL)'
+            )
     try:
         spec = InputSpec.from_dicts([t.model_dump() for t in config.inputs], config.max_batch_size)
         for sample in config.samples:
@@ -93,10 +106,32 @@ def read_chunks(path: Path) -> Iterator[bytes]:
             yield chunk
 
 
+def plan_targets(svc: Services, config: ModelConfig) -> list[str]:
+    """The targets an upload compiles for; "auto" adds every target a live worker announced."""
+    host = svc.runtime.targets
+    if config.targets is None:
+        return sorted(host)
+    targets = {t for t in config.targets if t != AUTO}
+    if AUTO in config.targets:
+        targets |= host
+        if not svc.settings.embedded:
+            targets |= svc.registry.live_targets(LIVE_BEATS * svc.settings.worker_heartbeat_s)
+    return sorted(targets)
+
+
+def unavailable(svc: Services, backend: str, target: str) -> str | None:
+    """Embedded mode compiles here, so this host's answer is the answer. Otherwise a worker
+    decides what its libraries and devices allow; only a target family no host can build
+    for is known up front."""
+    if svc.settings.embedded:
+        return get_backend(backend).unavailable_reason(target)
+    return family_reason(backend, target)
+
+
 def plan_variants(
     svc: Services, config: ModelConfig, name: str, number: int
 ) -> tuple[list[VariantRecord], list[JobRecord]]:
-    """TorchScript serves at once; each requested backend gets a variant per local target."""
+    """TorchScript serves at once; each requested backend gets a variant per planned target."""
     variants = [
         VariantRecord(
             id=new_id(),
@@ -108,17 +143,19 @@ def plan_variants(
         )
     ]
     jobs = []
-    for backend in config.backends or []:
-        for target in sorted(svc.runtime.targets):
+    targets = plan_targets(svc, config)
+    for request in config.backend_requests():
+        for target in targets:
             variant = VariantRecord(
                 id=new_id(),
                 model=name,
                 version=number,
-                backend=backend,
+                backend=request.name,
                 target=target,
+                options=request.options,
                 status=VariantStatus.queued,
             )
-            reason = get_backend(backend).unavailable_reason(target)
+            reason = unavailable(svc, request.name, target)
             if reason is not None:
                 variant.status, variant.error = VariantStatus.failed, reason
             else:
@@ -127,8 +164,9 @@ def plan_variants(
                     variant_id=variant.id,
                     model=name,
                     version=number,
-                    backend=backend,
+                    backend=request.name,
                     target=target,
+                    options=request.options,
                 )
                 variant.job_id = job.id
                 jobs.append(job)

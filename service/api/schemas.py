@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from service.records import (
     JobStatus,
+    Options,
     OutputInfo,
     TensorConfig,
     VariantRecord,
@@ -23,6 +24,7 @@ class VariantRef(BaseModel):
 
 
 class VariantOut(VariantRef):
+    options: Options = Field(description='Backend options it was built with, e.g. {"precision": "fp16"}.')
     status: VariantStatus
     error: str | None
     job_id: str | None
@@ -95,11 +97,13 @@ class JobOut(BaseModel):
     version: int
     backend: str
     target: str
+    options: Options
     status: JobStatus
     stage: VariantStatus
     attempts: int
     error: str | None
     cache_hit: bool
+    worker: str | None = Field(description="The worker (hostname-pid) that last started the job.")
     created_at: float
     started_at: float | None
     finished_at: float | None

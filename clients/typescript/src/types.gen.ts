@@ -100,6 +100,12 @@ export type JobOut = {
      * Model
      */
     model: string;
+    /**
+     * Options
+     */
+    options: {
+        [key: string]: string | number | number | boolean;
+    };
     stage: VariantStatus;
     /**
      * Started At
@@ -118,6 +124,12 @@ export type JobOut = {
      * Version
      */
     version: number;
+    /**
+     * Worker
+     *
+     * The worker (hostname-pid) that last started the job.
+     */
+    worker: string | null;
 };
 
 /**
@@ -324,6 +336,14 @@ export type VariantOut = {
      * Max Abs Error
      */
     max_abs_error: number | null;
+    /**
+     * Options
+     *
+     * Backend options it was built with, e.g. {"precision": "fp16"}.
+     */
+    options: {
+        [key: string]: string | number | number | boolean;
+    };
     status: VariantStatus;
     /**
      * Target

@@ -6,6 +6,7 @@ from .healthz_response_healthz import HealthzResponseHealthz
 from .http_validation_error import HTTPValidationError
 from .index_request import IndexRequest
 from .job_out import JobOut
+from .job_out_options import JobOutOptions
 from .job_status import JobStatus
 from .model_list import ModelList
 from .model_out import ModelOut
@@ -32,6 +33,7 @@ from .validation_error_context import ValidationErrorContext
 from .variant_out import VariantOut
 from .variant_out_baseline_latency_ms_by_batch import VariantOutBaselineLatencyMsByBatch
 from .variant_out_latency_ms_by_batch import VariantOutLatencyMsByBatch
+from .variant_out_options import VariantOutOptions
 from .variant_ref import VariantRef
 from .variant_status import VariantStatus
 from .version_out import VersionOut
@@ -43,6 +45,7 @@ __all__ = (
     "HTTPValidationError",
     "IndexRequest",
     "JobOut",
+    "JobOutOptions",
     "JobStatus",
     "ModelList",
     "ModelOut",
@@ -67,6 +70,7 @@ __all__ = (
     "VariantOut",
     "VariantOutBaselineLatencyMsByBatch",
     "VariantOutLatencyMsByBatch",
+    "VariantOutOptions",
     "VariantRef",
     "VariantStatus",
     "VersionOut",

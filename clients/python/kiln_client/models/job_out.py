@@ -1,13 +1,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
 from ..models.job_status import JobStatus
 from ..models.variant_status import VariantStatus
+
+if TYPE_CHECKING:
+    from ..models.job_out_options import JobOutOptions
+
 
 T = TypeVar("T", bound="JobOut")
 
@@ -24,12 +28,14 @@ class JobOut:
         finished_at (float | None):
         id (str):
         model (str):
+        options (JobOutOptions):
         stage (VariantStatus):
         started_at (float | None):
         status (JobStatus):
         target (str):
         variant_id (str):
         version (int):
+        worker (None | str): The worker (hostname-pid) that last started the job.
     """
 
     attempts: int
@@ -40,12 +46,14 @@ class JobOut:
     finished_at: float | None
     id: str
     model: str
+    options: JobOutOptions
     stage: VariantStatus
     started_at: float | None
     status: JobStatus
     target: str
     variant_id: str
     version: int
+    worker: None | str
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -67,6 +75,8 @@ class JobOut:
 
         model = self.model
 
+        options = self.options.to_dict()
+
         stage = self.stage.value
 
         started_at: float | None
@@ -80,6 +90,9 @@ class JobOut:
 
         version = self.version
 
+        worker: None | str
+        worker = self.worker
+
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update(
@@ -92,12 +105,14 @@ class JobOut:
                 "finished_at": finished_at,
                 "id": id,
                 "model": model,
+                "options": options,
                 "stage": stage,
                 "started_at": started_at,
                 "status": status,
                 "target": target,
                 "variant_id": variant_id,
                 "version": version,
+                "worker": worker,
             }
         )
 
@@ -105,6 +120,8 @@ class JobOut:
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.job_out_options import JobOutOptions  # noqa: PLC0415
+
         d = dict(src_dict)
         attempts = d.pop("attempts")
 
@@ -132,6 +149,8 @@ class JobOut:
 
         model = d.pop("model")
 
+        options = JobOutOptions.from_dict(d.pop("options"))
+
         stage = VariantStatus(d.pop("stage"))
 
         def _parse_started_at(data: object) -> float | None:
@@ -149,6 +168,13 @@ class JobOut:
 
         version = d.pop("version")
 
+        def _parse_worker(data: object) -> None | str:
+            if data is None:
+                return data
+            return cast(None | str, data)
+
+        worker = _parse_worker(d.pop("worker"))
+
         job_out = cls(
             attempts=attempts,
             backend=backend,
@@ -158,12 +184,14 @@ class JobOut:
             finished_at=finished_at,
             id=id,
             model=model,
+            options=options,
             stage=stage,
             started_at=started_at,
             status=status,
             target=target,
             variant_id=variant_id,
             version=version,
+            worker=worker,
         )
 
         job_out.additional_properties = d

@@ -11,6 +11,7 @@ from ..models.variant_status import VariantStatus
 if TYPE_CHECKING:
     from ..models.variant_out_baseline_latency_ms_by_batch import VariantOutBaselineLatencyMsByBatch
     from ..models.variant_out_latency_ms_by_batch import VariantOutLatencyMsByBatch
+    from ..models.variant_out_options import VariantOutOptions
 
 
 T = TypeVar("T", bound="VariantOut")
@@ -30,6 +31,7 @@ class VariantOut:
         latency_ms (float | None): Median latency at batch 1, measured by the worker.
         latency_ms_by_batch (VariantOutLatencyMsByBatch):
         max_abs_error (float | None):
+        options (VariantOutOptions): Backend options it was built with, e.g. {"precision": "fp16"}.
         status (VariantStatus):
         target (str):
     """
@@ -43,6 +45,7 @@ class VariantOut:
     latency_ms: float | None
     latency_ms_by_batch: VariantOutLatencyMsByBatch
     max_abs_error: float | None
+    options: VariantOutOptions
     status: VariantStatus
     target: str
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
@@ -70,6 +73,8 @@ class VariantOut:
         max_abs_error: float | None
         max_abs_error = self.max_abs_error
 
+        options = self.options.to_dict()
+
         status = self.status.value
 
         target = self.target
@@ -87,6 +92,7 @@ class VariantOut:
                 "latency_ms": latency_ms,
                 "latency_ms_by_batch": latency_ms_by_batch,
                 "max_abs_error": max_abs_error,
+                "options": options,
                 "status": status,
                 "target": target,
             }
@@ -98,6 +104,7 @@ class VariantOut:
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         from ..models.variant_out_baseline_latency_ms_by_batch import VariantOutBaselineLatencyMsByBatch  # noqa: PLC0415
         from ..models.variant_out_latency_ms_by_batch import VariantOutLatencyMsByBatch  # noqa: PLC0415
+        from ..models.variant_out_options import VariantOutOptions  # noqa: PLC0415
 
         d = dict(src_dict)
         backend = d.pop("backend")
@@ -140,6 +147,8 @@ class VariantOut:
 
         max_abs_error = _parse_max_abs_error(d.pop("max_abs_error"))
 
+        options = VariantOutOptions.from_dict(d.pop("options"))
+
         status = VariantStatus(d.pop("status"))
 
         target = d.pop("target")
@@ -154,6 +163,7 @@ class VariantOut:
             latency_ms=latency_ms,
             latency_ms_by_batch=latency_ms_by_batch,
             max_abs_error=max_abs_error,
+            options=options,
             status=status,
             target=target,
         )

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Kiln on a GPU host, end to end: the GPU unit tests, then redis-server, `kiln serve` and a GPU
+# `kiln worker` on loopback, the test models compiled with TensorRT (fp32, fp16) and TVM, and a
+# table of each variant's latency and error against eager (scripts/gpu_report.py).
+#
+#   scripts/gpu_check.sh WHEELS_DIR
+#
+# For a bare host that has a CUDA build of torch 2.13 (the CUDA torch image). What else Kiln needs
+# (torch-tensorrt, TVM, FastAPI, ...) is installed from the wheels in WHEELS_DIR, never from an
+# index: pip install --no-index --find-links WHEELS_DIR. Without redis-server on PATH the check
+# runs `kiln serve` in embedded mode instead, which compiles for every local target itself.
+# Exit status: non-zero when the GPU tests fail or any variant fails verification.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+WHEELS=${1:?usage: scripts/gpu_check.sh WHEELS_DIR (wheels for what this host lacks)}
+PYTHON=${PYTHON:-python3}
+WORK=$(mktemp -d -t kiln-gpu-check-XXXXXX)
+PIDS=()
+
+cleanup() {
+    local pid
+    for pid in "${PIDS[@]}"; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in "${PIDS[@]}"; do
+        wait "$pid" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+
+fail() {
+    echo "gpu_check: $*" >&2
+    exit 1
+}
+
+free_port() {
+    "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+"$PYTHON" -c 'import torch; assert torch.version.cuda, "torch " + torch.__version__ + " is a CPU build"
+assert torch.cuda.is_available(), "CUDA is not available to torch (driver? device?)"
+print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))' ||
+    fail "needs a CUDA build of torch and a visible GPU"
+
+# Everything pyproject.toml asks for, the gpu extra and the test runner, but torch: the CUDA
+# torch is already here, and a wheel from WHEELS_DIR must never replace it.
+mapfile -t REQUIREMENTS < <("$PYTHON" - "$ROOT/pyproject.toml" <<'EOF'
+import re, sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+extras = project["optional-dependencies"]
+dev = [r for r in extras["dev"] if re.match(r"(pytest|pytest-timeout)\b", r)]
+for requirement in project["dependencies"] + extras["gpu"] + dev:
+    if not re.match(r"torch\b(?!-)", requirement):
+        print(requirement)
+EOF
+)
+"$PYTHON" -m pip install --no-index --find-links "$WHEELS" "${REQUIREMENTS[@]}" ||
+    fail "could not install ${REQUIREMENTS[*]} from $WHEELS"
+"$PYTHON" -c 'import torch; assert torch.version.cuda, "pip replaced the CUDA torch"'
+
+export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+cd "$ROOT"
+"$PYTHON" -m service.cli targets
+
+status=0
+"$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu.py || status=1
+
+export KILN_DATA_DIR=$WORK/data KILN_WORKER_METRICS_PORT=0 KILN_LOG_FORMAT=text
+if command -v redis-server >/dev/null; then
+    REDIS_PORT=$(free_port)
+    redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+        >"$WORK/redis.log" 2>&1 &
+    PIDS+=($!)
+    export KILN_REDIS_URL=redis://127.0.0.1:$REDIS_PORT/0
+else
+    echo "gpu_check: no redis-server on PATH; running kiln serve in embedded mode" >&2
+fi
+
+PORT=$(free_port)
+"$PYTHON" -m service.cli serve --host 127.0.0.1 --port "$PORT" >"$WORK/serve.log" 2>&1 &
+PIDS+=($!)
+if [[ -n ${KILN_REDIS_URL:-} ]]; then
+    "$PYTHON" -m service.cli worker >"$WORK/worker.log" 2>&1 &
+    PIDS+=($!)
+fi
+# Python, not curl: a bare image may not have curl.
+if ! "$PYTHON" - "http://127.0.0.1:$PORT/healthz" <<'EOF'; then
+import sys, time, urllib.request
+for _ in range(120):
+    try:
+        urllib.request.urlopen(sys.argv[1], timeout=2)
+        break
+    except OSError:
+        time.sleep(1)
+else:
+    sys.exit(1)
+EOF
+    tail -n 40 "$WORK"/*.log
+    fail "kiln serve did not come up"
+fi
+
+"$PYTHON" scripts/gpu_report.py --url "http://127.0.0.1:$PORT" || {
+    status=1
+    tail -n 60 "$WORK"/*.log
+}
+echo "gpu_check: logs in $WORK"
+exit $status

@@ -1,0 +1,193 @@
+"""Upload the test models to a running Kiln on a GPU host, wait, and compare every variant with eager.
+
+    PYTHONPATH=. python scripts/gpu_report.py --url http://127.0.0.1:8000
+
+Each model is uploaded with TensorRT fp32, TensorRT fp16 and TVM, for every target a live worker
+announced. Once all settle, this process loads each artifact from the store Kiln uses (the same
+KILN_* environment), runs it on the same inputs as the eager model on the GPU, and prints a table:
+the worker's latency, the latency measured here, and the error against eager. Exit status 1 when
+a variant was rejected (failed verification), a TensorRT variant for a GPU target is not ready, or
+a ready variant misses its tolerance against eager here. Other failures (TVM on a GPU target,
+TensorRT on the CPU target) are listed with their reasons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from compiler.artifact import Artifact
+from compiler.backends import get_backend
+from compiler.benchmark import time_runner
+from compiler.runner import Runner
+from compiler.spec import InputSpec
+from service.records import ModelConfig
+from service.registry import ARTIFACT_BLOB, Registry
+from service.settings import Settings
+from service.store import open_store
+from tests.models import MODELS, TestModel
+
+BACKENDS: list[Any] = [
+    {"name": "tensorrt", "options": {"precision": "fp32"}},
+    {"name": "tensorrt", "options": {"precision": "fp16"}},
+    "tvm",
+]
+# The backend this check is for: any of its variants on a GPU target that is not ready fails it.
+REQUIRED = "tensorrt"
+SETTLED = {"ready", "failed", "rejected"}
+
+
+class TorchRunner:
+    """Eager or TorchScript on the GPU, behind the Runner protocol so both are timed alike."""
+
+    def __init__(self, backend: str, module: Any, spec: InputSpec) -> None:
+        self.backend = backend
+        self.module = module.cuda().eval()
+        self.spec = spec
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tensors = [torch.from_numpy(inputs[n]).cuda() for n in self.spec.names]
+        with torch.inference_mode():
+            return {"output0": self.module(*tensors).cpu().numpy()}
+
+
+def upload_all(http: httpx.Client, batch: int) -> dict[str, int]:
+    versions = {}
+    for name, model in MODELS.items():
+        config = model.config(max_batch_size=batch, backends=BACKENDS, targets=["auto"])
+        response = http.post(
+            "/v1/models",
+            files={"file": ("model.pt", model.torchscript())},
+            data={"config": json.dumps(config)},
+        )
+        response.raise_for_status()
+        versions[name] = response.json()["version"]
+    return versions
+
+
+def wait_all(http: httpx.Client, versions: dict[str, int], timeout: float) -> dict[str, list[dict[str, Any]]]:
+    deadline = time.monotonic() + timeout
+    settled: dict[str, list[dict[str, Any]]] = {}
+    while len(settled) < len(versions):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout:g} s; settled: {sorted(settled)}")
+        for name, number in versions.items():
+            variants = http.get(f"/v1/models/{name}/versions/{number}").json()["variants"]
+            if all(v["status"] in SETTLED for v in variants):
+                settled[name] = variants
+        time.sleep(2)
+    return settled
+
+
+def label(variant: dict[str, Any]) -> str:
+    precision = variant["options"].get("precision")
+    return f"{variant['backend']} {precision}" if precision else variant["backend"]
+
+
+def compare(
+    runner: Runner, inputs: list[dict[str, np.ndarray]], wants: list[np.ndarray]
+) -> tuple[float, float, float, list[np.ndarray]]:
+    """(ms at batch 1, ms at the largest batch, max abs error against eager, outputs)."""
+    outs = [runner.run(x)["output0"] for x in inputs]
+    error = max(float(np.abs(o.astype(np.float64) - w).max()) for o, w in zip(outs, wants, strict=True))
+    first, last = (time_runner(runner, x, warmup=5, iters=50, budget_s=3.0) for x in (inputs[0], inputs[-1]))
+    return first, last, error, outs
+
+
+def report(
+    model: TestModel, variants: list[dict[str, Any]], registry: Registry, batch: int
+) -> tuple[Table, list[str]]:
+    config = ModelConfig.model_validate(model.config(max_batch_size=batch))
+    spec = InputSpec.from_dicts(model.inputs, batch)
+    rng = np.random.default_rng(0)
+    inputs = [spec.random_inputs(b, rng) for b in (1, batch)]
+    eager = TorchRunner("eager", model.module(), spec)
+    wants = [eager.run(x)["output0"].astype(np.float64) for x in inputs]
+    table = Table(
+        "variant",
+        "target",
+        "status",
+        "worker ms b1",
+        "ms b1",
+        f"ms b{batch}",
+        "max |err| vs eager",
+        "note",
+        title=f"{model.name} (latency measured here on the GPU host; worker ms from Kiln)",
+    )
+    problems: list[str] = []
+    if not any(v["backend"] == REQUIRED and v["target"].startswith("cuda-") for v in variants):
+        problems.append(f"{model.name}: no {REQUIRED} variant for a GPU target was planned")
+    scripted = TorchRunner("torchscript", torch.jit.load(io.BytesIO(model.torchscript())), spec)
+    for local in (eager, scripted):
+        first, last, error, _ = compare(local, inputs, wants)
+        table.add_row(
+            local.backend, "this GPU", "local", "", f"{first:.3f}", f"{last:.3f}", f"{error:.2e}", ""
+        )
+    for v in variants:
+        name = f"{label(v)} @ {v['target']}"
+        worker_ms = f"{v['latency_ms']:.3f}" if v["latency_ms"] is not None else ""
+        if v["status"] != "ready":
+            table.add_row(label(v), v["target"], v["status"], worker_ms, "", "", "", v["error"] or "")
+            if v["status"] == "rejected" or (v["backend"] == REQUIRED and v["target"].startswith("cuda-")):
+                problems.append(f"{model.name}: {name} is {v['status']}: {v['error']}")
+            continue
+        # The API does not show artifact keys; the registry, on the same store, does.
+        record = registry.get_variant(v["id"])
+        if record is None or record.artifact_key is None:  # the uploaded TorchScript, on the CPU
+            runner: Runner = get_backend("torchscript").load(
+                Artifact("torchscript", "any", spec, model.torchscript())
+            )
+        else:
+            packed = registry.store.get_blob(ARTIFACT_BLOB.format(key=record.artifact_key))
+            runner = get_backend(v["backend"]).load(Artifact.unpack(packed))
+        first, last, error, outs = compare(runner, inputs, wants)
+        rtol, atol = config.tolerance(v["options"])
+        fits = all(np.allclose(o, w, rtol=rtol, atol=atol) for o, w in zip(outs, wants, strict=True))
+        note = "" if fits else f"misses rtol={rtol:g} atol={atol:g} against eager"
+        if not fits:
+            problems.append(f"{model.name}: {name} {note}")
+        table.add_row(
+            label(v), v["target"], "ready", worker_ms, f"{first:.3f}", f"{last:.3f}", f"{error:.2e}", note
+        )
+    return table, problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for every variant to settle")
+    args = parser.parse_args()
+    # Eager is the reference: TF32 would make it the least exact row of the table.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    console = Console(width=200)
+    registry = Registry(open_store(Settings()))
+    with httpx.Client(base_url=args.url, timeout=300) as http:
+        versions = upload_all(http, args.max_batch_size)
+        console.print(f"uploaded {versions}; waiting for every variant to settle")
+        settled = wait_all(http, versions, args.timeout)
+    problems = []
+    for name, variants in settled.items():
+        table, found = report(MODELS[name], variants, registry, args.max_batch_size)
+        console.print(table)
+        problems += found
+    for problem in problems:
+        console.print(f"[red]FAIL[/red] {problem}")
+    console.print("[green]all variants verified[/green]" if not problems else f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
