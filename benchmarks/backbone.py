@@ -80,7 +80,7 @@ def main() -> None:
                         http_ms = p50_ms(lambda b=backend, n=name, x=x: predict(http, n, x, backend=b))
                         record = registry.get_variant(v["id"])
                         assert record is not None
-                        runner = runtime.runner(version, record)
+                        runner = runtime.load(version, record).runner
                         local_ms = p50_ms(lambda r=runner, x=x: r.run({"x": x}))
                         table.add_row(
                             name,
@@ -92,7 +92,7 @@ def main() -> None:
                         )
         finally:
             server.stop()
-    Console().print(table)
+    Console(width=140).print(table)
 
 
 if __name__ == "__main__":
