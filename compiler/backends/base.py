@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from compiler.artifact import Artifact
+from compiler.errors import BackendUnavailableError, ConversionError
+from compiler.frontend import export_program, load_torchscript
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 
@@ -27,3 +29,15 @@ class Backend(Protocol):
     def load(self, artifact: Artifact) -> Runner:
         """Load an artifact produced by `compile` into a Runner."""
         ...
+
+
+def export_for(backend: Backend, model: bytes, spec: InputSpec, target: str) -> Any:
+    """What every exporting backend's compile starts with: refuse a target it cannot build
+    for, then TorchScript -> ExportedProgram, with failures named after the backend."""
+    reason = backend.unavailable_reason(target)
+    if reason is not None:
+        raise BackendUnavailableError(reason)
+    try:
+        return export_program(load_torchscript(model), spec)
+    except ConversionError as exc:
+        raise ConversionError(f"{backend.name}: {exc}") from exc

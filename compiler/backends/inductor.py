@@ -22,9 +22,9 @@ import numpy as np
 import torch
 
 from compiler.artifact import Artifact
+from compiler.backends.base import export_for
 from compiler.backends.torchscript import flatten_outputs
-from compiler.errors import BackendUnavailableError, ConversionError
-from compiler.frontend import export_program, load_torchscript
+from compiler.errors import ConversionError
 from compiler.runner import output_names
 from compiler.spec import InputSpec
 
@@ -62,13 +62,7 @@ class InductorBackend:
         return None
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
-        reason = self.unavailable_reason(target)
-        if reason is not None:
-            raise BackendUnavailableError(reason)
-        try:
-            program = export_program(load_torchscript(model), spec)
-        except ConversionError as exc:
-            raise ConversionError(f"inductor: {exc}") from exc
+        program = export_for(self, model, spec, target)
         threads = int(options.get("threads") or os.cpu_count() or 1)
         with tempfile.TemporaryDirectory(prefix="kiln-inductor-") as tmp:
             path = os.path.join(tmp, "model.pt2")

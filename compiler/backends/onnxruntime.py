@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from compiler.artifact import Artifact
-from compiler.errors import BackendUnavailableError, ConversionError
-from compiler.frontend import export_program, load_torchscript
+from compiler.backends.base import export_for
+from compiler.errors import ConversionError
 from compiler.runner import output_names
 from compiler.spec import InputSpec
 
@@ -60,13 +60,7 @@ class ONNXRuntimeBackend:
         return None
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
-        reason = self.unavailable_reason(target)
-        if reason is not None:
-            raise BackendUnavailableError(reason)
-        try:
-            program = export_program(load_torchscript(model), spec)
-        except ConversionError as exc:
-            raise ConversionError(f"onnxruntime: {exc}") from exc
+        program = export_for(self, model, spec, target)
         threads = int(options.get("threads") or os.cpu_count() or 1)
         try:
             onnx_program = torch.onnx.export(

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from compiler.artifact import Artifact
-from compiler.errors import BackendUnavailableError, ConversionError
-from compiler.frontend import export_program, load_torchscript
+from compiler.backends.base import export_for
+from compiler.errors import ConversionError
 from compiler.runner import output_names
 from compiler.spec import InputSpec
 
@@ -78,11 +78,7 @@ class TVMBackend:
         return None
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
-        reason = self.unavailable_reason(target)
-        if reason is not None:
-            raise BackendUnavailableError(reason)
-        module = load_torchscript(model)
-        program = export_program(module, spec)
+        program = export_for(self, model, spec, target)
         threads = int(options.get("threads") or os.cpu_count() or 1)
         tvm_target = host_target(threads)
         try:
