@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from compiler.threads import set_threads
 from service import metrics
 from service.api import events, health, jobs, models, predict, problems, repository, v2
 from service.api.auth import parse_keys
@@ -42,6 +43,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         store = open_store(settings)
         registry = Registry(store)
         queue: JobQueue = EmbeddedQueue(registry, settings) if settings.embedded else DramatiqQueue(settings)
+        # Intra-op threads for every runtime in this process, set once (KILN_THREADS).
+        set_threads(settings.threads)
         runtime = Runtime(registry, settings)
         app.state.services = Services(settings, registry, queue, runtime)
         if not api_keys:
