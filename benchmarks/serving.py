@@ -1,0 +1,493 @@
+"""Serving benchmark: Kiln's v2 binary infer against a bare FastAPI endpoint, itself without
+dynamic batching, and TorchServe 0.12, each ratio measured in the same run.
+
+Every server runs on 127.0.0.1 as a subprocess with one process and the same intra-op threads;
+one closed-loop client (N concurrent loops, a fixed window after a warm-up) loads each in turn.
+Targets are measured in interleaved rounds (A B C, A B C, ...) so that a noisy neighbour on the
+machine hits all of them alike; benchmarks/README.md says more.
+Run: .venv/bin/python benchmarks/serving.py [--help]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import aiohttp
+import httpx
+import numpy as np
+import psutil
+import torch
+from rich.console import Console
+from rich.table import Table
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bare_app import BareServer
+from benchmarks.models import MLP64, RESNET18, BenchModel
+from benchmarks.torchserve.server import TorchServe, setup_venv, unavailable_reason
+from tests.servers import KilnServer, wait_until
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+REQUEST_TIMEOUT_S = 60.0
+console = Console(width=200)  # wide tables, also when piped to a file
+
+
+# Load generator ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    label: str
+    url: str
+    body: bytes
+    headers: dict[str, str]
+    v2: bool  # a v2 binary answer (JSON header + raw bytes); otherwise raw float32 bytes
+    pid: int  # the server's root process: its CPU time, children included, is measured
+
+
+@dataclass
+class Sample:
+    latencies: list[float] = field(default_factory=list)  # seconds, successes inside the window
+    errors: int = 0
+    seconds: float = 0.0
+    cpu_s: float = 0.0  # the server's CPU time (user + system) over the window
+    first_error: str | None = None
+
+    def add(self, other: Sample) -> None:
+        self.latencies += other.latencies
+        self.errors += other.errors
+        self.seconds += other.seconds
+        self.cpu_s += other.cpu_s
+        self.first_error = self.first_error or other.first_error
+
+    @property
+    def rps(self) -> float:
+        return len(self.latencies) / self.seconds if self.seconds else 0.0
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        return self.cpu_s * 1000 / len(self.latencies) if self.latencies else float("nan")
+
+    def ms(self, q: float) -> float:
+        return float(np.percentile(self.latencies, q)) * 1000 if self.latencies else float("nan")
+
+
+async def _send(session: aiohttp.ClientSession, target: Target) -> str | None:
+    """One request; None on success, else what went wrong."""
+    try:
+        async with session.post(target.url, data=target.body, headers=target.headers) as response:
+            body = await response.read()
+            if response.status != 200:
+                return f"HTTP {response.status}: {body[:200]!r}"
+            return None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+
+
+async def _closed_loop(
+    session: aiohttp.ClientSession, target: Target, concurrency: int, window: tuple[float, float], cap: int
+) -> Sample:
+    """`concurrency` loops, each sending its next request as soon as the last one answers, until
+    the window (perf_counter times) closes. The loops run through the warm-up before it without a
+    pause, so the window sees the steady state: only requests that end inside it count."""
+    sample = Sample()
+    start, stop = window
+    sent = 0
+
+    async def loop() -> None:
+        nonlocal sent
+        while sent < cap and (began := time.perf_counter()) < stop:
+            sent += 1
+            error = await _send(session, target)
+            ended = time.perf_counter()
+            if start <= ended <= stop:
+                if error is None:
+                    sample.latencies.append(ended - began)
+                else:
+                    sample.errors += 1
+                    sample.first_error = sample.first_error or error
+            if error is not None:
+                await asyncio.sleep(0.05)  # never spin on a failing server
+
+    async def server_cpu() -> None:
+        await asyncio.sleep(start - time.perf_counter())
+        before = tree_cpu_s(target.pid)
+        await asyncio.sleep(stop - time.perf_counter())
+        sample.cpu_s = tree_cpu_s(target.pid) - before
+
+    await asyncio.gather(server_cpu(), *(loop() for _ in range(concurrency)))
+    sample.seconds = stop - start
+    return sample
+
+
+async def measure(target: Target, concurrency: int, warmup_s: float, seconds: float, cap: int) -> Sample:
+    """A warm-up, then `seconds` measured, with at most `cap` requests sent in all."""
+    if urlsplit(target.url).hostname != "127.0.0.1":
+        raise ValueError(f"only 127.0.0.1 is ever loaded; refusing {target.url}")
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        start = time.perf_counter() + warmup_s
+        return await _closed_loop(session, target, concurrency, (start, start + seconds), cap)
+
+
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by a process and all its children (TorchServe: JVM + workers)."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def run_rounds(
+    targets: list[Target], concurrency: int, warmup_s: float, seconds: float, rounds: int, max_requests: int
+) -> dict[str, Sample]:
+    """Each target gets `seconds` in all, split over `rounds` interleaved rounds."""
+    results = {t.label: Sample() for t in targets}
+    for r in range(rounds):
+        for t in targets:
+            console.log(f"round {r + 1}/{rounds}: {t.label}, concurrency {concurrency}", style="dim")
+            sample = asyncio.run(measure(t, concurrency, warmup_s, seconds / rounds, max_requests))
+            results[t.label].add(sample)
+    return results
+
+
+# Payloads ----------------------------------------------------------------------------------
+
+
+def v2_target(label: str, base: str, pid: int, model: str, x: np.ndarray) -> Target:
+    raw = x.astype("<f4").tobytes()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP32",
+                    "shape": list(x.shape),
+                    "parameters": {"binary_data_size": len(raw)},
+                }
+            ],
+            "parameters": {"binary_data_output": True},
+        },
+        separators=(",", ":"),
+    ).encode()
+    headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
+    return Target(label, f"{base}/v2/models/{model}/infer", header + raw, headers, True, pid)
+
+
+def raw_target(label: str, url: str, pid: int, x: np.ndarray) -> Target:
+    headers = {"Content-Type": "application/octet-stream"}
+    return Target(label, url, x.astype("<f4").tobytes(), headers, False, pid)
+
+
+def check_answer(target: Target, expected: np.ndarray) -> None:
+    """Each server must compute the real thing before it is timed."""
+    response = httpx.post(target.url, content=target.body, headers=target.headers, timeout=120)
+    if response.status_code != 200:
+        raise RuntimeError(f"{target.label}: HTTP {response.status_code}: {response.text[:300]}")
+    body = response.content
+    if target.v2:
+        length = int(response.headers[HEADER_LENGTH])
+        shape = json.loads(body[:length])["outputs"][0]["shape"]
+        got = np.frombuffer(body, "<f4", offset=length).reshape(shape)
+    else:
+        got = np.frombuffer(body, "<f4").reshape(expected.shape)
+    scale = max(1.0, float(np.abs(expected).max()))
+    if got.shape != expected.shape or not np.allclose(got, expected, rtol=1e-3, atol=1e-3 * scale):
+        raise RuntimeError(f"{target.label}: the answer differs from the model's own output")
+
+
+# Servers -----------------------------------------------------------------------------------
+
+
+def upload(http: httpx.Client, name: str, model: BenchModel, path: Path, **config: object) -> None:
+    doc = {"name": name, "inputs": model.inputs(), "backends": [], **config}
+    response = http.post(
+        "/v1/models", files={"file": ("model.pt", path.read_bytes())}, data={"config": json.dumps(doc)}
+    )
+    response.raise_for_status()
+    wait_until(lambda: http.get(f"/v2/models/{name}/ready").status_code == 200, 60, f"{name} ready")
+
+
+# Tables ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    sample: Sample
+    baseline: Sample | None = None  # None: this row is the baseline
+    min_rps: float | None = None  # target: at least this ratio of the baseline's req/s
+    max_p99: float | None = None  # target: at most this ratio of the baseline's p99
+
+
+COLUMNS = (
+    *("server / config", "conc.", "requests", "req/s", "p50 ms", "p99 ms", "errors"),
+    *("server CPU ms/req", "req/s ratio", "p99 ratio", "target", "result"),
+)
+
+
+def table(title: str, concurrency: int, rows: list[Row]) -> Table:
+    out = Table(*COLUMNS, title=title)
+    for row in rows:
+        s, b = row.sample, row.baseline
+        ratio, p99_ratio, target, verdict = "1.00 (base)", "1.00 (base)", "", ""
+        if b is not None:
+            r_rps = s.rps / b.rps if b.rps else float("nan")
+            r_p99 = s.ms(99) / b.ms(99)
+            ratio, p99_ratio = f"{r_rps:.2f}x", f"{r_p99:.2f}x"
+            goals, passed = [], True
+            if row.min_rps is not None:
+                goals.append(f"req/s >= {row.min_rps}x")
+                passed &= r_rps >= row.min_rps
+            if row.max_p99 is not None:
+                goals.append(f"p99 <= {row.max_p99}x")
+                passed &= r_p99 <= row.max_p99
+            passed &= s.errors == 0
+            target = ", ".join(goals) or "(reference)"
+            if goals:
+                verdict = "[green]PASS[/green]" if passed else "[red]FAIL[/red]"
+        out.add_row(
+            row.label,
+            str(concurrency),
+            str(len(s.latencies)),
+            f"{s.rps:.1f}",
+            f"{s.ms(50):.1f}",
+            f"{s.ms(99):.1f}",
+            str(s.errors),
+            f"{s.cpu_ms_per_request:.2f}",
+            ratio,
+            p99_ratio,
+            target,
+            verdict,
+        )
+    return out
+
+
+# Main --------------------------------------------------------------------------------------
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mlp-seconds", type=float, default=20, help="measured seconds per MLP target")
+    p.add_argument("--resnet-seconds", type=float, default=30, help="measured seconds per ResNet target")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds the seconds are split over")
+    p.add_argument("--mlp-concurrency", type=int, default=16)
+    p.add_argument("--resnet-concurrency", type=int, default=8)
+    p.add_argument("--max-batch-size", type=int, default=8)
+    p.add_argument("--queue-delay-us", type=int, default=20_000, help="ResNet max_queue_delay_us")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads of every server")
+    p.add_argument("--max-requests", type=int, default=100_000, help="cap per target and round")
+    p.add_argument(
+        "--torchserve-venv",
+        type=Path,
+        default=Path(os.environ.get("KILN_TS_VENV", "/tmp/ts-venv")),
+        help="venv with torchserve==0.12.0 (default $KILN_TS_VENV or /tmp/ts-venv)",
+    )
+    p.add_argument("--setup-torchserve", action="store_true", help="build that venv first")
+    p.add_argument("--no-torchserve", action="store_true", help="skip the TorchServe rows")
+    args = p.parse_args()
+    if args.queue_delay_us % 1000:
+        p.error("--queue-delay-us must be whole milliseconds: TorchServe's maxBatchDelay is in ms")
+    return args
+
+
+def pid_of(proc: subprocess.Popen[bytes] | None) -> int:
+    assert proc is not None, "the server is not running"
+    return proc.pid
+
+
+def reference(path: Path, x: np.ndarray) -> np.ndarray:
+    module = torch.jit.load(str(path), map_location="cpu").eval()
+    with torch.inference_mode():
+        out: np.ndarray = module(torch.from_numpy(x)).numpy()
+    return out
+
+
+def kiln_batches(url: str) -> str:
+    """The mean batch Kiln ran per model, from its statistics extension."""
+    stats = httpx.get(f"{url}/v2/models/stats", timeout=30).json()["model_stats"]
+    return ", ".join(
+        f"{m['name']} {m['inference_count'] / max(m['execution_count'], 1):.1f} per run"
+        for m in stats
+        if m["execution_count"]
+    )
+
+
+def interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C and SIGTERM unwind the stack, so every server is stopped on the way out."""
+    raise KeyboardInterrupt
+
+
+def start_kiln(stack: ExitStack, tmp: Path, args: argparse.Namespace, paths: dict[str, Path]) -> KilnServer:
+    mb, threads = args.max_batch_size, args.threads
+    console.log(f"starting kiln serve (KILN_THREADS={threads}, one uvicorn worker), uploading ...")
+    # OMP_NUM_THREADS too: `kiln serve` does not apply KILN_THREADS to its own runtime.
+    env = {"KILN_DATA_DIR": str(tmp / "kiln"), "KILN_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    kiln = KilnServer(env, tmp / "kiln.log")
+    stack.callback(kiln.stop)
+    kiln.start()
+    with httpx.Client(base_url=kiln.url, timeout=300) as http:
+        upload(http, "mlp", MLP64, paths["mlp"], max_batch_size=mb)  # queue delay: server default, 0
+        upload(http, "mlp-b1", MLP64, paths["mlp"], max_batch_size=1)
+        delay = args.queue_delay_us
+        upload(http, "resnet18", RESNET18, paths["resnet18"], max_batch_size=mb, max_queue_delay_us=delay)
+        upload(http, "resnet18-b1", RESNET18, paths["resnet18"], max_batch_size=1)
+    return kiln
+
+
+def start_torchserve(
+    stack: ExitStack, tmp: Path, args: argparse.Namespace, paths: dict[str, Path]
+) -> TorchServe | str:
+    """A running TorchServe with both models registered, or why there is none."""
+    reason = unavailable_reason(args.torchserve_venv)
+    if reason is not None:
+        return reason
+    console.log(f"starting TorchServe 0.12 (one worker per model, {args.threads} threads) ...")
+    ts = TorchServe(args.torchserve_venv, tmp / "torchserve", args.threads)
+    stack.callback(ts.stop)
+    try:
+        for m in (MLP64, RESNET18):
+            ts.archive(m.name, paths[m.name], m.sample_shape)
+        ts.start()
+        ts.register("mlp", args.max_batch_size, 0)
+        ts.register("resnet18", args.max_batch_size, args.queue_delay_us // 1000)
+    except (OSError, RuntimeError, TimeoutError, subprocess.CalledProcessError) as exc:
+        ts.stop()
+        return f"TorchServe did not start: {str(exc)[:500]}"
+    return ts
+
+
+def main() -> None:
+    args = parse_args()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background job starts with it ignored
+        signal.signal(sig, interrupt)
+    if args.setup_torchserve and not args.no_torchserve:
+        console.log(f"building the TorchServe venv in {args.torchserve_venv} ...")
+        setup_venv(args.torchserve_venv)
+    started = time.monotonic()
+    load_before = os.getloadavg()[0]
+    mb, delay = args.max_batch_size, args.queue_delay_us
+    with tempfile.TemporaryDirectory(prefix="kiln-serving-") as tmp_name, ExitStack() as stack:
+        tmp = Path(tmp_name)
+        rng = np.random.default_rng(0)
+        paths, x, expected = {}, {}, {}
+        for m in (MLP64, RESNET18):
+            paths[m.name] = tmp / f"{m.name}.pt"
+            paths[m.name].write_bytes(m.torchscript())
+            x[m.name] = rng.standard_normal((1, *m.sample_shape)).astype(np.float32)
+            expected[m.name] = reference(paths[m.name], x[m.name])
+
+        kiln = start_kiln(stack, tmp, args, paths)
+        console.log("starting the bare FastAPI app ...")
+        bare = BareServer(paths["mlp"], "x:float32[-1,64]", args.threads, tmp / "bare.log")
+        stack.callback(bare.stop)
+        bare.start()
+        ts = "--no-torchserve" if args.no_torchserve else start_torchserve(stack, tmp, args, paths)
+
+        k, b = pid_of(kiln.proc), pid_of(bare.proc)
+        mlp_targets = [
+            v2_target("bare FastAPI + runner", bare.url, b, "mlp", x["mlp"]),
+            v2_target(f"kiln v2 (batch {mb}, delay 0)", kiln.url, k, "mlp", x["mlp"]),
+            v2_target("kiln v2 (max_batch_size 1)", kiln.url, k, "mlp-b1", x["mlp"]),
+        ]
+        resnet_targets = [
+            v2_target("kiln v2, no batching (max 1)", kiln.url, k, "resnet18-b1", x["resnet18"]),
+            v2_target(f"kiln v2, batching ({mb}, {delay} us)", kiln.url, k, "resnet18", x["resnet18"]),
+        ]
+        if isinstance(ts, TorchServe):
+            t, url = pid_of(ts.proc), ts.url
+            mlp_targets.append(raw_target(f"torchserve ({mb}, 0 ms)", f"{url}/predictions/mlp", t, x["mlp"]))
+            label = f"torchserve ({mb}, {delay // 1000} ms)"
+            resnet_targets.append(raw_target(label, f"{url}/predictions/resnet18", t, x["resnet18"]))
+        for targets, name in ((mlp_targets, "mlp"), (resnet_targets, "resnet18")):
+            for target in targets:
+                check_answer(target, expected[name])
+
+        console.log(f"MLP: {args.mlp_seconds:.0f} s per target, in {args.rounds} rounds")
+        conc = args.mlp_concurrency
+        mlp = run_rounds(mlp_targets, conc, 1.0, args.mlp_seconds, args.rounds, args.max_requests)
+        console.log(f"ResNet-18: {args.resnet_seconds:.0f} s per target, in {args.rounds} rounds")
+        conc = args.resnet_concurrency
+        resnet = run_rounds(resnet_targets, conc, 3.0, args.resnet_seconds, args.rounds, args.max_requests)
+        batches = kiln_batches(kiln.url)
+
+    print_tables(args, mlp_targets, mlp, resnet_targets, resnet, None if isinstance(ts, TorchServe) else ts)
+    console.print(f"Kiln's executed batches over the run (warm-ups included): {batches}")
+    for label, sample in [*mlp.items(), *resnet.items()]:
+        if sample.first_error is not None:
+            console.print(f"[red]{label}: {sample.errors} errors, the first: {sample.first_error}[/red]")
+    # Other work on the machine skews every number: the load average says how much there was.
+    load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    console.print(f"total wall time {time.monotonic() - started:.0f} s, {os.cpu_count()} CPUs, {load}")
+
+
+def print_tables(
+    args: argparse.Namespace,
+    mlp_targets: list[Target],
+    mlp: dict[str, Sample],
+    resnet_targets: list[Target],
+    resnet: dict[str, Sample],
+    ts_reason: str | None,
+) -> None:
+    bare, kiln_mlp, kiln_mlp1 = (mlp[t.label] for t in mlp_targets[:3])
+    title = "Overhead: MLP [1,64], v2 binary infer vs a bare FastAPI endpoint calling the same runner"
+    rows = [
+        Row(mlp_targets[0].label, bare),
+        Row(mlp_targets[1].label, kiln_mlp, bare, min_rps=0.8),
+        Row(mlp_targets[2].label, kiln_mlp1, bare, min_rps=0.8),
+    ]
+    console.print(table(title, args.mlp_concurrency, rows))
+
+    unbatched, batched = (resnet[t.label] for t in resnet_targets[:2])
+    title = "Batching: ResNet-18 [1,3,224,224], dynamic batching vs none"
+    rows = [
+        Row(resnet_targets[0].label, unbatched),
+        Row(resnet_targets[1].label, batched, unbatched, min_rps=1.5),
+    ]
+    console.print(table(title, args.resnet_concurrency, rows))
+
+    if ts_reason is not None:
+        console.print(f"[yellow]Against TorchServe: skipped: {ts_reason}[/yellow]")
+        return
+    ts_resnet, ts_mlp = resnet[resnet_targets[2].label], mlp[mlp_targets[3].label]
+    title = "Against TorchServe 0.12: ResNet-18, same file, payload and batching"
+    rows = [
+        Row(resnet_targets[2].label, ts_resnet),
+        Row(resnet_targets[1].label, batched, ts_resnet, min_rps=1.5, max_p99=0.5),
+    ]
+    console.print(table(title, args.resnet_concurrency, rows))
+    title = "Against TorchServe 0.12: MLP, same file, payload and batching"
+    rows = [
+        Row(mlp_targets[3].label, ts_mlp),
+        Row(mlp_targets[1].label, kiln_mlp, ts_mlp, min_rps=3.0, max_p99=0.3),
+        Row(mlp_targets[0].label, bare, ts_mlp),  # what any FastAPI server could reach here
+    ]
+    console.print(table(title, args.mlp_concurrency, rows))
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # the interrupted task's GC notice
+        console.print("interrupted: every server was stopped")
+        sys.exit(130)
