@@ -26,6 +26,8 @@ class CompileOptions:
     atol: float = 1e-5
     threads: int = 1
     backend_options: Mapping[str, Any] | None = None
+    # Earlier MetaSchedule records for this target (WorkloadRecords dicts), for tuned builds.
+    tuning_records: Sequence[Mapping[str, Any]] = ()
 
 
 @dataclass
@@ -37,6 +39,9 @@ class CompileResult:
     # batch size -> median ms, for the candidate and for TorchScript timed in the same process
     latency_ms: dict[int, float]
     baseline_latency_ms: dict[int, float]
+    # Tuned builds: what was tuned, and the new records to add to the shared cache.
+    tuning: dict[str, Any] | None = None
+    new_tuning_records: list[dict[str, Any]] | None = None
 
     def report(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -65,9 +70,16 @@ def compile_and_check(
 
     report({"stage": "compiling"})
     started = time.perf_counter()
-    backend_options = {"threads": options.threads, **(options.backend_options or {})}
+    backend_options = {
+        "threads": options.threads,
+        **(options.backend_options or {}),
+        "tuning_records": options.tuning_records,
+        "progress": lambda event: report({"tuning": event}),
+    }
     artifact = backend.compile(model, spec, target, backend_options)
     compile_s = time.perf_counter() - started
+    # Records go to the shared cache, not into the artifact.
+    new_records = artifact.meta.pop("new_tuning_records", None)
     # Verify what will be served: the packed bytes, loaded back.
     candidate = backend.load(Artifact.unpack(artifact.pack()))
 
@@ -84,7 +96,16 @@ def compile_and_check(
         "latency_ms": latency,
         "baseline_latency_ms": baseline,
     }
-    return CompileResult(artifact, compile_s, checked.max_abs_error, checked.max_rel_error, latency, baseline)
+    return CompileResult(
+        artifact,
+        compile_s,
+        checked.max_abs_error,
+        checked.max_rel_error,
+        latency,
+        baseline,
+        artifact.meta.get("tuning"),
+        new_records,
+    )
 
 
 def compile_to_bytes(

@@ -16,10 +16,11 @@ from compiler.backends import get_backend
 from compiler.errors import CompilerError, VerificationError
 from compiler.pipeline import CompileOptions, compile_to_bytes
 from compiler.spec import InputSpec
-from service import metrics
+from service import metrics, tuning
 from service.errors import NotFoundError
 from service.records import (
     SETTLED,
+    TUNING_TRIALS,
     ArtifactRecord,
     JobRecord,
     JobStatus,
@@ -101,11 +102,21 @@ def _compile(
 ) -> None:
     model = registry.store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
     rtol, atol = version.config.tolerance(job.options)
-    options = CompileOptions(rtol=rtol, atol=atol, threads=settings.threads, backend_options=job.options)
+    trials = int(job.options.get(TUNING_TRIALS, 0))
+    records = tuning.records_for(registry.store, job.target, settings.threads) if trials else []
+    options = CompileOptions(
+        rtol=rtol,
+        atol=atol,
+        threads=settings.threads,
+        backend_options=job.options,
+        tuning_records=records,
+    )
 
     def on_progress(event: dict[str, Any]) -> None:
         if "stage" in event:
             registry.set_stage(job, VariantStatus(event["stage"]))
+        if "tuning" in event:
+            registry.update_job(job.id, tuning=event["tuning"])
 
     started = time.monotonic()
 
@@ -123,7 +134,7 @@ def _compile(
                 options,
                 version.config.samples,
             ),
-            timeout_s=settings.compile_timeout_s,
+            timeout_s=settings.compile_timeout_s + trials * settings.tuning_s_per_trial,
             memory_mb=settings.compile_memory_mb,
             on_progress=on_progress,
         )
@@ -147,6 +158,10 @@ def _compile(
         baseline_latency_ms_by_batch=report["baseline_latency_ms"],
     )
     Artifact.unpack(packed)  # never store bytes that would not load back
+    if report["new_tuning_records"]:
+        tuning.save_records(registry.store, job.target, settings.threads, report["new_tuning_records"])
+    if report["tuning"]:
+        registry.update_job(job.id, tuning=report["tuning"])
     registry.put_artifact(record, packed)
     _mark_ready(registry, job, key, record, cache_hit=False)
 

@@ -52,6 +52,10 @@ Target = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_lengt
 Options = dict[str, str | int | float | bool]
 
 
+# The option that makes a `tvm` variant a tuned one.
+TUNING_TRIALS = "tuning_trials"
+
+
 class BackendRequest(BaseModel):
     """A backend with options, e.g. {"name": "tensorrt", "options": {"precision": "fp16"}}."""
 
@@ -73,6 +77,9 @@ class ModelConfig(BaseModel):
     # Dynamic batching, as in Triton: how long a batch may wait to fill, and sizes that close it.
     max_queue_delay_us: int | None = Field(default=None, ge=0, le=10_000_000)
     preferred_batch_sizes: list[int] = Field(default_factory=list, max_length=16)
+    # MetaSchedule trials for an extra, tuned `tvm` variant per target, compiled after the
+    # others (0: none). Each compiled batch size is tuned; kernels tuned before cost no trials.
+    tuning_trials: int = Field(default=0, ge=0, le=20_000)
     rtol: float = Field(default=1e-4, ge=0)
     atol: float = Field(default=1e-5, ge=0)
     # Verification tolerance for variants whose options ask for precision "fp16".
@@ -82,7 +89,11 @@ class ModelConfig(BaseModel):
     samples: list[dict[str, Any]] = Field(default_factory=list, max_length=16)
 
     def backend_requests(self) -> list[BackendRequest]:
-        return [BackendRequest(name=b) if isinstance(b, str) else b for b in self.backends or []]
+        requests = [BackendRequest(name=b) if isinstance(b, str) else b for b in self.backends or []]
+        tuned = BackendRequest(name="tvm", options={TUNING_TRIALS: self.tuning_trials})
+        if self.tuning_trials and any(r.name == "tvm" for r in requests) and tuned not in requests:
+            requests.append(tuned)  # last, so it queues behind the quick variants
+        return requests
 
     def tolerance(self, options: Options) -> tuple[float, float]:
         """(rtol, atol) for a variant with these options."""
@@ -143,6 +154,9 @@ class JobRecord(BaseModel):
     cache_hit: bool = False
     # The worker (hostname-pid) that last started it.
     worker: str | None = None
+    # Tuned variants: trials_done / trials_total and best_estimate_ms while tuning; when done,
+    # also `tasks`, one per kernel, each with its new_trials and whether earlier records `reused`.
+    tuning: dict[str, Any] | None = None
     created_at: float = Field(default_factory=now)
     started_at: float | None = None
     finished_at: float | None = None

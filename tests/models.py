@@ -68,6 +68,18 @@ class Encoder(nn.Module):
         return self.layer(x)
 
 
+class Tunable(nn.Module):
+    """A first layer (32 -> 32, ReLU) that every width shares, so its tuned kernel is reusable."""
+
+    def __init__(self, classes: int = 8) -> None:
+        super().__init__()
+        self.shared = nn.Sequential(nn.Linear(32, 32), nn.ReLU())
+        self.head = nn.Linear(32, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.shared(x))
+
+
 class Unconvertible(nn.Module):
     """Scripts and runs in TorchScript, but TVM's importer has no converter for its op."""
 
@@ -113,3 +125,13 @@ MODELS: dict[str, TestModel] = {
 }
 
 UNCONVERTIBLE = TestModel("svd", Unconvertible, [{"name": "x", "dtype": "float32", "shape": [-1, 16]}])
+
+# Three models that differ only in their head: tuning one leaves records the others reuse.
+TUNABLE = [
+    TestModel(
+        f"tunable{classes}",
+        functools.partial(Tunable, classes),
+        [{"name": "x", "dtype": "float32", "shape": [-1, 32]}],
+    )
+    for classes in (8, 4, 2)
+]

@@ -10,7 +10,7 @@ import json
 import os
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,8 +25,10 @@ from compiler.spec import InputSpec
 class TVMRunner:
     backend = "tvm"
 
-    def __init__(self, vm: Any, spec: InputSpec, num_outputs: int) -> None:
-        self._main = vm["main"]
+    def __init__(self, vm: Any, spec: InputSpec, num_outputs: int, batch_sizes: Sequence[int] = ()) -> None:
+        # A tuned library has one static function per batch size (`b1`, `b8`); others have `main`.
+        self._functions = [(size, vm[f"b{size}"]) for size in sorted(batch_sizes)]
+        self._main = vm["main"] if not batch_sizes else None
         self.spec = spec
         self.names = output_names(num_outputs)
         # One VirtualMachine is not safe to enter from two threads at once.
@@ -35,12 +37,29 @@ class TVMRunner:
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         import tvm
 
-        args = [_to_tvm(tvm, inputs[n]) for n in self.spec.names]
+        arrays = [inputs[n] for n in self.spec.names]
+        function, batch = self._main, 0
+        if function is None:
+            batch = self.spec.check(inputs) if self.spec.batched else 1
+            size, function = next((s, f) for s, f in self._functions if s >= batch)
+            arrays = [_pad(a, size) for a in arrays]
+        args = [_to_tvm(tvm, a) for a in arrays]
         with self._lock:
-            result = self._main(*args)
+            result = function(*args)
         # Outputs are fresh per call, so numpy can share their memory.
         outputs = [np.from_dlpack(t) for t in _flatten(result, tvm.runtime.Tensor)]
+        if batch:
+            outputs = [o[:batch] for o in outputs]
         return dict(zip(self.names, outputs, strict=True))
+
+
+def _pad(array: np.ndarray, size: int) -> np.ndarray:
+    """Zero rows up to a static batch size; the extra outputs are sliced off after the run."""
+    if array.shape[0] == size:
+        return array
+    padded = np.zeros((size, *array.shape[1:]), array.dtype)
+    padded[: array.shape[0]] = array
+    return padded
 
 
 def _to_tvm(tvm: Any, array: np.ndarray) -> Any:
@@ -78,20 +97,26 @@ class TVMBackend:
         return None
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
+        """Options: `threads`; `tuning_trials` (0: untuned), with `tuning_records` (earlier
+        records for this target, as WorkloadRecords dicts) and `progress` (a callable)."""
         program = export_for(self, model, spec, target)
         threads = int(options.get("threads") or os.cpu_count() or 1)
+        trials = int(options.get("tuning_trials") or 0)
         tvm_target = host_target(threads)
-        try:
-            library = _build(program, tvm_target)
-        except ConversionError:
-            raise
-        except Exception as exc:  # TVM raises many types, with C++ traces
-            raise ConversionError(f"tvm: {_first_line(exc)}") from exc
-        meta = {
+        meta: dict[str, Any] = {
             "num_outputs": len(program.graph_signature.user_outputs),
             "tvm_target": json.loads(str(tvm_target)),  # str() of a Target is its JSON
             "tvm_version": self.version(),
         }
+        try:
+            if trials > 0:
+                library = _build_tuned(program, tvm_target, spec, trials, options, meta)
+            else:
+                library = _build(program, tvm_target)
+        except ConversionError:
+            raise
+        except Exception as exc:  # TVM raises many types, with C++ traces
+            raise ConversionError(f"tvm: {_first_line(exc)}") from exc
         return Artifact(self.name, target, spec, library, meta)
 
     def load(self, artifact: Artifact) -> TVMRunner:
@@ -106,7 +131,8 @@ class TVMBackend:
         finally:
             os.unlink(f.name)
         vm = relax.VirtualMachine(library, tvm.cpu())
-        return TVMRunner(vm, artifact.spec, int(artifact.meta["num_outputs"]))
+        batch_sizes = artifact.meta.get("batch_sizes", ())
+        return TVMRunner(vm, artifact.spec, int(artifact.meta["num_outputs"]), batch_sizes)
 
 
 def host_target(threads: int) -> Any:
@@ -124,7 +150,51 @@ def _build(program: Any, target: Any) -> bytes:
     from compiler.backends.tvm_convert import import_program
 
     mod = import_program(program)
-    executable = tvm.compile(mod, target, relax_pipeline=_pipeline())
+    return _export(tvm.compile(mod, target, relax_pipeline=_pipeline()))
+
+
+def _build_tuned(
+    program: Any, target: Any, spec: InputSpec, trials: int, options: dict[str, Any], meta: dict[str, Any]
+) -> bytes:
+    """One static function per batch size, MetaSchedule-tuned, with earlier records reused.
+
+    Adds `batch_sizes`, `tuning` (what was tuned) and `new_tuning_records` (for the shared
+    cache; the caller takes them out before the artifact is stored) to `meta`.
+    """
+    import tvm
+
+    from compiler.backends.tvm_convert import import_program
+    from compiler.backends.tvm_tune import WorkloadRecords, lower_for_tuning, tune_and_apply
+
+    dynamic = [t.name for t in spec.inputs if -1 in t.shape[1:]]
+    if dynamic:
+        raise ConversionError(f"tvm: tuning needs static shapes past the batch dimension; {dynamic} have -1")
+    sizes = sorted({1, spec.max_batch_size}) if spec.batched else [1]
+    mod = _static_batches(import_program(program), sizes)
+    known = [WorkloadRecords.from_dict(doc) for doc in options.get("tuning_records") or ()]
+    progress = options.get("progress") or (lambda event: None)
+    tuned, result = tune_and_apply(lower_for_tuning(mod, target), target, trials, known, progress)
+    meta["batch_sizes"] = sizes
+    meta["tuning"] = result.summary()
+    meta["new_tuning_records"] = [r.to_dict() for r in result.new_records]
+    return _export(tvm.compile(tuned, target))
+
+
+def _static_batches(mod: Any, sizes: Sequence[int]) -> Any:
+    """main(x: [n, ...]) -> b1(x: [1, ...]), b8(x: [8, ...]): MetaSchedule tunes static shapes only."""
+    import tvm
+    from tvm import tirx
+
+    main = mod["main"]
+    batch = main.params[0].ty.shape[0]
+    functions = {}
+    for size in sizes:
+        bound = main.bind_symbolic_vars({batch: size}) if isinstance(batch, tirx.Var) else main
+        functions[f"b{size}"] = bound.with_attr("global_symbol", f"b{size}")
+    return tvm.IRModule(functions)
+
+
+def _export(executable: Any) -> bytes:
     with tempfile.TemporaryDirectory(prefix="kiln-tvm-") as tmp:
         path = os.path.join(tmp, "model.so")
         executable.export_library(path)

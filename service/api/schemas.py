@@ -104,6 +104,12 @@ class JobOut(BaseModel):
     error: str | None
     cache_hit: bool
     worker: str | None = Field(description="The worker (hostname-pid) that last started the job.")
+    tuning: dict[str, Any] | None = Field(
+        default=None,
+        description="Tuned variants only: trials_done, trials_total, best_estimate_ms (the tuned kernels' "
+        "summed best time), and when done `tasks`, each kernel's new_trials and whether cached "
+        "records were `reused`.",
+    )
     created_at: float
     started_at: float | None
     finished_at: float | None

@@ -1,0 +1,228 @@
+"""MetaSchedule tuning for the TVM backend, with tuning records that outlive one compile.
+
+The recipe is the one measured in shared/notes/tvm-tuning.md for PyPI apache-tvm 0.27:
+- Tuning only works on static shapes (a symbolic loop makes MetaSchedule abort), so a tuned
+  artifact holds one Relax function per batch size, `b1`, `b8`, ...; requests pad up to the next.
+- LocalBuilder's default build function imports tvm.s_tir.tensor_intrin (~30 s per builder
+  process here), so builds timed out: `build_candidate` does the same without that import.
+- Records are exchanged as plain JSON, one `WorkloadRecords` per tuned kernel, so the service can
+  cache them in its store and a later compile, of any model, skips kernels it has seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger("kiln.tvm.tune")
+
+TuningProgress = Callable[[dict[str, Any]], None]
+
+# MetaSchedule proposes candidates in rounds; every new task gets at least one round.
+TRIALS_PER_ROUND = 16
+# Kept per kernel: only the best schedule is ever applied, and each record is ~50 KB of JSON.
+RECORDS_KEPT = 1
+
+
+@dataclass
+class WorkloadRecords:
+    """A tuned kernel: its workload (the PrimFunc) and its best measured schedules, as JSON."""
+
+    workload_hash: str
+    workload: Any
+    records: list[Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"workload_hash": self.workload_hash, "workload": self.workload, "records": self.records}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, Any]) -> WorkloadRecords:
+        return cls(doc["workload_hash"], doc["workload"], list(doc["records"]))
+
+
+@dataclass
+class TaskReport:
+    name: str
+    workload_hash: str
+    weight: int
+    # Zero when the kernel's schedule came from earlier records.
+    new_trials: int = 0
+    reused: bool = False
+    best_ms: float | None = None
+
+
+@dataclass
+class TuningResult:
+    trials: int
+    budget: int
+    failed: int
+    tasks: list[TaskReport]
+    # Records for kernels tuned in this run, to add to the shared cache.
+    new_records: list[WorkloadRecords] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "trials_done": self.trials,
+            "trials_total": self.budget,
+            "failed_trials": self.failed,
+            "tasks": [vars(task) for task in self.tasks],
+            "reused_tasks": sum(task.reused for task in self.tasks),
+        }
+
+
+def tune_and_apply(
+    mod: Any,
+    target: Any,
+    trials: int,
+    known: Sequence[WorkloadRecords],
+    progress: TuningProgress,
+) -> tuple[Any, TuningResult]:
+    """Tune the kernels of a static-shape, already-lowered module (see `lower_for_tuning`);
+    return it with the best schedules applied, and what was tuned."""
+    import tvm
+    from tvm import relax
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback
+
+    with tempfile.TemporaryDirectory(prefix="kiln-tune-") as work_dir:
+        database = ms.database.JSONDatabase(work_dir=work_dir)
+        for item in known:
+            _commit(database, item)
+        extracted = ms.relax_integration.extract_tasks(mod, target)
+        reports = [
+            TaskReport(task.task_name, _hash(task.dispatched[0]), int(task.weight)) for task in extracted
+        ]
+        fresh = [i for i, task in enumerate(extracted) if not database.has_workload(task.dispatched[0])]
+        for i, report in enumerate(reports):
+            report.reused = i not in fresh
+        budget = max(trials, TRIALS_PER_ROUND * len(fresh))
+        tracker = _Tracker([reports[i] for i in fresh], budget, progress)
+        if fresh:
+            contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+                [extracted[i] for i in fresh], work_dir=work_dir
+            )
+            ms.tune.tune_tasks(
+                tasks=contexts,
+                task_weights=weights,
+                work_dir=work_dir,
+                max_trials_global=budget,
+                num_trials_per_iter=TRIALS_PER_ROUND,
+                builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=60, max_workers=1),
+                runner=ms.runner.LocalRunner(timeout_sec=30),
+                database=database,
+                measure_callbacks=[*MeasureCallback.create("default"), tracker.callback()],
+            )
+        if tracker.trials and tracker.failed == tracker.trials:
+            raise RuntimeError(f"every tuning trial failed; the last: {tracker.last_error}")
+        exported = [_export(database, extracted[i].dispatched[0], reports[i]) for i in fresh]
+        with target, tvm.transform.PassContext(opt_level=3):
+            tuned = relax.transform.MetaScheduleApplyDatabase(work_dir, enable_warning=False)(mod)
+    new_records = [r for r in exported if r.records]
+    return tuned, TuningResult(tracker.trials, budget, tracker.failed, reports, new_records)
+
+
+def lower_for_tuning(mod: Any, target: Any) -> Any:
+    """Relax ops -> fused PrimFunc kernels: the form MetaSchedule extracts tasks from."""
+    import tvm
+    from tvm import relax
+
+    with target:
+        mod = relax.transform.DecomposeOpsForInference()(mod)
+        mod = relax.transform.CanonicalizeBindings()(mod)
+        return tvm.transform.Sequential([relax.get_pipeline("zero")])(mod)
+
+
+def build_candidate(mod: Any, target: Any, _params: Any) -> Any:
+    """LocalBuilder's default build without `import tvm.s_tir.tensor_intrin` (see the docstring)."""
+    from tvm.driver import build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return build(mod, target=target)
+
+
+class _Tracker:
+    """Counts trials and keeps each task's best time, for the job's progress."""
+
+    def __init__(self, tasks: list[TaskReport], total: int, progress: TuningProgress) -> None:
+        self.tasks = tasks
+        self.total = total
+        self.trials = 0
+        self.failed = 0
+        self.last_error = ""
+        self.progress = progress
+
+    def callback(self) -> Any:
+        from tvm.ir.utils import derived_object
+        from tvm.s_tir import meta_schedule as ms
+
+        tracker = self
+
+        @derived_object
+        class Callback(ms.measure_callback.PyMeasureCallback):
+            def apply(self, scheduler: Any, task_id: int, candidates: Any, builds: Any, runs: Any) -> None:
+                tracker.record(task_id, builds, runs)
+
+        return Callback()
+
+    def record(self, task_id: int, builds: Any, runs: Any) -> None:
+        task = self.tasks[task_id]
+        times = [_mean_ms(run.run_secs) for run in runs if run.error_msg is None and run.run_secs]
+        for build, run in zip(builds, runs, strict=True):
+            if build.error_msg or run.error_msg:  # a bad candidate is normal; all bad is not
+                self.failed += 1
+                self.last_error = _last_line(str(build.error_msg or run.error_msg))
+        task.new_trials += len(runs)
+        self.trials += len(runs)
+        if times and (task.best_ms is None or min(times) < task.best_ms):
+            task.best_ms = min(times)
+        timed = [t for t in self.tasks if t.best_ms is not None]
+        estimate = sum(t.best_ms * t.weight for t in timed if t.best_ms is not None)
+        self.progress(
+            {
+                "trials_done": self.trials,
+                "trials_total": self.total,
+                "failed_trials": self.failed,
+                "best_estimate_ms": round(estimate, 4) if len(timed) == len(self.tasks) else None,
+            }
+        )
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else text
+
+
+def _mean_ms(run_secs: Any) -> float:
+    values = [float(s) for s in run_secs]
+    return 1000 * sum(values) / len(values)
+
+
+def _hash(workload_mod: Any) -> str:
+    import tvm_ffi
+
+    return f"{tvm_ffi.structural_hash(workload_mod) & 0xFFFFFFFFFFFFFFFF:016x}"
+
+
+def _commit(database: Any, item: WorkloadRecords) -> None:
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    workload = database.commit_workload(ms.database.Workload.from_json(tvm.ir.load_json(item.workload)).mod)
+    for record in item.records:
+        database.commit_tuning_record(ms.database.TuningRecord.from_json(tvm.ir.load_json(record), workload))
+
+
+def _export(database: Any, workload_mod: Any, report: TaskReport) -> WorkloadRecords:
+    import tvm
+
+    workload = database.commit_workload(workload_mod)
+    best = database.get_top_k(workload, RECORDS_KEPT)
+    return WorkloadRecords(
+        report.workload_hash,
+        tvm.ir.save_json(workload.as_json()),
+        [tvm.ir.save_json(record.as_json()) for record in best],
+    )
