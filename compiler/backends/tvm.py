@@ -17,6 +17,7 @@ import numpy as np
 
 from compiler.artifact import Artifact
 from compiler.backends.base import export_for
+from compiler.benchmark import benchmark_batches
 from compiler.errors import ConversionError
 from compiler.runner import output_names
 from compiler.spec import InputSpec
@@ -169,7 +170,7 @@ def _build_tuned(
     dynamic = [t.name for t in spec.inputs if -1 in t.shape[1:]]
     if dynamic:
         raise ConversionError(f"tvm: tuning needs static shapes past the batch dimension; {dynamic} have -1")
-    sizes = sorted({1, spec.max_batch_size}) if spec.batched else [1]
+    sizes = benchmark_batches(spec)  # the sizes the worker times: the race compares like with like
     mod = _static_batches(import_program(program), sizes)
     known = [WorkloadRecords.from_dict(doc) for doc in options.get("tuning_records") or ()]
     progress = options.get("progress") or (lambda event: None)
