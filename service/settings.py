@@ -59,7 +59,9 @@ class Settings(BaseSettings):
     worker_heartbeat_s: float = Field(default=5.0, gt=0)
 
     default_max_batch_size: int = 8
-    default_backends: list[str] = ["tvm"]
+    # ONNX Runtime is the CPU bar TVM must beat, and compiles in seconds; inductor is opt-in,
+    # as its C++ build takes a minute or more per model on a small host.
+    default_backends: list[str] = ["tvm", "onnxruntime"]
 
     # JSON lines for log collectors; text for a person at a terminal.
     log_format: Literal["json", "text"] = "json"
