@@ -27,6 +27,8 @@ NVIDIA_SMI_QUERY = [
 ]
 _NVIDIA_SMI_TIMEOUT_S = 10.0
 _CAPABILITY_RE = re.compile(r"^(\d+)\.(\d+)$")
+# `cuda-sm90`: compute capability 9.0; `cuda-sm120`: 12.0. The last digit is the minor version.
+_CUDA_TARGET_RE = re.compile(r"^cuda-sm(\d+)(\d)$")
 _MEMORY_RE = re.compile(r"^(\d+)(?:\s*MiB)?$")
 
 
@@ -73,6 +75,12 @@ class CudaDevice:
     def target(self) -> str:
         major, minor = self.compute_capability
         return f"cuda-sm{major}{minor}"
+
+
+def cuda_capability(target: str) -> tuple[int, int] | None:
+    """`cuda-sm90` -> (9, 0), the inverse of CudaDevice.target; None for any other name."""
+    match = _CUDA_TARGET_RE.match(target)
+    return (int(match[1]), int(match[2])) if match else None
 
 
 def parse_nvidia_smi(text: str) -> list[CudaDevice]:

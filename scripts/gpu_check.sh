@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Kiln on a GPU host, end to end: the GPU unit tests, then redis-server, `kiln serve` and a GPU
-# `kiln worker` on loopback, the test models compiled with TensorRT (fp32, fp16) and TVM, and a
-# table of each variant's latency and error against eager (scripts/gpu_report.py).
+# `kiln worker` on loopback, the test models compiled with TensorRT (fp32, fp16) and TVM (for the
+# CPU and for the GPU), and a table of each variant's latency and error against eager
+# (scripts/gpu_report.py).
 #
 #   scripts/gpu_check.sh WHEELS_DIR
 #
@@ -58,6 +59,14 @@ EOF
 "$PYTHON" -m pip install --no-index --find-links "$WHEELS" "${REQUIREMENTS[@]}" ||
     fail "could not install ${REQUIREMENTS[*]} from $WHEELS"
 "$PYTHON" -c 'import torch; assert torch.version.cuda, "pip replaced the CUDA torch"'
+
+# TVM turns its CUDA C into cubins with NVRTC through cuda-bindings by default; without that
+# package, nvcc does it (TVM_CUDA_COMPILE_MODE, read by TVM at each compile).
+if [[ -z ${TVM_CUDA_COMPILE_MODE:-} ]] && ! "$PYTHON" -c 'import cuda.bindings.nvrtc' 2>/dev/null &&
+    command -v nvcc >/dev/null; then
+    echo "gpu_check: no cuda-bindings; TVM compiles CUDA C with nvcc" >&2
+    export TVM_CUDA_COMPILE_MODE=nvcc
+fi
 
 export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 cd "$ROOT"

@@ -3,12 +3,13 @@
     PYTHONPATH=. python scripts/gpu_report.py --url http://127.0.0.1:8000
 
 Each model is uploaded with TensorRT fp32, TensorRT fp16 and TVM, for every target a live worker
-announced. Once all settle, this process loads each artifact from the store Kiln uses (the same
-KILN_* environment), runs it on the same inputs as the eager model on the GPU, and prints a table:
-the worker's latency, the latency measured here, and the error against eager. Exit status 1 when
-a variant was rejected (failed verification), a TensorRT variant for a GPU target is not ready, or
-a ready variant misses its tolerance against eager here. Other failures (TVM on a GPU target,
-TensorRT on the CPU target) are listed with their reasons.
+announced, so TVM gets a CPU row and a CUDA row (`tvm @ cuda-sm90`). Once all settle, this process
+loads each artifact from the store Kiln uses (the same KILN_* environment), runs it on the same
+inputs as the eager model on the GPU, and prints a table: the worker's latency, the latency
+measured here, and the error against eager. Exit status 1 when a variant was rejected (failed
+verification), a TensorRT or TVM variant for a GPU target is not ready, or a ready variant misses
+its tolerance against eager here. Other failures (TensorRT on the CPU target) are listed with
+their reasons.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ BACKENDS: list[Any] = [
     {"name": "tensorrt", "options": {"precision": "fp16"}},
     "tvm",
 ]
-# The backend this check is for: any of its variants on a GPU target that is not ready fails it.
-REQUIRED = "tensorrt"
+# The backends this check is for: any of their variants on a GPU target that is not ready fails it.
+REQUIRED = ("tensorrt", "tvm")
 SETTLED = {"ready", "failed", "rejected"}
 
 
@@ -126,8 +127,9 @@ def report(
         title=f"{model.name} (latency measured here on the GPU host; worker ms from Kiln)",
     )
     problems: list[str] = []
-    if not any(v["backend"] == REQUIRED and v["target"].startswith("cuda-") for v in variants):
-        problems.append(f"{model.name}: no {REQUIRED} variant for a GPU target was planned")
+    for backend in REQUIRED:
+        if not any(v["backend"] == backend and v["target"].startswith("cuda-") for v in variants):
+            problems.append(f"{model.name}: no {backend} variant for a GPU target was planned")
     scripted = TorchRunner("torchscript", torch.jit.load(io.BytesIO(model.torchscript())), spec)
     for local in (eager, scripted):
         first, last, error, _ = compare(local, inputs, wants)
@@ -139,7 +141,7 @@ def report(
         worker_ms = f"{v['latency_ms']:.3f}" if v["latency_ms"] is not None else ""
         if v["status"] != "ready":
             table.add_row(label(v), v["target"], v["status"], worker_ms, "", "", "", v["error"] or "")
-            if v["status"] == "rejected" or (v["backend"] == REQUIRED and v["target"].startswith("cuda-")):
+            if v["status"] == "rejected" or (v["backend"] in REQUIRED and v["target"].startswith("cuda-")):
                 problems.append(f"{model.name}: {name} is {v['status']}: {v['error']}")
             continue
         # The API does not show artifact keys; the registry, on the same store, does.

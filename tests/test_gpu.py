@@ -1,7 +1,10 @@
-"""TensorRT on a real GPU: compile, verify, pack, load back and run every test model, fp32 and fp16.
+"""TensorRT and TVM on a real GPU: compile, verify, pack, load back and run every test model
+(TensorRT in fp32 and fp16).
 
-Skipped where there is no CUDA device or no torch_tensorrt (CI, and every CPU host);
-scripts/gpu_check.sh runs it on a GPU host, then the whole service end to end.
+Each backend's tests skip where it cannot run for this GPU (CI, and every CPU host): TensorRT
+needs a CUDA device and torch_tensorrt; TVM needs a CUDA device, TVM's CUDA runtime and a CUDA C
+compiler for TVM (cuda-bindings for NVRTC, or nvcc with TVM_CUDA_COMPILE_MODE=nvcc).
+scripts/gpu_check.sh runs them on a GPU host, then the whole service end to end.
 """
 
 from __future__ import annotations
@@ -10,25 +13,34 @@ import numpy as np
 import pytest
 
 from compiler.artifact import Artifact
-from compiler.backends import get_backend
+from compiler.backends import get_backend, tvm_cuda
 from compiler.hardware import cuda_devices
 from compiler.pipeline import CompileOptions, compile_and_check
+from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service.records import ModelConfig
 from tests.client import expected
-from tests.models import MODELS
+from tests.models import MODELS, TestModel
 
 TENSORRT = get_backend("tensorrt")
+TVM = get_backend("tvm")
 TARGET = cuda_devices()[0].target if cuda_devices() else "cuda-sm90"
 UNAVAILABLE = TENSORRT.unavailable_reason(TARGET)
+TVM_UNAVAILABLE = TVM.unavailable_reason(TARGET)
 MAX_BATCH = 8
 
-pytestmark = pytest.mark.skipif(
+needs_tensorrt = pytest.mark.skipif(
     UNAVAILABLE is not None,
     reason=f"needs a CUDA device and torch_tensorrt; run scripts/gpu_check.sh on a GPU host ({UNAVAILABLE})",
 )
+needs_tvm_cuda = pytest.mark.skipif(
+    TVM_UNAVAILABLE is not None,
+    reason="needs a CUDA device, TVM's CUDA runtime and a CUDA C compiler for TVM; run "
+    f"scripts/gpu_check.sh on a GPU host ({TVM_UNAVAILABLE})",
+)
 
 
+@needs_tensorrt
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_compile_verify_and_reload(name: str, precision: str) -> None:
@@ -52,6 +64,7 @@ def test_compile_verify_and_reload(name: str, precision: str) -> None:
         np.testing.assert_allclose(out, expected(model, x), rtol=rtol, atol=atol)
 
 
+@needs_tensorrt
 def test_options_change_the_engine_not_the_interface() -> None:
     model = MODELS["mlp"]
     spec = InputSpec.from_dicts(model.inputs, MAX_BATCH)
@@ -59,3 +72,38 @@ def test_options_change_the_engine_not_the_interface() -> None:
     assert artifact.meta["opt_batch_size"] == 2
     assert artifact.meta["output_dtypes"] == ["float32"]
     assert artifact.target == TARGET
+
+
+def assert_like_eager(runner: Runner, model: TestModel, spec: InputSpec, rtol: float, atol: float) -> None:
+    for batch in (1, 5, MAX_BATCH):
+        x = np.random.default_rng(batch).standard_normal(spec.inputs[0].concrete_shape(batch))
+        x = x.astype(np.float32)
+        np.testing.assert_allclose(runner.run({"x": x})["output0"], expected(model, x), rtol=rtol, atol=atol)
+
+
+@needs_tvm_cuda
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_tvm_cuda_compile_verify_and_reload(name: str) -> None:
+    model = MODELS[name]
+    config = ModelConfig.model_validate(model.config(max_batch_size=MAX_BATCH))
+    rtol, atol = config.tolerance({})
+    spec = InputSpec.from_dicts(model.inputs, MAX_BATCH)
+    options = CompileOptions(rtol=rtol, atol=atol, threads=1)
+
+    result = compile_and_check(model.torchscript(), spec, "tvm", TARGET, options)
+    meta = result.artifact.meta
+    assert (meta["tvm_target"]["kind"], meta["cuda_code"]) == ("cuda", tvm_cuda.BINARY)
+    assert set(result.latency_ms) == {1, MAX_BATCH}
+    assert_like_eager(TVM.load(Artifact.unpack(result.artifact.pack())), model, spec, rtol, atol)
+
+
+@needs_tvm_cuda
+def test_tvm_cuda_source_artifact_compiles_as_it_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a host without TVM's CUDA runtime builds (CUDA C, no cubin) runs on this GPU."""
+    model = MODELS["mlp"]
+    spec = InputSpec.from_dicts(model.inputs, MAX_BATCH)
+    monkeypatch.setenv("TVM_COMPILE_FORCE_FALLBACK", "1")  # TVM's switch: codegen as if no CUDA runtime
+    artifact = TVM.compile(model.torchscript(), spec, TARGET, {})
+    monkeypatch.delenv("TVM_COMPILE_FORCE_FALLBACK")
+    assert artifact.meta["cuda_code"] == tvm_cuda.SOURCE
+    assert_like_eager(TVM.load(Artifact.unpack(artifact.pack())), model, spec, 1e-4, 1e-5)

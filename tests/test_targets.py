@@ -217,7 +217,7 @@ def test_kiln_targets_command() -> None:
     assert "CUDA devices: none found" in done.stdout
     assert "KILN_TARGETS overrides" in done.stdout
     assert NO_GPU in done.stdout
-    assert "tvm: cuda targets are not supported" in done.stdout
+    assert "tvm: unavailable for cuda-sm90 (no CUDA device" in done.stdout
 
 
 # Embedded mode: "auto" is this host's targets ---------------------------------------------

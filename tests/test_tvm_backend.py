@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import re
+import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -15,10 +18,12 @@ import torch
 from torch import nn
 
 from compiler.artifact import Artifact
-from compiler.backends import get_backend
+from compiler.backends import get_backend, tvm_cuda
 from compiler.backends.base import Backend
 from compiler.errors import BackendUnavailableError, ConversionError
-from compiler.hardware import cpu_target
+from compiler.frontend import export_program, load_torchscript
+from compiler.hardware import cpu_target, cuda_devices
+from compiler.pipeline import CompileOptions, compile_and_check
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from tests.models import MODELS, UNCONVERTIBLE
@@ -27,6 +32,7 @@ pytest.importorskip("tvm")
 
 RTOL, ATOL = 1e-4, 1e-5
 REPO = Path(__file__).resolve().parents[1]
+CUDA = "cuda-sm90"
 
 
 def tvm_backend() -> Backend:
@@ -131,10 +137,95 @@ def test_unconvertible_op_is_a_readable_conversion_error() -> None:
 def test_unavailable_reasons() -> None:
     backend = tvm_backend()
     assert backend.unavailable_reason(cpu_target()) is None
-    assert backend.unavailable_reason("cuda-sm90") == "tvm: cuda targets are not supported yet"
-    assert backend.unavailable_reason("tpu-v5") is not None
-    with pytest.raises(BackendUnavailableError):
-        backend.compile(MODELS["mlp"].torchscript(), InputSpec.parse(["x:float32[-1,64]"]), "cuda-sm90", {})
+    for target in ("tpu-v5", "cuda-x"):
+        reason = f"tvm: unknown target {target!r}; expected cpu-... or cuda-smXX"
+        assert backend.unavailable_reason(target) == reason
+        with pytest.raises(BackendUnavailableError, match=re.escape(reason)):
+            backend.compile(MODELS["mlp"].torchscript(), InputSpec.parse(["x:float32[-1,64]"]), target, {})
+    if not cuda_devices():
+        assert backend.unavailable_reason(CUDA) == (
+            "tvm: unavailable for cuda-sm90 (no CUDA device; its CUDA code can be generated here, not run)"
+        )
+    with pytest.raises(ConversionError, match="tuning_trials is for cpu targets"):
+        backend.compile(
+            MODELS["mlp"].torchscript(), InputSpec.parse(["x:float32[-1,64]"]), CUDA, {"tuning_trials": 8}
+        )
+
+
+# CUDA code generation on a host without a GPU. tests/test_gpu.py runs the artifacts on one.
+
+
+def cross_compile_skip() -> str | None:
+    reason = tvm_cuda.codegen_reason(CUDA)
+    if reason is not None:
+        return f"this TVM cannot generate CUDA code ({reason})"
+    if tvm_cuda.code_form() != tvm_cuda.SOURCE:
+        return "TVM's CUDA runtime is loaded here, so artifacts hold cubins; tests/test_gpu.py runs them"
+    return None
+
+
+CROSS_COMPILE_SKIP = cross_compile_skip()
+cross_compile = pytest.mark.skipif(CROSS_COMPILE_SKIP is not None, reason=str(CROSS_COMPILE_SKIP))
+KERNEL_RE = re.compile(r'extern "C" __global__ void __launch_bounds__\(\d+\) (\w+)\(')
+
+
+@pytest.fixture(scope="module")
+def cuda_artifact() -> Artifact:
+    spec = InputSpec.from_dicts(MODELS["mlp"].inputs, 8)
+    artifact = tvm_backend().compile(MODELS["mlp"].torchscript(), spec, CUDA, {})
+    return Artifact.unpack(artifact.pack())
+
+
+@cross_compile
+def test_cuda_artifact_is_generated_without_a_gpu(cuda_artifact: Artifact) -> None:
+    assert (cuda_artifact.backend, cuda_artifact.target) == ("tvm", CUDA)
+    target = cuda_artifact.meta["tvm_target"]
+    assert (target["kind"], target["arch"], target["host"]["kind"]) == ("cuda", "sm_90", "llvm")
+    assert cuda_artifact.meta["cuda_code"] == tvm_cuda.SOURCE
+    # The CUDA C of the kernels travels inside the library, for TVM to compile on the GPU host:
+    # one per Linear (bias and ReLU fused in), scheduled onto GPU threads by dlight.
+    source = cuda_artifact.payload.decode("latin-1")
+    kernels = set(KERNEL_RE.findall(source))
+    assert len(kernels) == 3 and all("matmul" in k for k in kernels), kernels
+    assert "threadIdx.x" in source and "__shared__" in source
+
+
+@cross_compile
+def test_cuda_artifact_is_refused_where_it_cannot_run(cuda_artifact: Artifact) -> None:
+    reason = tvm_cuda.run_reason(CUDA, compiles=True)
+    assert reason is not None and reason.startswith("tvm: unavailable for cuda-sm90 (")
+    with pytest.raises(BackendUnavailableError, match=re.escape(reason)):
+        tvm_backend().load(cuda_artifact)
+    # The worker's path verifies what it builds, so it refuses before any work.
+    spec = InputSpec.from_dicts(MODELS["mlp"].inputs, 8)
+    options = CompileOptions(rtol=RTOL, atol=ATOL, threads=1)
+    with pytest.raises(BackendUnavailableError) as info:
+        compile_and_check(MODELS["mlp"].torchscript(), spec, "tvm", CUDA, options)
+    assert str(info.value) == tvm_backend().unavailable_reason(CUDA)
+
+
+@cross_compile
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc on PATH to check the generated CUDA C")
+def test_generated_cuda_compiles_for_sm90_with_nvcc() -> None:
+    from tvm.support import nvcc
+
+    model = MODELS["mlp"]
+    program = export_program(load_torchscript(model.torchscript()), InputSpec.from_dicts(model.inputs, 8))
+    target = tvm_cuda.tvm_target(CUDA)
+    modules = tvm_cuda.cuda_modules(tvm_cuda.build(program, target).mod)
+    assert [m.kind for m in modules] == ["cuda"]
+    source = modules[0].inspect_source("cuda")
+    kernels = set(KERNEL_RE.findall(source))
+    assert kernels
+    with target:  # nvcc takes the architecture from the current target
+        cubin = bytes(nvcc.compile_cuda(source, "cubin", compiler="nvcc"))
+    # An ELF for NVIDIA GPUs (EM_CUDA = 190) whose flags name SM 9.0 (bits 8-15 in CUDA's ELF ABI
+    # version 8, bits 0-7 before it), holding every kernel.
+    assert cubin[:4] == b"\x7fELF" and struct.unpack_from("<H", cubin, 18)[0] == 190
+    flags = struct.unpack_from("<I", cubin, 48)[0]
+    assert 90 in ((flags >> 8) & 0xFF, flags & 0xFF), hex(flags)
+    for kernel in kernels:
+        assert kernel.encode() in cubin
 
 
 # Tiny modules, one per conversion fix (compiler/backends/tvm_convert.py, compiler/ts_export.py).

@@ -31,10 +31,10 @@ class Backend(Protocol):
         ...
 
 
-def export_for(backend: Backend, model: bytes, spec: InputSpec, target: str) -> Any:
-    """What every exporting backend's compile starts with: refuse a target it cannot build
-    for, then TorchScript -> ExportedProgram, with failures named after the backend."""
-    reason = backend.unavailable_reason(target)
+def export_for(backend: Backend, model: bytes, spec: InputSpec, reason: str | None) -> Any:
+    """What every exporting backend's compile starts with: refuse with `reason`, why it cannot
+    build for the target (usually its `unavailable_reason`), then TorchScript -> ExportedProgram,
+    with failures named after the backend."""
     if reason is not None:
         raise BackendUnavailableError(reason)
     try:

@@ -62,7 +62,7 @@ class InductorBackend:
         return None
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
-        program = export_for(self, model, spec, target)
+        program = export_for(self, model, spec, self.unavailable_reason(target))
         threads = int(options.get("threads") or os.cpu_count() or 1)
         with tempfile.TemporaryDirectory(prefix="kiln-inductor-") as tmp:
             path = os.path.join(tmp, "model.pt2")

@@ -60,7 +60,7 @@ class ONNXRuntimeBackend:
         return None
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
-        program = export_for(self, model, spec, target)
+        program = export_for(self, model, spec, self.unavailable_reason(target))
         threads = int(options.get("threads") or os.cpu_count() or 1)
         try:
             onnx_program = torch.onnx.export(

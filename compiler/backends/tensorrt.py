@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from compiler.artifact import Artifact
+from compiler.backends.base import export_for
 from compiler.backends.torchscript import flatten_outputs
 from compiler.errors import BackendUnavailableError, ConversionError
-from compiler.frontend import export_program, load_torchscript
 from compiler.hardware import cuda_devices
 from compiler.runner import output_names
 from compiler.spec import DTYPES, InputSpec
@@ -87,18 +87,12 @@ class TensorRTBackend:
         return None
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
-        reason = self.unavailable_reason(target)
-        if reason is not None:
-            raise BackendUnavailableError(reason)
+        precision, opt_batch = _check_options(options, spec)
+        program = export_for(self, model, spec, self.unavailable_reason(target))
         import torch_tensorrt
         from torch.export.passes import move_to_device_pass
 
-        precision, opt_batch = _check_options(options, spec)
         device = _device(target)
-        try:
-            program = export_program(load_torchscript(model), spec)
-        except ConversionError as exc:
-            raise ConversionError(f"tensorrt: {exc}") from exc
         output_dtypes = _output_dtypes(program)
         # Parameters and any tensors the graph creates must live where the engines run.
         program = move_to_device_pass(program, device)

@@ -1,4 +1,5 @@
-"""The TVM backend: TorchScript -> Relax -> one self-contained shared library for the host CPU.
+"""The TVM backend: TorchScript -> Relax -> one self-contained shared library, for the host CPU
+(`cpu-...` targets) or an NVIDIA GPU (`cuda-smXX`, in compiler/backends/tvm_cuda.py).
 
 TVM is imported inside the methods, so that a host without it still gets a readable
 `unavailable_reason` instead of an ImportError from the backend registry.
@@ -16,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from compiler.artifact import Artifact
+from compiler.backends import tvm_cuda
 from compiler.backends.base import export_for
 from compiler.benchmark import benchmark_batches
-from compiler.errors import ConversionError
+from compiler.errors import BackendUnavailableError, ConversionError
 from compiler.runner import output_names
 from compiler.spec import InputSpec
 
@@ -26,11 +28,15 @@ from compiler.spec import InputSpec
 class TVMRunner:
     backend = "tvm"
 
-    def __init__(self, vm: Any, spec: InputSpec, num_outputs: int, batch_sizes: Sequence[int] = ()) -> None:
+    def __init__(
+        self, vm: Any, spec: InputSpec, num_outputs: int, batch_sizes: Sequence[int] = (), device: Any = None
+    ) -> None:
         # A tuned library has one static function per batch size (`b1`, `b8`); others have `main`.
         self._functions = [(size, vm[f"b{size}"]) for size in sorted(batch_sizes)]
         self._main = vm["main"] if not batch_sizes else None
         self.spec = spec
+        # None: the host CPU, inputs and outputs shared with numpy; a GPU: copied to it and back.
+        self._device = device
         self.names = output_names(num_outputs)
         # One VirtualMachine is not safe to enter from two threads at once.
         self._lock = threading.Lock()
@@ -44,11 +50,17 @@ class TVMRunner:
             batch = self.spec.check(inputs) if self.spec.batched else 1
             size, function = next((s, f) for s, f in self._functions if s >= batch)
             arrays = [_pad(a, size) for a in arrays]
-        args = [_to_tvm(tvm, a) for a in arrays]
+        if self._device is None:
+            args = [_to_tvm(tvm, a) for a in arrays]
+        else:
+            args = [tvm.runtime.tensor(np.ascontiguousarray(a), self._device) for a in arrays]
         with self._lock:
             result = function(*args)
-        # Outputs are fresh per call, so numpy can share their memory.
-        outputs = [np.from_dlpack(t) for t in _flatten(result, tvm.runtime.Tensor)]
+        tensors = _flatten(result, tvm.runtime.Tensor)
+        if self._device is None:  # outputs are fresh per call, so numpy can share their memory
+            outputs = [np.from_dlpack(t) for t in tensors]
+        else:
+            outputs = [t.numpy() for t in tensors]
         if batch:
             outputs = [o[:batch] for o in outputs]
         return dict(zip(self.names, outputs, strict=True))
@@ -87,30 +99,51 @@ class TVMBackend:
         return str(tvm.__version__)
 
     def unavailable_reason(self, target: str) -> str | None:
-        if target.startswith("cuda"):
-            return "tvm: cuda targets are not supported yet"
-        if not target.startswith("cpu-"):
-            return f"tvm: unknown target {target!r}; expected cpu-..."
+        """For a cuda target: None only where the artifact can be built, loaded and verified,
+        which takes a CUDA device. `compile` alone needs less: see `_codegen_reason`."""
+        reason = self._codegen_reason(target)
+        if reason is None and _is_cuda(target):
+            return tvm_cuda.run_reason(target, compiles=False)
+        return reason
+
+    def _codegen_reason(self, target: str) -> str | None:
+        """Why this host cannot build an artifact for `target`, or None. A cuda artifact can be
+        generated on a host without a GPU (a cross-compile); it cannot be loaded there."""
+        if not target.startswith("cpu-") and not _is_cuda(target):
+            return f"tvm: unknown target {target!r}; expected cpu-... or cuda-smXX"
         try:
             import tvm  # noqa: F401
         except Exception as exc:  # a broken install raises more than ImportError
             return f"tvm: cannot import apache-tvm ({_first_line(exc)})"
-        return None
+        return tvm_cuda.codegen_reason(target) if _is_cuda(target) else None
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
-        """Options: `threads`; `tuning_trials` (0: untuned), with `tuning_records` (earlier
-        records for this target, as WorkloadRecords dicts) and `progress` (a callable)."""
-        program = export_for(self, model, spec, target)
+        """Options: `threads`; `tuning_trials` (0: untuned; cpu targets only), with
+        `tuning_records` (earlier records for this target, as WorkloadRecords dicts) and
+        `progress` (a callable). A cuda target builds where `_codegen_reason` allows, even
+        without a GPU; its artifact then holds CUDA C (meta `cuda_code`)."""
+        cuda = _is_cuda(target)
         threads = int(options.get("threads") or os.cpu_count() or 1)
         trials = int(options.get("tuning_trials") or 0)
-        tvm_target = host_target(threads)
+        if cuda and trials > 0:
+            raise ConversionError(
+                "tvm: tuning_trials is for cpu targets; cuda builds use dlight's default GPU schedules"
+            )
+        # A cuda artifact is cross-compiled where it cannot run: only code generation is checked.
+        reason = self._codegen_reason(target) if cuda else self.unavailable_reason(target)
+        program = export_for(self, model, spec, reason)
+        tvm_target = tvm_cuda.tvm_target(target) if cuda else host_target(threads)
         meta: dict[str, Any] = {
             "num_outputs": len(program.graph_signature.user_outputs),
             "tvm_target": json.loads(str(tvm_target)),  # str() of a Target is its JSON
             "tvm_version": self.version(),
         }
+        if cuda:
+            meta["cuda_code"] = tvm_cuda.code_form()
         try:
-            if trials > 0:
+            if cuda:
+                library = _export(tvm_cuda.build(program, tvm_target))
+            elif trials > 0:
                 library = _build_tuned(program, tvm_target, spec, trials, options, meta)
             else:
                 library = _build(program, tvm_target)
@@ -124,16 +157,35 @@ class TVMBackend:
         import tvm
         from tvm import relax
 
-        # load_module dlopens a path; the mapping outlives the file, so delete it at once.
-        with tempfile.NamedTemporaryFile(suffix=".so", delete=False) as f:
-            f.write(artifact.payload)
-        try:
-            library = tvm.runtime.load_module(f.name)
-        finally:
-            os.unlink(f.name)
-        vm = relax.VirtualMachine(library, tvm.cpu())
+        device = None
+        if _is_cuda(artifact.target):
+            compiles = artifact.meta.get("cuda_code") == tvm_cuda.SOURCE
+            reason = tvm_cuda.run_reason(artifact.target, compiles)
+            if reason is not None:
+                raise BackendUnavailableError(reason)
+            device = tvm_cuda.device(artifact.target)
+            # CUDA C in the artifact is compiled as it loads, for the target's architecture.
+            with tvm.target.Target(artifact.meta["tvm_target"]):
+                library = _load_module(tvm, artifact.payload)
+        else:
+            library = _load_module(tvm, artifact.payload)
+        vm = relax.VirtualMachine(library, tvm.cpu() if device is None else device)
         batch_sizes = artifact.meta.get("batch_sizes", ())
-        return TVMRunner(vm, artifact.spec, int(artifact.meta["num_outputs"]), batch_sizes)
+        return TVMRunner(vm, artifact.spec, int(artifact.meta["num_outputs"]), batch_sizes, device)
+
+
+def _is_cuda(target: str) -> bool:
+    return target.startswith("cuda")
+
+
+def _load_module(tvm: Any, payload: bytes) -> Any:
+    # load_module dlopens a path; the mapping outlives the file, so delete it at once.
+    with tempfile.NamedTemporaryFile(suffix=".so", delete=False) as f:
+        f.write(payload)
+    try:
+        return tvm.runtime.load_module(f.name)
+    finally:
+        os.unlink(f.name)
 
 
 def host_target(threads: int) -> Any:
