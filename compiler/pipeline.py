@@ -70,12 +70,10 @@ def compile_and_check(
 
     report({"stage": "compiling"})
     started = time.perf_counter()
-    backend_options = {
-        "threads": options.threads,
-        **(options.backend_options or {}),
-        "tuning_records": options.tuning_records,
-        "progress": lambda event: report({"tuning": event}),
-    }
+    backend_options: dict[str, Any] = {"threads": options.threads, **(options.backend_options or {})}
+    if backend_options.get("tuning_trials"):  # tvm's tuned build; other backends reject the option
+        backend_options["tuning_records"] = options.tuning_records
+        backend_options["progress"] = lambda event: report({"tuning": event})
     artifact = backend.compile(model, spec, target, backend_options)
     compile_s = time.perf_counter() - started
     # Records go to the shared cache, not into the artifact.

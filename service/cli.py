@@ -252,6 +252,7 @@ def compile_command(
     max_batch_size: Annotated[int, typer.Option(help="Largest batch.")] = 8,
     rtol: Annotated[float, typer.Option(help="Verification rtol.")] = 1e-4,
     atol: Annotated[float, typer.Option(help="Verification atol.")] = 1e-5,
+    tuning_trials: Annotated[int, typer.Option(help="tvm: MetaSchedule trials (0: untuned).")] = 0,
 ) -> None:
     """Compile, verify and benchmark offline, with no server."""
     import os
@@ -261,11 +262,24 @@ def compile_command(
     from compiler.pipeline import CompileOptions, compile_and_check
     from compiler.spec import InputSpec
 
-    options = CompileOptions(rtol=rtol, atol=atol, threads=os.cpu_count() or 1)
+    backend_options = {"tuning_trials": tuning_trials} if tuning_trials else {}
+    options = CompileOptions(
+        rtol=rtol, atol=atol, threads=os.cpu_count() or 1, backend_options=backend_options
+    )
     try:
         spec = InputSpec.parse(input, max_batch_size)
-        with console.status(f"compiling with {backend}"):
-            result = compile_and_check(file.read_bytes(), spec, backend, cpu_target(), options)
+        with console.status(f"compiling with {backend}") as status:
+
+            def show(event: dict[str, Any]) -> None:
+                if "stage" in event:
+                    status.update(f"{backend}: {event['stage']}")
+                elif "tuning" in event:
+                    tuning = event["tuning"]
+                    status.update(
+                        f"{backend}: tuning, {tuning['trials_done']}/{tuning['trials_total']} trials"
+                    )
+
+            result = compile_and_check(file.read_bytes(), spec, backend, cpu_target(), options, progress=show)
     except CompilerError as exc:
         console.print(f"[red]{type(exc).__name__}:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -280,6 +294,10 @@ def compile_command(
         f"compiled in {result.compile_s:.1f} s; wrote {output} "
         f"({output.stat().st_size / 1e6:.1f} MB)"
     )
+    if result.tuning:
+        console.print(
+            f"tuned: {result.tuning['trials_done']} trials over {len(result.tuning['tasks'])} kernels"
+        )
 
 
 if __name__ == "__main__":

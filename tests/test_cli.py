@@ -11,7 +11,7 @@ import numpy as np
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
 from tests.client import expected, sample
-from tests.models import MODELS, UNCONVERTIBLE
+from tests.models import MODELS, TUNABLE, UNCONVERTIBLE
 from tests.servers import ROOT
 
 
@@ -53,3 +53,20 @@ def test_compile_rejects_a_bad_spec(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "InvalidSpecError" in done.stdout and "unknown dtype 'float33'" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_compile_with_tuning_writes_a_static_batch_artifact(tmp_path: Path) -> None:
+    model = TUNABLE[0]
+    source, out = tmp_path / "tunable.pt", tmp_path / "tunable.kiln"
+    source.write_bytes(model.torchscript())
+    args = ["--input", "x:float32[-1,32]", "--max-batch-size", "2", "--tuning-trials", "16", "-o", str(out)]
+    done = kiln("compile", str(source), *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # Two kernels (the shared layer and the head) per batch size, 16 trials each at least.
+    assert "tuned: 64 trials over 4 kernels" in done.stdout
+    artifact = Artifact.unpack(out.read_bytes())
+    assert artifact.meta["batch_sizes"] == [1, 2] and "new_tuning_records" not in artifact.meta
+    runner = get_backend("tvm").load(artifact)
+    for batch in (1, 2):
+        x = sample(model, batch)
+        np.testing.assert_allclose(runner.run({"x": x})["output0"], expected(model, x), rtol=1e-4, atol=1e-5)
