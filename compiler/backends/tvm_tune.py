@@ -15,6 +15,7 @@ import logging
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import FrameType
 from typing import Any
 
 log = logging.getLogger("kiln.tvm.tune")
@@ -87,6 +88,7 @@ def tune_and_apply(
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.meta_schedule.measure_callback import MeasureCallback
 
+    _import_tensor_intrinsics()
     with tempfile.TemporaryDirectory(prefix="kiln-tune-") as work_dir:
         database = ms.database.JSONDatabase(work_dir=work_dir)
         for item in known:
@@ -133,6 +135,34 @@ def lower_for_tuning(mod: Any, target: Any) -> Any:
         mod = relax.transform.DecomposeOpsForInference()(mod)
         mod = relax.transform.CanonicalizeBindings()(mod)
         return tvm.transform.Sequential([relax.get_pipeline("zero")])(mod)
+
+
+def _import_tensor_intrinsics() -> None:
+    """What TuneContext imports first, made fast: tvm.s_tir.tensor_intrin parses ~250 TVMScript
+    functions, each calling inspect.stack(), which looks up every frame's source file and scans
+    sys.modules for it. With torch loaded that import took 1-2.5 minutes here. The parser only
+    reads the frames themselves, so it gets them without the lookups."""
+    import inspect
+    import sys
+
+    if "tvm.s_tir.tensor_intrin" in sys.modules:
+        return
+
+    def frames(context: int = 1) -> list[inspect.FrameInfo]:
+        found: list[inspect.FrameInfo] = []
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            found.append(inspect.FrameInfo(frame, code.co_filename, frame.f_lineno, code.co_name, None, None))
+            frame = frame.f_back
+        return found
+
+    stack = inspect.stack
+    inspect.stack = frames
+    try:
+        import tvm.s_tir.tensor_intrin  # noqa: F401
+    finally:
+        inspect.stack = stack
 
 
 def build_candidate(mod: Any, target: Any, _params: Any) -> Any:
