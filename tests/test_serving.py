@@ -81,6 +81,30 @@ def test_concurrent_requests_are_batched_and_split_back_exactly(
         np.testing.assert_allclose(r.json()["outputs"]["output0"], expected(MLP, x), rtol=1e-5, atol=1e-6)
 
 
+def test_unbatched_requests_run_alone_and_are_counted(http: httpx.Client, server: KilnServer) -> None:
+    # max_batch_size 1: no batcher queue, the runtime runs each request in its inference threads.
+    response = upload(http, MLP, name="single", max_batch_size=1, backends=[])
+    assert response.status_code == 202, response.text
+    xs = [sample(MLP, 1, seed=i) for i in range(16)]
+    predict(http, "single", xs[0])
+
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
+            return await asyncio.gather(
+                *(client.post("/v1/models/single/predict", json={"inputs": {"x": x.tolist()}}) for x in xs)
+            )
+
+    before = stats(http, "single")
+    responses = asyncio.run(burst())
+    after = stats(http, "single")
+    for key in ("inference_count", "execution_count"):
+        assert int(after[key]) - int(before[key]) == 16, key  # type: ignore[call-overload]
+    assert [b["batch_size"] for b in after["batch_stats"]] == [1]  # type: ignore[attr-defined]
+    for x, r in zip(xs, responses, strict=True):
+        assert r.status_code == 200, r.text
+        np.testing.assert_allclose(r.json()["outputs"]["output0"], expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
 def rss_mb(server: KilnServer) -> float:
     return float(psutil.Process(server.pid).memory_info().rss) / 2**20
 

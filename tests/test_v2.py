@@ -14,6 +14,7 @@ import tritonclient.http as triton
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
+from service.api import v2
 from tests import models
 from tests.client import expected, sample, upload
 from tests.servers import KilnServer
@@ -201,6 +202,20 @@ def test_binary_on_the_wire(http: httpx.Client) -> None:
     assert body["outputs"][0]["parameters"] == {"binary_data_size": 2 * 10 * 4}
     got = np.frombuffer(response.content[length:], "<f4").reshape(2, 10)
     np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
+def test_large_bodies_take_the_threadpool(http: httpx.Client) -> None:
+    # Past v2's inline limits, decoding runs in the threadpool: same answers, same errors.
+    x = sample(MLP, 8)
+    body = infer_body(x)
+    assert len(json.dumps(body)) > v2.INLINE_JSON_BYTES
+    response = http.post("/v2/models/mlp/infer", json=body)
+    assert response.status_code == 200, response.text
+    got = np.array(response.json()["outputs"][0]["data"], np.float32).reshape(8, 10)
+    np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+    content, headers = binary_request(None, 256, b"\0" * (v2.INLINE_BINARY_BYTES + 1024))
+    response = http.post("/v2/models/mlp/infer", content=content, headers=headers)
+    assert "bytes after the JSON header" in error(response, 400)
 
 
 def test_server_metadata_and_open_health(server: KilnServer) -> None:

@@ -70,7 +70,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.api_keys = api_keys
     app.add_middleware(RequestContext)
     problems.install(app)
-    # v2 last: its catch-all answers unknown /v2 paths in the protocol's error shape.
-    for module in (health, models, jobs, events, predict, repository, v2):
+    # Routes match in order. v2 inference, the hot path, comes first. The repository extension
+    # comes before the rest of v2, whose /v2/models/{name} would match /v2/models/stats. The v2
+    # catch-all, which answers unknown /v2 paths in the protocol's error shape, comes last.
+    for router in (v2.inference, repository.router, v2.router):
+        app.include_router(router)
+    for module in (predict, health, models, jobs, events):
         app.include_router(module.router)
+    app.include_router(v2.fallback)
     return app

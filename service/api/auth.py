@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from enum import StrEnum
+from typing import Any
 
 from fastapi import Request
 
@@ -36,8 +37,10 @@ def presented_key(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-def require(scope: Scope) -> Callable[[Request], None]:
-    def check(request: Request) -> None:
+def require(scope: Scope) -> Callable[[Request], Coroutine[Any, Any, None]]:
+    # Async though it never awaits: FastAPI runs a sync dependency in its threadpool, a thread
+    # hop on every request for a dict lookup.
+    async def check(request: Request) -> None:
         keys: dict[str, Scope] = request.app.state.api_keys
         if not keys:
             return

@@ -20,6 +20,7 @@ class Services:
     runtime: Runtime
 
 
-def services(request: Request) -> Services:
+async def services(request: Request) -> Services:
+    """Async so that FastAPI calls it inline rather than in its threadpool."""
     found: Services = request.app.state.services
     return found
