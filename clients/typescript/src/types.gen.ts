@@ -117,6 +117,14 @@ export type JobOut = {
      */
     target: string;
     /**
+     * Tuning
+     *
+     * Tuned variants only: trials_done, trials_total, best_estimate_ms (the tuned kernels' summed best time), and when done `tasks`, each kernel's new_trials and whether cached records were `reused`.
+     */
+    tuning?: {
+        [key: string]: unknown;
+    } | null;
+    /**
      * Variant Id
      */
     variant_id: string;

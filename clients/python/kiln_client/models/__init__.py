@@ -7,6 +7,7 @@ from .http_validation_error import HTTPValidationError
 from .index_request import IndexRequest
 from .job_out import JobOut
 from .job_out_options import JobOutOptions
+from .job_out_tuning_type_0 import JobOutTuningType0
 from .job_status import JobStatus
 from .model_list import ModelList
 from .model_out import ModelOut
@@ -46,6 +47,7 @@ __all__ = (
     "IndexRequest",
     "JobOut",
     "JobOutOptions",
+    "JobOutTuningType0",
     "JobStatus",
     "ModelList",
     "ModelOut",

@@ -8,9 +8,11 @@ from attrs import field as _attrs_field
 
 from ..models.job_status import JobStatus
 from ..models.variant_status import VariantStatus
+from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
     from ..models.job_out_options import JobOutOptions
+    from ..models.job_out_tuning_type_0 import JobOutTuningType0
 
 
 T = TypeVar("T", bound="JobOut")
@@ -36,6 +38,9 @@ class JobOut:
         variant_id (str):
         version (int):
         worker (None | str): The worker (hostname-pid) that last started the job.
+        tuning (JobOutTuningType0 | None | Unset): Tuned variants only: trials_done, trials_total, best_estimate_ms (the
+            tuned kernels' summed best time), and when done `tasks`, each kernel's new_trials and whether cached records
+            were `reused`.
     """
 
     attempts: int
@@ -54,9 +59,12 @@ class JobOut:
     variant_id: str
     version: int
     worker: None | str
+    tuning: JobOutTuningType0 | None | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.job_out_tuning_type_0 import JobOutTuningType0  # noqa: PLC0415
+
         attempts = self.attempts
 
         backend = self.backend
@@ -93,6 +101,14 @@ class JobOut:
         worker: None | str
         worker = self.worker
 
+        tuning: dict[str, Any] | None | Unset
+        if isinstance(self.tuning, Unset):
+            tuning = UNSET
+        elif isinstance(self.tuning, JobOutTuningType0):
+            tuning = self.tuning.to_dict()
+        else:
+            tuning = self.tuning
+
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update(
@@ -115,12 +131,15 @@ class JobOut:
                 "worker": worker,
             }
         )
+        if tuning is not UNSET:
+            field_dict["tuning"] = tuning
 
         return field_dict
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         from ..models.job_out_options import JobOutOptions  # noqa: PLC0415
+        from ..models.job_out_tuning_type_0 import JobOutTuningType0  # noqa: PLC0415
 
         d = dict(src_dict)
         attempts = d.pop("attempts")
@@ -175,6 +194,23 @@ class JobOut:
 
         worker = _parse_worker(d.pop("worker"))
 
+        def _parse_tuning(data: object) -> JobOutTuningType0 | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                tuning_type_0 = JobOutTuningType0.from_dict(data)
+
+                return tuning_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(JobOutTuningType0 | None | Unset, data)
+
+        tuning = _parse_tuning(d.pop("tuning", UNSET))
+
         job_out = cls(
             attempts=attempts,
             backend=backend,
@@ -192,6 +228,7 @@ class JobOut:
             variant_id=variant_id,
             version=version,
             worker=worker,
+            tuning=tuning,
         )
 
         job_out.additional_properties = d
