@@ -53,6 +53,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
         yield srv
 
 
+async def burst(url: str, name: str, xs: list[np.ndarray]) -> list[httpx.Response]:
+    """All of `xs` at once, one batch-1 request each."""
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+        return await asyncio.gather(
+            *(client.post(f"/v1/models/{name}/predict", json={"inputs": {"x": x.tolist()}}) for x in xs)
+        )
+
+
 def test_concurrent_requests_are_batched_and_split_back_exactly(
     http: httpx.Client, server: KilnServer
 ) -> None:
@@ -61,14 +69,8 @@ def test_concurrent_requests_are_batched_and_split_back_exactly(
     xs = [sample(MLP, 1, seed=i) for i in range(32)]
     predict(http, "batched", xs[0])  # load the runner first, so the burst below is all batching
 
-    async def burst() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
-            return await asyncio.gather(
-                *(client.post("/v1/models/batched/predict", json={"inputs": {"x": x.tolist()}}) for x in xs)
-            )
-
     before = stats(http, "batched")
-    responses = asyncio.run(burst())
+    responses = asyncio.run(burst(server.url, "batched", xs))
     after = stats(http, "batched")
     executions = int(after["execution_count"]) - int(before["execution_count"])  # type: ignore[call-overload]
     inferred = int(after["inference_count"]) - int(before["inference_count"])  # type: ignore[call-overload]
@@ -88,14 +90,8 @@ def test_unbatched_requests_run_alone_and_are_counted(http: httpx.Client, server
     xs = [sample(MLP, 1, seed=i) for i in range(16)]
     predict(http, "single", xs[0])
 
-    async def burst() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
-            return await asyncio.gather(
-                *(client.post("/v1/models/single/predict", json={"inputs": {"x": x.tolist()}}) for x in xs)
-            )
-
     before = stats(http, "single")
-    responses = asyncio.run(burst())
+    responses = asyncio.run(burst(server.url, "single", xs))
     after = stats(http, "single")
     for key in ("inference_count", "execution_count"):
         assert int(after[key]) - int(before[key]) == 16, key  # type: ignore[call-overload]
