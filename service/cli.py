@@ -47,7 +47,14 @@ def serve(
     workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
 ) -> None:
     """Start the API (embedded mode unless KILN_REDIS_URL is set)."""
+    import os
+
     import uvicorn
+
+    # Between requests torch's OpenMP threads spin-wait (by default for up to ~300k spins) and
+    # take the core that the event loop and other requests need. libgomp reads this once, when
+    # torch loads, so it is set before the app is imported. A user's own value wins.
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
     from service.logs import logging_config
     from service.settings import get_settings
@@ -172,8 +179,11 @@ def stream_job(http: httpx.Client, job_id: str, progress: Progress, task: TaskID
                     stage = data["stage"]
                     # A failure fills the bar too: the job is over either way.
                     done = STAGES.index(stage) if stage in STAGES else len(STAGES) - 1
-                    error = f": {data['error']}" if data["error"] else ""
-                    progress.update(task, completed=done, stage=f"{stage}{error}")
+                    detail = f": {data['error']}" if data["error"] else ""
+                    tuning = data.get("tuning")
+                    if tuning and stage == "compiling":
+                        detail = f", tuning {tuning['trials_done']}/{tuning['trials_total']} trials"
+                    progress.update(task, completed=done, stage=f"{stage}{detail}")
     except (httpx.HTTPError, SSEError) as exc:
         progress.update(task, stage=f"no progress ({type(exc).__name__}: {exc})")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterable
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends
 from fastapi.sse import EventSourceResponse, ServerSentEvent
@@ -28,10 +28,14 @@ SETTLED_JOBS = {JobStatus.succeeded, JobStatus.failed}
 
 DESCRIPTION = """\
 A `text/event-stream`. The first event comes at once with the job's current state, then one
-whenever its stage, status, attempts, error or cache hit changes:
+whenever its stage, status, attempts, error, cache hit or tuning progress changes:
 
     event: stage
-    data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit": false}
+    data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit": false,
+           "tuning": null}
+
+A tuned variant's `tuning` counts its trials as they run: `{"trials_done": 32, "trials_total": 96,
+...}` (see the job's `tuning`).
 
 The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
 "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
@@ -47,6 +51,7 @@ class JobState(BaseModel):
     attempts: int
     error: str | None
     cache_hit: bool
+    tuning: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, job: JobRecord) -> JobState:
@@ -56,6 +61,7 @@ class JobState(BaseModel):
             attempts=job.attempts,
             error=job.error,
             cache_hit=job.cache_hit,
+            tuning=job.tuning,
         )
 
 

@@ -61,11 +61,15 @@ def sync_detailed(
     """Stream a compile job's stage changes as server-sent events until it settles.
 
      A `text/event-stream`. The first event comes at once with the job's current state, then one
-    whenever its stage, status, attempts, error or cache hit changes:
+    whenever its stage, status, attempts, error, cache hit or tuning progress changes:
 
         event: stage
         data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit":
-    false}
+    false,
+               "tuning": null}
+
+    A tuned variant's `tuning` counts its trials as they run: `{"trials_done": 32, "trials_total": 96,
+    ...}` (see the job's `tuning`).
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
     "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
@@ -101,11 +105,15 @@ def sync(
     """Stream a compile job's stage changes as server-sent events until it settles.
 
      A `text/event-stream`. The first event comes at once with the job's current state, then one
-    whenever its stage, status, attempts, error or cache hit changes:
+    whenever its stage, status, attempts, error, cache hit or tuning progress changes:
 
         event: stage
         data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit":
-    false}
+    false,
+               "tuning": null}
+
+    A tuned variant's `tuning` counts its trials as they run: `{"trials_done": 32, "trials_total": 96,
+    ...}` (see the job's `tuning`).
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
     "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
@@ -136,11 +144,15 @@ async def asyncio_detailed(
     """Stream a compile job's stage changes as server-sent events until it settles.
 
      A `text/event-stream`. The first event comes at once with the job's current state, then one
-    whenever its stage, status, attempts, error or cache hit changes:
+    whenever its stage, status, attempts, error, cache hit or tuning progress changes:
 
         event: stage
         data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit":
-    false}
+    false,
+               "tuning": null}
+
+    A tuned variant's `tuning` counts its trials as they run: `{"trials_done": 32, "trials_total": 96,
+    ...}` (see the job's `tuning`).
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
     "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
@@ -174,11 +186,15 @@ async def asyncio(
     """Stream a compile job's stage changes as server-sent events until it settles.
 
      A `text/event-stream`. The first event comes at once with the job's current state, then one
-    whenever its stage, status, attempts, error or cache hit changes:
+    whenever its stage, status, attempts, error, cache hit or tuning progress changes:
 
         event: stage
         data: {"stage": "compiling", "status": "running", "attempts": 1, "error": null, "cache_hit":
-    false}
+    false,
+               "tuning": null}
+
+    A tuned variant's `tuning` counts its trials as they run: `{"trials_done": 32, "trials_total": 96,
+    ...}` (see the job's `tuning`).
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
     "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
