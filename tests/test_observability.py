@@ -112,7 +112,14 @@ def test_compile_job_streams_its_stages_in_order(server: KilnServer, http: httpx
     events = doomed.finish(30)
     assert events[0] == (
         "stage",
-        {"stage": "queued", "status": "queued", "attempts": 0, "error": None, "cache_hit": False},
+        {
+            "stage": "queued",
+            "status": "queued",
+            "attempts": 0,
+            "error": None,
+            "cache_hit": False,
+            "tuning": None,
+        },
     )
     assert events[-1][0] == "end" and events[-1][1]["reason"] == "deleted"
 
