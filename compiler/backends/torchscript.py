@@ -27,7 +27,8 @@ def flatten_outputs(value: Any) -> list[torch.Tensor]:
 class TorchScriptRunner:
     backend = "torchscript"
 
-    def __init__(self, module: torch.jit.ScriptModule, spec: InputSpec) -> None:
+    # Any nn.Module runs the same way; benchmarks/compilers.py times eager PyTorch with it.
+    def __init__(self, module: torch.nn.Module, spec: InputSpec) -> None:
         self.module = module
         self.spec = spec
 
