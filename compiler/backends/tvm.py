@@ -236,14 +236,18 @@ def _build_tuned(
 def _static_batches(mod: Any, sizes: Sequence[int]) -> Any:
     """main(x: [n, ...]) -> b1(x: [1, ...]), b8(x: [8, ...]): MetaSchedule tunes static shapes only."""
     import tvm
-    from tvm import tirx
+    from tvm import relax, tirx
 
     main = mod["main"]
     batch = main.params[0].ty.shape[0]
     functions = {}
     for size in sizes:
         bound = main.bind_symbolic_vars({batch: size}) if isinstance(batch, tirx.Var) else main
-        functions[f"b{size}"] = bound.with_attr("global_symbol", f"b{size}")
+        # Bindings that do not depend on the batch (weight transposes) would otherwise be the
+        # same Var objects in two functions, which FuseOps rejects ("appears at multiple
+        # definition sites").
+        fresh = relax.utils.copy_with_new_vars(bound)
+        functions[f"b{size}"] = fresh.with_attr("global_symbol", f"b{size}")
     return tvm.IRModule(functions)
 
 
