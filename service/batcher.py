@@ -59,11 +59,22 @@ class Batcher:
         self._task: asyncio.Task[None] | None = None
 
     async def submit(self, inputs: Arrays, batch: int) -> Arrays:
+        if self.policy.max_batch_size == 1:
+            return await self._run_alone(inputs, batch)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._loop())
         future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Request(inputs, batch, future))
         return await future
+
+    async def _run_alone(self, inputs: Arrays, batch: int) -> Arrays:
+        """A runner that cannot batch runs its requests side by side in the executor, as Triton
+        runs a model's instances, instead of one at a time behind the queue: every runner is
+        safe to call from several threads (those that are not hold a lock of their own)."""
+        started = time.perf_counter()
+        outputs = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, inputs)
+        self._report(batch, 1, started)
+        return outputs
 
     def close(self, then: Callable[[], None] | None = None) -> None:
         """Stop the batching task, then call `then` once the task (and with it the runner) is
@@ -137,9 +148,12 @@ class Batcher:
         for r, part in zip(requests, parts, strict=True):
             if not r.future.done():
                 r.future.set_result(part)
+        self._report(sum(r.batch for r in requests), len(requests), started)
+
+    def _report(self, batch_size: int, requests: int, started: float) -> None:
         if self.on_batch is not None:
             try:
-                self.on_batch(sum(r.batch for r in requests), len(requests), time.perf_counter() - started)
+                self.on_batch(batch_size, requests, time.perf_counter() - started)
             except Exception:
                 log.exception("batch statistics callback failed")
 

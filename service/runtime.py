@@ -6,7 +6,6 @@ evicting one never drops a request in flight.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -23,7 +22,7 @@ from compiler.backends import get_backend
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service import metrics
-from service.batcher import Arrays, Batcher, BatchPolicy
+from service.batcher import Batcher, BatchPolicy
 from service.errors import NotFoundError
 from service.jobs import spec_of
 from service.memory import release_memory
@@ -144,29 +143,12 @@ class Runtime:
         if loaded is None:
             loaded = await run_in_threadpool(self.load, route.version, variant)
         started = time.perf_counter()
-        if loaded.batcher.policy.max_batch_size == 1:
-            outputs = await self._run_alone(loaded, arrays, batch)
-        else:
-            outputs = await loaded.batcher.submit(arrays, batch)
+        outputs = await loaded.batcher.submit(arrays, batch)
         done = time.perf_counter()
         number = route.version.version
         self.stats.request(name, number, done - started)
         metrics.REQUEST_SECONDS.labels(name, str(number), variant.backend).observe(done - begun)
         return Prediction(outputs, number, variant)
-
-    async def _run_alone(self, loaded: Loaded, arrays: Arrays, batch: int) -> Arrays:
-        """A runner that cannot batch runs its requests side by side in the inference threads, as
-        Triton runs a model's instances, instead of one at a time behind a batcher: every runner
-        is safe to call from several threads (those that are not hold a lock of their own)."""
-        started = time.perf_counter()
-        outputs = await asyncio.get_running_loop().run_in_executor(self._executor, loaded.runner.run, arrays)
-        on_batch = loaded.batcher.on_batch
-        if on_batch is not None:
-            try:
-                on_batch(batch, 1, time.perf_counter() - started)
-            except Exception:
-                log.exception("batch statistics callback failed")
-        return outputs
 
     def _cached(self, key: str) -> Loaded | None:
         with self._lock:

@@ -195,7 +195,7 @@ def encodes_inline(outputs: list[tuple[str, np.ndarray, bool]]) -> bool:
 
 
 async def _infer(request: Request, name: str, version: int | None) -> Response:
-    svc: Services = request.app.state.services
+    svc = await services(request)
     body = await request.body()
     header_length = request.headers.get(HEADER_LENGTH)
     if decodes_inline(body, header_length):
