@@ -38,11 +38,11 @@ from kiln_client.api.models import (
     list_models,
     upload_model,
 )
-from kiln_client.errors import UnexpectedStatus
 from kiln_client.models import (
     BodyUploadModel,
     PredictIn,
     PredictInInputs,
+    Problem,
     UploadOut,
     VariantStatus,
 )
@@ -143,10 +143,11 @@ def test_python_sdk_flow(server: KilnServer) -> None:
 
         deleted = delete_model.sync(client=client, name=name)
         assert deleted is not None and deleted.name == name
-        # 404 is a problem response the spec does not list, so the SDK raises on it.
-        with pytest.raises(UnexpectedStatus) as gone:
-            get_model.sync(client=client, name=name)
-        assert gone.value.status_code == HTTPStatus.NOT_FOUND
+        # Errors are in the spec: the SDK parses them into a typed Problem.
+        gone = get_model.sync_detailed(client=client, name=name)
+        assert gone.status_code == HTTPStatus.NOT_FOUND
+        assert isinstance(gone.parsed, Problem) and gone.parsed.status == 404
+        assert name in gone.parsed.detail
 
 
 @pytest.fixture(scope="module")

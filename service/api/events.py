@@ -17,11 +17,16 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import Scope, require
 from service.api.deps import Services, services
+from service.api.schemas import Problem, error_responses
 from service.errors import NotFoundError
 from service.records import JobRecord, JobStatus, VariantStatus
 from service.store import StoreUnavailableError
 
-router = APIRouter(tags=["jobs"], dependencies=[Depends(require(Scope.infer))])
+router = APIRouter(
+    tags=["jobs"],
+    dependencies=[Depends(require(Scope.infer))],
+    responses=error_responses(Problem, 401, 403, 404, 422, 503),
+)
 
 POLL_S = 0.25
 SETTLED_JOBS = {JobStatus.succeeded, JobStatus.failed}

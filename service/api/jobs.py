@@ -8,9 +8,13 @@ from fastapi import APIRouter, Depends
 
 from service.api.auth import Scope, require
 from service.api.deps import Services, services
-from service.api.schemas import JobOut
+from service.api.schemas import JobOut, Problem, error_responses
 
-router = APIRouter(tags=["jobs"], dependencies=[Depends(require(Scope.infer))])
+router = APIRouter(
+    tags=["jobs"],
+    dependencies=[Depends(require(Scope.infer))],
+    responses=error_responses(Problem, 401, 403, 404, 422, 503),
+)
 
 
 @router.get("/v1/jobs/{job_id}", operation_id="get_job", summary="A compile job's status and stage.")

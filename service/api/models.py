@@ -20,7 +20,16 @@ from compiler.inspect import inspect_model
 from compiler.spec import InputSpec
 from service.api.auth import Scope, require
 from service.api.deps import Services, services
-from service.api.schemas import ActiveOut, ModelList, ModelOut, UploadOut, VariantOut, VersionOut
+from service.api.schemas import (
+    ActiveOut,
+    ModelList,
+    ModelOut,
+    Problem,
+    UploadOut,
+    VariantOut,
+    VersionOut,
+    error_responses,
+)
 from service.errors import InvalidConfigError, NotFoundError
 from service.records import (
     JobRecord,
@@ -179,7 +188,10 @@ def plan_variants(
     operation_id="upload_model",
     summary="Upload a TorchScript model; it serves at once and compiles in the background.",
     status_code=202,
-    responses={200: {"model": UploadOut, "description": "Identical bytes and config: nothing new."}},
+    responses={
+        200: {"model": UploadOut, "description": "Identical bytes and config: nothing new."},
+        **error_responses(Problem, 400, 401, 403, 413, 422, 503),
+    },
     dependencies=[Depends(require(Scope.admin))],
 )
 def upload_model(
@@ -248,6 +260,7 @@ def model_out(view: ModelView, svc: Services) -> ModelOut:
     operation_id="list_models",
     summary="Every model, its versions and variants.",
     dependencies=[Depends(require(Scope.infer))],
+    responses=error_responses(Problem, 401, 403, 503),
 )
 def list_models(svc: Annotated[Services, Depends(services)]) -> ModelList:
     return ModelList(models=[model_out(view, svc) for view in svc.registry.list_models()])
@@ -258,6 +271,7 @@ def list_models(svc: Annotated[Services, Depends(services)]) -> ModelList:
     operation_id="get_model",
     summary="One model: versions, variants with status and latency, and what serves now.",
     dependencies=[Depends(require(Scope.infer))],
+    responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )
 def get_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOut:
     return model_out(svc.registry.get_model(name), svc)
@@ -268,6 +282,7 @@ def get_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOu
     operation_id="get_model_version",
     summary="One version of a model.",
     dependencies=[Depends(require(Scope.infer))],
+    responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )
 def get_model_version(name: str, version: int, svc: Annotated[Services, Depends(services)]) -> VersionOut:
     record = svc.registry.get_version(name, version)
@@ -279,6 +294,7 @@ def get_model_version(name: str, version: int, svc: Annotated[Services, Depends(
     operation_id="delete_model",
     summary="Delete a model's metadata and every artifact nothing else references.",
     dependencies=[Depends(require(Scope.admin))],
+    responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )
 def delete_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOut:
     view = svc.registry.delete_model(name)

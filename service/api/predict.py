@@ -8,9 +8,13 @@ from fastapi import APIRouter, Depends, Query
 
 from service.api.auth import Scope, require
 from service.api.deps import Services, services
-from service.api.schemas import PredictIn, PredictOut, VariantRef
+from service.api.schemas import PredictIn, PredictOut, Problem, VariantRef, error_responses
 
-router = APIRouter(tags=["inference"], dependencies=[Depends(require(Scope.infer))])
+router = APIRouter(
+    tags=["inference"],
+    dependencies=[Depends(require(Scope.infer))],
+    responses=error_responses(Problem, 400, 401, 403, 404, 422, 503),
+)
 
 BackendQuery = Annotated[
     str | None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,6 +23,9 @@ from service.store import StoreUnavailableError
 
 log = logging.getLogger("kiln.api")
 
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+PROBLEM_REF = "#/components/schemas/Problem"
+
 # Compiler and store errors keep their own types; this is where they get an HTTP status.
 STATUS_OF: dict[type[Exception], tuple[int, str]] = {
     InvalidModelError: (400, "Invalid model"),
@@ -36,7 +40,7 @@ def problem(status: int, title: str, detail: str) -> JSONResponse:
     return JSONResponse(
         {"type": "about:blank", "title": title, "status": status, "detail": detail},
         status_code=status,
-        media_type="application/problem+json",
+        media_type=PROBLEM_MEDIA_TYPE,
     )
 
 
@@ -48,7 +52,28 @@ def validation_detail(exc: RequestValidationError) -> str:
     return "; ".join(parts)
 
 
+def document_media_type(app: FastAPI) -> None:
+    """FastAPI files every response model under application/json; Problem answers are
+    application/problem+json, and the spec says so."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = build()  # cached on the app: edited once
+        for operation in (op for path in schema["paths"].values() for op in path.values()):
+            for response in operation.get("responses", {}).values():
+                content = response.get("content", {})
+                if content.get("application/json", {}).get("schema") == {"$ref": PROBLEM_REF}:
+                    content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def install(app: FastAPI) -> None:
+    document_media_type(app)
+
     @app.exception_handler(KilnError)
     async def kiln_error(request: Request, exc: KilnError) -> JSONResponse:
         return problem(exc.status_code, exc.title, str(exc))

@@ -8,11 +8,17 @@ from fastapi import APIRouter, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from service.api.schemas import V2Error, error_responses
 from service.api.v2 import ServicesDep, V2Route, infer_scope, version_number
 from service.errors import NotFoundError
 from service.router import choose_variant, serving_version
 
-router = APIRouter(tags=["v2"], route_class=V2Route, dependencies=infer_scope)
+router = APIRouter(
+    tags=["v2"],
+    route_class=V2Route,
+    dependencies=infer_scope,
+    responses=error_responses(V2Error, 400, 401, 403, 404, 503),
+)
 
 
 class IndexRequest(BaseModel):

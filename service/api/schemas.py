@@ -125,3 +125,40 @@ class PredictOut(BaseModel):
     outputs: dict[str, Any]
     model_version: int
     variant: VariantRef
+
+
+class Problem(BaseModel):
+    """Every /v1 error, as RFC 9457 problem details (application/problem+json)."""
+
+    type: str = "about:blank"
+    title: str
+    status: int
+    detail: str = Field(description="What went wrong, and what to fix.")
+
+
+class V2Error(BaseModel):
+    """Every /v2 error, as the Open Inference Protocol has it."""
+
+    error: str
+
+
+ERROR_DESCRIPTIONS = {
+    400: "Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).",
+    401: "No or unknown API key, when KILN_API_KEYS is set.",
+    403: "The API key lacks the scope this needs.",
+    404: "No such model, version or job.",
+    413: "The upload is larger than KILN_MAX_UPLOAD_MB.",
+    422: "An invalid config or request field, named in the message.",
+    503: "The store (Redis) is unavailable.",
+}
+
+
+def error_responses(model: type[BaseModel], *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for the errors a route may answer, so that SDKs type them. `default`
+    covers the rest (a 500) and keeps FastAPI from listing its own 422 body, which Kiln never
+    sends: its validation errors have this same shape."""
+    documented: dict[int | str, dict[str, Any]] = {
+        status: {"model": model, "description": ERROR_DESCRIPTIONS[status]} for status in statuses
+    }
+    documented["default"] = {"model": model, "description": "An unexpected error; the server log has more."}
+    return documented

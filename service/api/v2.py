@@ -23,6 +23,7 @@ from compiler.spec import DTYPES, InputSpec
 from service.api.auth import Scope, require
 from service.api.deps import Services, services
 from service.api.problems import STATUS_OF, validation_detail
+from service.api.schemas import V2Error, error_responses
 from service.errors import BadRequestError, KilnError, NotFoundError
 from service.router import servable, serving_version
 from service.store import StoreUnavailableError
@@ -70,6 +71,7 @@ class V2Route(APIRoute):
 
 router = APIRouter(tags=["v2"], route_class=V2Route)
 infer_scope = [Depends(require(Scope.infer))]
+MODEL_ERRORS = error_responses(V2Error, 400, 401, 403, 404)
 ServicesDep = Annotated[Services, Depends(services)]
 
 
@@ -125,13 +127,18 @@ def _metadata(svc: Services, name: str, version: int | None) -> dict[str, Any]:
     }
 
 
-@router.get("/v2/models/{name}", operation_id="v2_model_metadata", dependencies=infer_scope)
+@router.get(
+    "/v2/models/{name}", operation_id="v2_model_metadata", dependencies=infer_scope, responses=MODEL_ERRORS
+)
 def model_metadata(name: str, svc: ServicesDep) -> dict[str, Any]:
     return _metadata(svc, name, None)
 
 
 @router.get(
-    "/v2/models/{name}/versions/{version}", operation_id="v2_model_version_metadata", dependencies=infer_scope
+    "/v2/models/{name}/versions/{version}",
+    operation_id="v2_model_version_metadata",
+    dependencies=infer_scope,
+    responses=MODEL_ERRORS,
 )
 def model_version_metadata(name: str, version: str, svc: ServicesDep) -> dict[str, Any]:
     return _metadata(svc, name, version_number(version))
@@ -145,7 +152,9 @@ def _model_ready(svc: Services, name: str, version: int | None) -> Response:
     return Response()
 
 
-@router.get("/v2/models/{name}/ready", operation_id="v2_model_ready", dependencies=infer_scope)
+@router.get(
+    "/v2/models/{name}/ready", operation_id="v2_model_ready", dependencies=infer_scope, responses=MODEL_ERRORS
+)
 def model_ready(name: str, svc: ServicesDep) -> Response:
     return _model_ready(svc, name, None)
 
@@ -154,6 +163,7 @@ def model_ready(name: str, svc: ServicesDep) -> Response:
     "/v2/models/{name}/versions/{version}/ready",
     operation_id="v2_model_version_ready",
     dependencies=infer_scope,
+    responses=MODEL_ERRORS,
 )
 def model_version_ready(name: str, version: str, svc: ServicesDep) -> Response:
     return _model_ready(svc, name, version_number(version))
@@ -223,7 +233,9 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
 # an inference request tries two routes instead of every route. Its handlers call the auth check
 # and reach the services themselves: FastAPI's dependency solving costs more per request than
 # the rest of the handler's own Python.
-inference = APIRouter(tags=["v2"], route_class=V2Route)
+inference = APIRouter(
+    tags=["v2"], route_class=V2Route, responses=error_responses(V2Error, 400, 401, 403, 404, 503)
+)
 check_infer = require(Scope.infer)
 
 

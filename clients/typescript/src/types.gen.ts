@@ -45,16 +45,6 @@ export type BodyUploadModel = {
 };
 
 /**
- * HTTPValidationError
- */
-export type HttpValidationError = {
-    /**
-     * Detail
-     */
-    detail?: Array<ValidationError>;
-};
-
-/**
  * IndexRequest
  */
 export type IndexRequest = {
@@ -223,6 +213,32 @@ export type PredictOut = {
 };
 
 /**
+ * Problem
+ *
+ * Every /v1 error, as RFC 9457 problem details (application/problem+json).
+ */
+export type Problem = {
+    /**
+     * Detail
+     *
+     * What went wrong, and what to fix.
+     */
+    detail: string;
+    /**
+     * Status
+     */
+    status: number;
+    /**
+     * Title
+     */
+    title: string;
+    /**
+     * Type
+     */
+    type?: string;
+};
+
+/**
  * TensorConfig
  */
 export type TensorConfig = {
@@ -269,31 +285,15 @@ export type UploadOut = {
 };
 
 /**
- * ValidationError
+ * V2Error
+ *
+ * Every /v2 error, as the Open Inference Protocol has it.
  */
-export type ValidationError = {
+export type V2Error = {
     /**
-     * Context
+     * Error
      */
-    ctx?: {
-        [key: string]: unknown;
-    };
-    /**
-     * Input
-     */
-    input?: unknown;
-    /**
-     * Location
-     */
-    loc: Array<string | number>;
-    /**
-     * Message
-     */
-    msg: string;
-    /**
-     * Error Type
-     */
-    type: string;
+    error: string;
 };
 
 /**
@@ -470,9 +470,29 @@ export type GetJobData = {
 
 export type GetJobErrors = {
     /**
-     * Validation Error
+     * No or unknown API key, when KILN_API_KEYS is set.
      */
-    422: HttpValidationError;
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
 };
 
 export type GetJobError = GetJobErrors[keyof GetJobErrors];
@@ -500,9 +520,29 @@ export type JobEventsData = {
 
 export type JobEventsErrors = {
     /**
-     * Validation Error
+     * No or unknown API key, when KILN_API_KEYS is set.
      */
-    422: HttpValidationError;
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
 };
 
 export type JobEventsError = JobEventsErrors[keyof JobEventsErrors];
@@ -520,6 +560,27 @@ export type ListModelsData = {
     query?: never;
     url: '/v1/models';
 };
+
+export type ListModelsErrors = {
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
+};
+
+export type ListModelsError = ListModelsErrors[keyof ListModelsErrors];
 
 export type ListModelsResponses = {
     /**
@@ -539,9 +600,33 @@ export type UploadModelData = {
 
 export type UploadModelErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: Problem;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * The upload is larger than KILN_MAX_UPLOAD_MB.
+     */
+    413: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
 };
 
 export type UploadModelError = UploadModelErrors[keyof UploadModelErrors];
@@ -575,9 +660,29 @@ export type DeleteModelData = {
 
 export type DeleteModelErrors = {
     /**
-     * Validation Error
+     * No or unknown API key, when KILN_API_KEYS is set.
      */
-    422: HttpValidationError;
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
 };
 
 export type DeleteModelError = DeleteModelErrors[keyof DeleteModelErrors];
@@ -605,9 +710,29 @@ export type GetModelData = {
 
 export type GetModelErrors = {
     /**
-     * Validation Error
+     * No or unknown API key, when KILN_API_KEYS is set.
      */
-    422: HttpValidationError;
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
 };
 
 export type GetModelError = GetModelErrors[keyof GetModelErrors];
@@ -642,9 +767,33 @@ export type PredictData = {
 
 export type PredictErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: Problem;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
 };
 
 export type PredictError = PredictErrors[keyof PredictErrors];
@@ -676,9 +825,29 @@ export type GetModelVersionData = {
 
 export type GetModelVersionErrors = {
     /**
-     * Validation Error
+     * No or unknown API key, when KILN_API_KEYS is set.
      */
-    422: HttpValidationError;
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
 };
 
 export type GetModelVersionError = GetModelVersionErrors[keyof GetModelVersionErrors];
@@ -717,9 +886,33 @@ export type PredictVersionData = {
 
 export type PredictVersionErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: Problem;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
 };
 
 export type PredictVersionError = PredictVersionErrors[keyof PredictVersionErrors];
@@ -788,6 +981,35 @@ export type V2AllStatsData = {
     url: '/v2/models/stats';
 };
 
+export type V2AllStatsErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V2AllStatsError = V2AllStatsErrors[keyof V2AllStatsErrors];
+
 export type V2AllStatsResponses = {
     /**
      * Response V2 All Stats
@@ -815,9 +1037,25 @@ export type V2ModelMetadataData = {
 
 export type V2ModelMetadataErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2ModelMetadataError = V2ModelMetadataErrors[keyof V2ModelMetadataErrors];
@@ -849,9 +1087,29 @@ export type V2InferData = {
 
 export type V2InferErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2InferError = V2InferErrors[keyof V2InferErrors];
@@ -877,9 +1135,25 @@ export type V2ModelReadyData = {
 
 export type V2ModelReadyErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2ModelReadyError = V2ModelReadyErrors[keyof V2ModelReadyErrors];
@@ -905,9 +1179,29 @@ export type V2ModelStatsData = {
 
 export type V2ModelStatsErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2ModelStatsError = V2ModelStatsErrors[keyof V2ModelStatsErrors];
@@ -943,9 +1237,25 @@ export type V2ModelVersionMetadataData = {
 
 export type V2ModelVersionMetadataErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2ModelVersionMetadataError = V2ModelVersionMetadataErrors[keyof V2ModelVersionMetadataErrors];
@@ -981,9 +1291,29 @@ export type V2InferVersionData = {
 
 export type V2InferVersionErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2InferVersionError = V2InferVersionErrors[keyof V2InferVersionErrors];
@@ -1013,9 +1343,25 @@ export type V2ModelVersionReadyData = {
 
 export type V2ModelVersionReadyErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2ModelVersionReadyError = V2ModelVersionReadyErrors[keyof V2ModelVersionReadyErrors];
@@ -1045,9 +1391,29 @@ export type V2ModelVersionStatsData = {
 
 export type V2ModelVersionStatsErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2ModelVersionStatsError = V2ModelVersionStatsErrors[keyof V2ModelVersionStatsErrors];
@@ -1077,9 +1443,29 @@ export type V2RepositoryIndexData = {
 
 export type V2RepositoryIndexErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2RepositoryIndexError = V2RepositoryIndexErrors[keyof V2RepositoryIndexErrors];
@@ -1111,9 +1497,29 @@ export type V2RepositoryLoadData = {
 
 export type V2RepositoryLoadErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2RepositoryLoadError = V2RepositoryLoadErrors[keyof V2RepositoryLoadErrors];
@@ -1139,9 +1545,29 @@ export type V2RepositoryUnloadData = {
 
 export type V2RepositoryUnloadErrors = {
     /**
-     * Validation Error
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    422: HttpValidationError;
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
 };
 
 export type V2RepositoryUnloadError = V2RepositoryUnloadErrors[keyof V2RepositoryUnloadErrors];

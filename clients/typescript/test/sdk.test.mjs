@@ -62,5 +62,8 @@ test(
     await deleteModel({ path: { name }, throwOnError: true });
     const gone = await getModel({ path: { name } });
     assert.equal(gone.response.status, 404);
+    // A problem+json body, parsed: the spec lists it.
+    assert.equal(gone.error.status, 404);
+    assert.ok(gone.error.detail.includes(name));
   },
 );

@@ -3,7 +3,6 @@
 from .active_out import ActiveOut
 from .body_upload_model import BodyUploadModel
 from .healthz_response_healthz import HealthzResponseHealthz
-from .http_validation_error import HTTPValidationError
 from .index_request import IndexRequest
 from .job_out import JobOut
 from .job_out_options import JobOutOptions
@@ -16,11 +15,13 @@ from .predict_in import PredictIn
 from .predict_in_inputs import PredictInInputs
 from .predict_out import PredictOut
 from .predict_out_outputs import PredictOutOutputs
+from .problem import Problem
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .tensor_config import TensorConfig
 from .tensor_config_dtype import TensorConfigDtype
 from .upload_out import UploadOut
 from .v2_all_stats_response_v2_all_stats import V2AllStatsResponseV2AllStats
+from .v2_error import V2Error
 from .v2_model_metadata_response_v2_model_metadata import V2ModelMetadataResponseV2ModelMetadata
 from .v2_model_stats_response_v2_model_stats import V2ModelStatsResponseV2ModelStats
 from .v2_model_version_metadata_response_v2_model_version_metadata import (
@@ -29,8 +30,6 @@ from .v2_model_version_metadata_response_v2_model_version_metadata import (
 from .v2_model_version_stats_response_v2_model_version_stats import V2ModelVersionStatsResponseV2ModelVersionStats
 from .v2_repository_index_response_200_item import V2RepositoryIndexResponse200Item
 from .v2_server_metadata_response_v2_server_metadata import V2ServerMetadataResponseV2ServerMetadata
-from .validation_error import ValidationError
-from .validation_error_context import ValidationErrorContext
 from .variant_out import VariantOut
 from .variant_out_baseline_latency_ms_by_batch import VariantOutBaselineLatencyMsByBatch
 from .variant_out_latency_ms_by_batch import VariantOutLatencyMsByBatch
@@ -43,7 +42,6 @@ __all__ = (
     "ActiveOut",
     "BodyUploadModel",
     "HealthzResponseHealthz",
-    "HTTPValidationError",
     "IndexRequest",
     "JobOut",
     "JobOutOptions",
@@ -56,19 +54,19 @@ __all__ = (
     "PredictInInputs",
     "PredictOut",
     "PredictOutOutputs",
+    "Problem",
     "ReadyzResponseReadyz",
     "TensorConfig",
     "TensorConfigDtype",
     "UploadOut",
     "V2AllStatsResponseV2AllStats",
+    "V2Error",
     "V2ModelMetadataResponseV2ModelMetadata",
     "V2ModelStatsResponseV2ModelStats",
     "V2ModelVersionMetadataResponseV2ModelVersionMetadata",
     "V2ModelVersionStatsResponseV2ModelVersionStats",
     "V2RepositoryIndexResponse200Item",
     "V2ServerMetadataResponseV2ServerMetadata",
-    "ValidationError",
-    "ValidationErrorContext",
     "VariantOut",
     "VariantOutBaselineLatencyMsByBatch",
     "VariantOutLatencyMsByBatch",

@@ -4,11 +4,10 @@ from urllib.parse import quote
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.http_validation_error import HTTPValidationError
 from ...models.predict_in import PredictIn
 from ...models.predict_out import PredictOut
+from ...models.problem import Problem
 from ...types import UNSET, Response, Unset
 
 
@@ -49,28 +48,50 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> HTTPValidationError | PredictOut | None:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> PredictOut | Problem:
     if response.status_code == 200:
         response_200 = PredictOut.from_dict(response.json())
 
         return response_200
 
+    if response.status_code == 400:
+        response_400 = Problem.from_dict(response.json())
+
+        return response_400
+
+    if response.status_code == 401:
+        response_401 = Problem.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = Problem.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = Problem.from_dict(response.json())
+
+        return response_404
+
     if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+        response_422 = Problem.from_dict(response.json())
 
         return response_422
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 503:
+        response_503 = Problem.from_dict(response.json())
+
+        return response_503
+
+    response_default = Problem.from_dict(response.json())
+
+    return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[HTTPValidationError | PredictOut]:
+) -> Response[PredictOut | Problem]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -86,7 +107,7 @@ def sync_detailed(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
-) -> Response[HTTPValidationError | PredictOut]:
+) -> Response[PredictOut | Problem]:
     """Run one version of a model.
 
     Args:
@@ -101,7 +122,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | PredictOut]
+        Response[PredictOut | Problem]
     """
 
     kwargs = _get_kwargs(
@@ -125,7 +146,7 @@ def sync(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
-) -> HTTPValidationError | PredictOut | None:
+) -> PredictOut | Problem | None:
     """Run one version of a model.
 
     Args:
@@ -140,7 +161,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | PredictOut
+        PredictOut | Problem
     """
 
     return sync_detailed(
@@ -159,7 +180,7 @@ async def asyncio_detailed(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
-) -> Response[HTTPValidationError | PredictOut]:
+) -> Response[PredictOut | Problem]:
     """Run one version of a model.
 
     Args:
@@ -174,7 +195,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | PredictOut]
+        Response[PredictOut | Problem]
     """
 
     kwargs = _get_kwargs(
@@ -196,7 +217,7 @@ async def asyncio(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
-) -> HTTPValidationError | PredictOut | None:
+) -> PredictOut | Problem | None:
     """Run one version of a model.
 
     Args:
@@ -211,7 +232,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | PredictOut
+        PredictOut | Problem
     """
 
     return (

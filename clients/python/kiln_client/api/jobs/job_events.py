@@ -4,9 +4,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.http_validation_error import HTTPValidationError
+from ...models.problem import Problem
 from ...types import Response
 
 
@@ -24,27 +23,42 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Any | HTTPValidationError | None:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | Problem:
     if response.status_code == 200:
         response_200 = cast(Any, None)
         return response_200
 
+    if response.status_code == 401:
+        response_401 = Problem.from_dict(response.text)
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = Problem.from_dict(response.text)
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = Problem.from_dict(response.text)
+
+        return response_404
+
     if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+        response_422 = Problem.from_dict(response.text)
 
         return response_422
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 503:
+        response_503 = Problem.from_dict(response.text)
+
+        return response_503
+
+    response_default = Problem.from_dict(response.text)
+
+    return response_default
 
 
-def _build_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[Any | HTTPValidationError]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | Problem]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -57,7 +71,7 @@ def sync_detailed(
     job_id: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | HTTPValidationError]:
+) -> Response[Any | Problem]:
     """Stream a compile job's stage changes as server-sent events until it settles.
 
      A `text/event-stream`. The first event comes at once with the job's current state, then one
@@ -83,7 +97,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | HTTPValidationError]
+        Response[Any | Problem]
     """
 
     kwargs = _get_kwargs(
@@ -101,7 +115,7 @@ def sync(
     job_id: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | HTTPValidationError | None:
+) -> Any | Problem | None:
     """Stream a compile job's stage changes as server-sent events until it settles.
 
      A `text/event-stream`. The first event comes at once with the job's current state, then one
@@ -127,7 +141,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | HTTPValidationError
+        Any | Problem
     """
 
     return sync_detailed(
@@ -140,7 +154,7 @@ async def asyncio_detailed(
     job_id: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | HTTPValidationError]:
+) -> Response[Any | Problem]:
     """Stream a compile job's stage changes as server-sent events until it settles.
 
      A `text/event-stream`. The first event comes at once with the job's current state, then one
@@ -166,7 +180,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | HTTPValidationError]
+        Response[Any | Problem]
     """
 
     kwargs = _get_kwargs(
@@ -182,7 +196,7 @@ async def asyncio(
     job_id: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | HTTPValidationError | None:
+) -> Any | Problem | None:
     """Stream a compile job's stage changes as server-sent events until it settles.
 
      A `text/event-stream`. The first event comes at once with the job's current state, then one
@@ -208,7 +222,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | HTTPValidationError
+        Any | Problem
     """
 
     return (

@@ -4,10 +4,9 @@ from urllib.parse import quote
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.http_validation_error import HTTPValidationError
 from ...models.model_out import ModelOut
+from ...models.problem import Problem
 from ...types import Response
 
 
@@ -25,28 +24,43 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> HTTPValidationError | ModelOut | None:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> ModelOut | Problem:
     if response.status_code == 200:
         response_200 = ModelOut.from_dict(response.json())
 
         return response_200
 
+    if response.status_code == 401:
+        response_401 = Problem.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = Problem.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = Problem.from_dict(response.json())
+
+        return response_404
+
     if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+        response_422 = Problem.from_dict(response.json())
 
         return response_422
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 503:
+        response_503 = Problem.from_dict(response.json())
+
+        return response_503
+
+    response_default = Problem.from_dict(response.json())
+
+    return response_default
 
 
-def _build_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[HTTPValidationError | ModelOut]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[ModelOut | Problem]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -59,7 +73,7 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[HTTPValidationError | ModelOut]:
+) -> Response[ModelOut | Problem]:
     """One model: versions, variants with status and latency, and what serves now.
 
     Args:
@@ -70,7 +84,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | ModelOut]
+        Response[ModelOut | Problem]
     """
 
     kwargs = _get_kwargs(
@@ -88,7 +102,7 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> HTTPValidationError | ModelOut | None:
+) -> ModelOut | Problem | None:
     """One model: versions, variants with status and latency, and what serves now.
 
     Args:
@@ -99,7 +113,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | ModelOut
+        ModelOut | Problem
     """
 
     return sync_detailed(
@@ -112,7 +126,7 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[HTTPValidationError | ModelOut]:
+) -> Response[ModelOut | Problem]:
     """One model: versions, variants with status and latency, and what serves now.
 
     Args:
@@ -123,7 +137,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | ModelOut]
+        Response[ModelOut | Problem]
     """
 
     kwargs = _get_kwargs(
@@ -139,7 +153,7 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> HTTPValidationError | ModelOut | None:
+) -> ModelOut | Problem | None:
     """One model: versions, variants with status and latency, and what serves now.
 
     Args:
@@ -150,7 +164,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | ModelOut
+        ModelOut | Problem
     """
 
     return (

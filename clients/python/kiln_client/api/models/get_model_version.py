@@ -4,9 +4,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.http_validation_error import HTTPValidationError
+from ...models.problem import Problem
 from ...models.version_out import VersionOut
 from ...types import Response
 
@@ -27,28 +26,45 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> HTTPValidationError | VersionOut | None:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Problem | VersionOut:
     if response.status_code == 200:
         response_200 = VersionOut.from_dict(response.json())
 
         return response_200
 
+    if response.status_code == 401:
+        response_401 = Problem.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = Problem.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = Problem.from_dict(response.json())
+
+        return response_404
+
     if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+        response_422 = Problem.from_dict(response.json())
 
         return response_422
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 503:
+        response_503 = Problem.from_dict(response.json())
+
+        return response_503
+
+    response_default = Problem.from_dict(response.json())
+
+    return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[HTTPValidationError | VersionOut]:
+) -> Response[Problem | VersionOut]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -62,7 +78,7 @@ def sync_detailed(
     version: int,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[HTTPValidationError | VersionOut]:
+) -> Response[Problem | VersionOut]:
     """One version of a model.
 
     Args:
@@ -74,7 +90,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | VersionOut]
+        Response[Problem | VersionOut]
     """
 
     kwargs = _get_kwargs(
@@ -94,7 +110,7 @@ def sync(
     version: int,
     *,
     client: AuthenticatedClient | Client,
-) -> HTTPValidationError | VersionOut | None:
+) -> Problem | VersionOut | None:
     """One version of a model.
 
     Args:
@@ -106,7 +122,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | VersionOut
+        Problem | VersionOut
     """
 
     return sync_detailed(
@@ -121,7 +137,7 @@ async def asyncio_detailed(
     version: int,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[HTTPValidationError | VersionOut]:
+) -> Response[Problem | VersionOut]:
     """One version of a model.
 
     Args:
@@ -133,7 +149,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | VersionOut]
+        Response[Problem | VersionOut]
     """
 
     kwargs = _get_kwargs(
@@ -151,7 +167,7 @@ async def asyncio(
     version: int,
     *,
     client: AuthenticatedClient | Client,
-) -> HTTPValidationError | VersionOut | None:
+) -> Problem | VersionOut | None:
     """One version of a model.
 
     Args:
@@ -163,7 +179,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | VersionOut
+        Problem | VersionOut
     """
 
     return (

@@ -3,9 +3,9 @@ from typing import Any
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
 from ...models.model_list import ModelList
+from ...models.problem import Problem
 from ...types import Response
 
 
@@ -19,19 +19,33 @@ def _get_kwargs() -> dict[str, Any]:
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> ModelList | None:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> ModelList | Problem:
     if response.status_code == 200:
         response_200 = ModelList.from_dict(response.json())
 
         return response_200
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 401:
+        response_401 = Problem.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = Problem.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 503:
+        response_503 = Problem.from_dict(response.json())
+
+        return response_503
+
+    response_default = Problem.from_dict(response.json())
+
+    return response_default
 
 
-def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[ModelList]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[ModelList | Problem]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -43,7 +57,7 @@ def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Res
 def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[ModelList]:
+) -> Response[ModelList | Problem]:
     """Every model, its versions and variants.
 
     Raises:
@@ -51,7 +65,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[ModelList]
+        Response[ModelList | Problem]
     """
 
     kwargs = _get_kwargs()
@@ -66,7 +80,7 @@ def sync_detailed(
 def sync(
     *,
     client: AuthenticatedClient | Client,
-) -> ModelList | None:
+) -> ModelList | Problem | None:
     """Every model, its versions and variants.
 
     Raises:
@@ -74,7 +88,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        ModelList
+        ModelList | Problem
     """
 
     return sync_detailed(
@@ -85,7 +99,7 @@ def sync(
 async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[ModelList]:
+) -> Response[ModelList | Problem]:
     """Every model, its versions and variants.
 
     Raises:
@@ -93,7 +107,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[ModelList]
+        Response[ModelList | Problem]
     """
 
     kwargs = _get_kwargs()
@@ -106,7 +120,7 @@ async def asyncio_detailed(
 async def asyncio(
     *,
     client: AuthenticatedClient | Client,
-) -> ModelList | None:
+) -> ModelList | Problem | None:
     """Every model, its versions and variants.
 
     Raises:
@@ -114,7 +128,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        ModelList
+        ModelList | Problem
     """
 
     return (

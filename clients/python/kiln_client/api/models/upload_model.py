@@ -3,10 +3,9 @@ from typing import Any
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
 from ...models.body_upload_model import BodyUploadModel
-from ...models.http_validation_error import HTTPValidationError
+from ...models.problem import Problem
 from ...models.upload_out import UploadOut
 from ...types import Response
 
@@ -30,9 +29,7 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Any | HTTPValidationError | UploadOut | None:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | Problem | UploadOut:
     if response.status_code == 200:
         response_200 = UploadOut.from_dict(response.json())
 
@@ -42,20 +39,44 @@ def _parse_response(
         response_202 = response.json()
         return response_202
 
+    if response.status_code == 400:
+        response_400 = Problem.from_dict(response.json())
+
+        return response_400
+
+    if response.status_code == 401:
+        response_401 = Problem.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = Problem.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 413:
+        response_413 = Problem.from_dict(response.json())
+
+        return response_413
+
     if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+        response_422 = Problem.from_dict(response.json())
 
         return response_422
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 503:
+        response_503 = Problem.from_dict(response.json())
+
+        return response_503
+
+    response_default = Problem.from_dict(response.json())
+
+    return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[Any | HTTPValidationError | UploadOut]:
+) -> Response[Any | Problem | UploadOut]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -68,7 +89,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: BodyUploadModel,
-) -> Response[Any | HTTPValidationError | UploadOut]:
+) -> Response[Any | Problem | UploadOut]:
     """Upload a TorchScript model; it serves at once and compiles in the background.
 
     Args:
@@ -79,7 +100,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | HTTPValidationError | UploadOut]
+        Response[Any | Problem | UploadOut]
     """
 
     kwargs = _get_kwargs(
@@ -97,7 +118,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
     body: BodyUploadModel,
-) -> Any | HTTPValidationError | UploadOut | None:
+) -> Any | Problem | UploadOut | None:
     """Upload a TorchScript model; it serves at once and compiles in the background.
 
     Args:
@@ -108,7 +129,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | HTTPValidationError | UploadOut
+        Any | Problem | UploadOut
     """
 
     return sync_detailed(
@@ -121,7 +142,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: BodyUploadModel,
-) -> Response[Any | HTTPValidationError | UploadOut]:
+) -> Response[Any | Problem | UploadOut]:
     """Upload a TorchScript model; it serves at once and compiles in the background.
 
     Args:
@@ -132,7 +153,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | HTTPValidationError | UploadOut]
+        Response[Any | Problem | UploadOut]
     """
 
     kwargs = _get_kwargs(
@@ -148,7 +169,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
     body: BodyUploadModel,
-) -> Any | HTTPValidationError | UploadOut | None:
+) -> Any | Problem | UploadOut | None:
     """Upload a TorchScript model; it serves at once and compiles in the background.
 
     Args:
@@ -159,7 +180,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | HTTPValidationError | UploadOut
+        Any | Problem | UploadOut
     """
 
     return (

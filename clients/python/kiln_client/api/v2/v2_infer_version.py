@@ -4,9 +4,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.http_validation_error import HTTPValidationError
+from ...models.v2_error import V2Error
 from ...types import Response
 
 
@@ -26,27 +25,42 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Any | HTTPValidationError | None:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | V2Error:
     if response.status_code == 200:
         response_200 = response.json()
         return response_200
 
-    if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+    if response.status_code == 400:
+        response_400 = V2Error.from_dict(response.json())
 
-        return response_422
+        return response_400
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 401:
+        response_401 = V2Error.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = V2Error.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = V2Error.from_dict(response.json())
+
+        return response_404
+
+    if response.status_code == 503:
+        response_503 = V2Error.from_dict(response.json())
+
+        return response_503
+
+    response_default = V2Error.from_dict(response.json())
+
+    return response_default
 
 
-def _build_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[Any | HTTPValidationError]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | V2Error]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -60,7 +74,7 @@ def sync_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | HTTPValidationError]:
+) -> Response[Any | V2Error]:
     """Infer Version
 
     Args:
@@ -72,7 +86,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | HTTPValidationError]
+        Response[Any | V2Error]
     """
 
     kwargs = _get_kwargs(
@@ -92,7 +106,7 @@ def sync(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | HTTPValidationError | None:
+) -> Any | V2Error | None:
     """Infer Version
 
     Args:
@@ -104,7 +118,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | HTTPValidationError
+        Any | V2Error
     """
 
     return sync_detailed(
@@ -119,7 +133,7 @@ async def asyncio_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | HTTPValidationError]:
+) -> Response[Any | V2Error]:
     """Infer Version
 
     Args:
@@ -131,7 +145,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | HTTPValidationError]
+        Response[Any | V2Error]
     """
 
     kwargs = _get_kwargs(
@@ -149,7 +163,7 @@ async def asyncio(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | HTTPValidationError | None:
+) -> Any | V2Error | None:
     """Infer Version
 
     Args:
@@ -161,7 +175,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | HTTPValidationError
+        Any | V2Error
     """
 
     return (

@@ -4,9 +4,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.http_validation_error import HTTPValidationError
+from ...models.v2_error import V2Error
 from ...models.v2_model_metadata_response_v2_model_metadata import V2ModelMetadataResponseV2ModelMetadata
 from ...types import Response
 
@@ -27,26 +26,40 @@ def _get_kwargs(
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> HTTPValidationError | V2ModelMetadataResponseV2ModelMetadata | None:
+) -> V2Error | V2ModelMetadataResponseV2ModelMetadata:
     if response.status_code == 200:
         response_200 = V2ModelMetadataResponseV2ModelMetadata.from_dict(response.json())
 
         return response_200
 
-    if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+    if response.status_code == 400:
+        response_400 = V2Error.from_dict(response.json())
 
-        return response_422
+        return response_400
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 401:
+        response_401 = V2Error.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = V2Error.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = V2Error.from_dict(response.json())
+
+        return response_404
+
+    response_default = V2Error.from_dict(response.json())
+
+    return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[HTTPValidationError | V2ModelMetadataResponseV2ModelMetadata]:
+) -> Response[V2Error | V2ModelMetadataResponseV2ModelMetadata]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -59,7 +72,7 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[HTTPValidationError | V2ModelMetadataResponseV2ModelMetadata]:
+) -> Response[V2Error | V2ModelMetadataResponseV2ModelMetadata]:
     """Model Metadata
 
     Args:
@@ -70,7 +83,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | V2ModelMetadataResponseV2ModelMetadata]
+        Response[V2Error | V2ModelMetadataResponseV2ModelMetadata]
     """
 
     kwargs = _get_kwargs(
@@ -88,7 +101,7 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> HTTPValidationError | V2ModelMetadataResponseV2ModelMetadata | None:
+) -> V2Error | V2ModelMetadataResponseV2ModelMetadata | None:
     """Model Metadata
 
     Args:
@@ -99,7 +112,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | V2ModelMetadataResponseV2ModelMetadata
+        V2Error | V2ModelMetadataResponseV2ModelMetadata
     """
 
     return sync_detailed(
@@ -112,7 +125,7 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[HTTPValidationError | V2ModelMetadataResponseV2ModelMetadata]:
+) -> Response[V2Error | V2ModelMetadataResponseV2ModelMetadata]:
     """Model Metadata
 
     Args:
@@ -123,7 +136,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | V2ModelMetadataResponseV2ModelMetadata]
+        Response[V2Error | V2ModelMetadataResponseV2ModelMetadata]
     """
 
     kwargs = _get_kwargs(
@@ -139,7 +152,7 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> HTTPValidationError | V2ModelMetadataResponseV2ModelMetadata | None:
+) -> V2Error | V2ModelMetadataResponseV2ModelMetadata | None:
     """Model Metadata
 
     Args:
@@ -150,7 +163,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | V2ModelMetadataResponseV2ModelMetadata
+        V2Error | V2ModelMetadataResponseV2ModelMetadata
     """
 
     return (

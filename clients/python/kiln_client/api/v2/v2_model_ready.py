@@ -4,9 +4,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.http_validation_error import HTTPValidationError
+from ...models.v2_error import V2Error
 from ...types import Response
 
 
@@ -24,27 +23,37 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Any | HTTPValidationError | None:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | V2Error:
     if response.status_code == 200:
         response_200 = response.json()
         return response_200
 
-    if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+    if response.status_code == 400:
+        response_400 = V2Error.from_dict(response.json())
 
-        return response_422
+        return response_400
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 401:
+        response_401 = V2Error.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = V2Error.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = V2Error.from_dict(response.json())
+
+        return response_404
+
+    response_default = V2Error.from_dict(response.json())
+
+    return response_default
 
 
-def _build_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[Any | HTTPValidationError]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | V2Error]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -57,7 +66,7 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | HTTPValidationError]:
+) -> Response[Any | V2Error]:
     """Model Ready
 
     Args:
@@ -68,7 +77,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | HTTPValidationError]
+        Response[Any | V2Error]
     """
 
     kwargs = _get_kwargs(
@@ -86,7 +95,7 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | HTTPValidationError | None:
+) -> Any | V2Error | None:
     """Model Ready
 
     Args:
@@ -97,7 +106,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | HTTPValidationError
+        Any | V2Error
     """
 
     return sync_detailed(
@@ -110,7 +119,7 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | HTTPValidationError]:
+) -> Response[Any | V2Error]:
     """Model Ready
 
     Args:
@@ -121,7 +130,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | HTTPValidationError]
+        Response[Any | V2Error]
     """
 
     kwargs = _get_kwargs(
@@ -137,7 +146,7 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | HTTPValidationError | None:
+) -> Any | V2Error | None:
     """Model Ready
 
     Args:
@@ -148,7 +157,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | HTTPValidationError
+        Any | V2Error
     """
 
     return (

@@ -4,9 +4,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.http_validation_error import HTTPValidationError
+from ...models.v2_error import V2Error
 from ...models.v2_model_stats_response_v2_model_stats import V2ModelStatsResponseV2ModelStats
 from ...types import Response
 
@@ -27,26 +26,45 @@ def _get_kwargs(
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> HTTPValidationError | V2ModelStatsResponseV2ModelStats | None:
+) -> V2Error | V2ModelStatsResponseV2ModelStats:
     if response.status_code == 200:
         response_200 = V2ModelStatsResponseV2ModelStats.from_dict(response.json())
 
         return response_200
 
-    if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+    if response.status_code == 400:
+        response_400 = V2Error.from_dict(response.json())
 
-        return response_422
+        return response_400
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 401:
+        response_401 = V2Error.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = V2Error.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = V2Error.from_dict(response.json())
+
+        return response_404
+
+    if response.status_code == 503:
+        response_503 = V2Error.from_dict(response.json())
+
+        return response_503
+
+    response_default = V2Error.from_dict(response.json())
+
+    return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[HTTPValidationError | V2ModelStatsResponseV2ModelStats]:
+) -> Response[V2Error | V2ModelStatsResponseV2ModelStats]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -59,7 +77,7 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[HTTPValidationError | V2ModelStatsResponseV2ModelStats]:
+) -> Response[V2Error | V2ModelStatsResponseV2ModelStats]:
     """A model's inference statistics.
 
     Args:
@@ -70,7 +88,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | V2ModelStatsResponseV2ModelStats]
+        Response[V2Error | V2ModelStatsResponseV2ModelStats]
     """
 
     kwargs = _get_kwargs(
@@ -88,7 +106,7 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> HTTPValidationError | V2ModelStatsResponseV2ModelStats | None:
+) -> V2Error | V2ModelStatsResponseV2ModelStats | None:
     """A model's inference statistics.
 
     Args:
@@ -99,7 +117,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | V2ModelStatsResponseV2ModelStats
+        V2Error | V2ModelStatsResponseV2ModelStats
     """
 
     return sync_detailed(
@@ -112,7 +130,7 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[HTTPValidationError | V2ModelStatsResponseV2ModelStats]:
+) -> Response[V2Error | V2ModelStatsResponseV2ModelStats]:
     """A model's inference statistics.
 
     Args:
@@ -123,7 +141,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | V2ModelStatsResponseV2ModelStats]
+        Response[V2Error | V2ModelStatsResponseV2ModelStats]
     """
 
     kwargs = _get_kwargs(
@@ -139,7 +157,7 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> HTTPValidationError | V2ModelStatsResponseV2ModelStats | None:
+) -> V2Error | V2ModelStatsResponseV2ModelStats | None:
     """A model's inference statistics.
 
     Args:
@@ -150,7 +168,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | V2ModelStatsResponseV2ModelStats
+        V2Error | V2ModelStatsResponseV2ModelStats
     """
 
     return (

@@ -4,9 +4,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.http_validation_error import HTTPValidationError
+from ...models.v2_error import V2Error
 from ...models.v2_model_version_metadata_response_v2_model_version_metadata import (
     V2ModelVersionMetadataResponseV2ModelVersionMetadata,
 )
@@ -31,26 +30,40 @@ def _get_kwargs(
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> HTTPValidationError | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
+) -> V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata:
     if response.status_code == 200:
         response_200 = V2ModelVersionMetadataResponseV2ModelVersionMetadata.from_dict(response.json())
 
         return response_200
 
-    if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+    if response.status_code == 400:
+        response_400 = V2Error.from_dict(response.json())
 
-        return response_422
+        return response_400
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 401:
+        response_401 = V2Error.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = V2Error.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = V2Error.from_dict(response.json())
+
+        return response_404
+
+    response_default = V2Error.from_dict(response.json())
+
+    return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[HTTPValidationError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
+) -> Response[V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -64,7 +77,7 @@ def sync_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[HTTPValidationError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
+) -> Response[V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
     """Model Version Metadata
 
     Args:
@@ -76,7 +89,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]
+        Response[V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata]
     """
 
     kwargs = _get_kwargs(
@@ -96,7 +109,7 @@ def sync(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> HTTPValidationError | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
+) -> V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
     """Model Version Metadata
 
     Args:
@@ -108,7 +121,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | V2ModelVersionMetadataResponseV2ModelVersionMetadata
+        V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata
     """
 
     return sync_detailed(
@@ -123,7 +136,7 @@ async def asyncio_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[HTTPValidationError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
+) -> Response[V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
     """Model Version Metadata
 
     Args:
@@ -135,7 +148,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[HTTPValidationError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]
+        Response[V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata]
     """
 
     kwargs = _get_kwargs(
@@ -153,7 +166,7 @@ async def asyncio(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> HTTPValidationError | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
+) -> V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
     """Model Version Metadata
 
     Args:
@@ -165,7 +178,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        HTTPValidationError | V2ModelVersionMetadataResponseV2ModelVersionMetadata
+        V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata
     """
 
     return (

@@ -4,9 +4,8 @@ from urllib.parse import quote
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
-from ...models.http_validation_error import HTTPValidationError
+from ...models.v2_error import V2Error
 from ...types import Response
 
 
@@ -24,27 +23,42 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Any | HTTPValidationError | None:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | V2Error:
     if response.status_code == 200:
         response_200 = response.json()
         return response_200
 
-    if response.status_code == 422:
-        response_422 = HTTPValidationError.from_dict(response.json())
+    if response.status_code == 400:
+        response_400 = V2Error.from_dict(response.json())
 
-        return response_422
+        return response_400
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+    if response.status_code == 401:
+        response_401 = V2Error.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = V2Error.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = V2Error.from_dict(response.json())
+
+        return response_404
+
+    if response.status_code == 503:
+        response_503 = V2Error.from_dict(response.json())
+
+        return response_503
+
+    response_default = V2Error.from_dict(response.json())
+
+    return response_default
 
 
-def _build_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[Any | HTTPValidationError]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | V2Error]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -57,7 +71,7 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | HTTPValidationError]:
+) -> Response[Any | V2Error]:
     """Free a model's loaded runners; the next request loads it again.
 
     Args:
@@ -68,7 +82,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | HTTPValidationError]
+        Response[Any | V2Error]
     """
 
     kwargs = _get_kwargs(
@@ -86,7 +100,7 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | HTTPValidationError | None:
+) -> Any | V2Error | None:
     """Free a model's loaded runners; the next request loads it again.
 
     Args:
@@ -97,7 +111,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | HTTPValidationError
+        Any | V2Error
     """
 
     return sync_detailed(
@@ -110,7 +124,7 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | HTTPValidationError]:
+) -> Response[Any | V2Error]:
     """Free a model's loaded runners; the next request loads it again.
 
     Args:
@@ -121,7 +135,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | HTTPValidationError]
+        Response[Any | V2Error]
     """
 
     kwargs = _get_kwargs(
@@ -137,7 +151,7 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | HTTPValidationError | None:
+) -> Any | V2Error | None:
     """Free a model's loaded runners; the next request loads it again.
 
     Args:
@@ -148,7 +162,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | HTTPValidationError
+        Any | V2Error
     """
 
     return (
