@@ -53,7 +53,6 @@ MODELS: dict[str, BenchModel] = {
 # batch 1 and 8 separately: ResNet-18 has ~38 tasks, so 640 is about one round each.
 DEFAULT_TRIALS = {"mlp": 64, "resnet18": 640, "encoder": 128, "lstm": 64}
 MAX_BATCH = 8
-BATCHES = (1, MAX_BATCH)  # what the worker's benchmark measures: batch 1 and the largest
 TOLERANCE = 1.05  # Kiln's pick may be this much slower than the row's best
 console = Console(width=200)  # wide tables, also when piped to a file
 
@@ -88,9 +87,15 @@ class Candidate:
 @dataclass
 class ModelRun:
     model: BenchModel
+    spec: InputSpec
     candidates: dict[str, Candidate]
     pick: dict[int, str] = field(default_factory=dict)  # batch -> the column Kiln serves
     trials: int = 0
+
+    @property
+    def batches(self) -> tuple[int, ...]:
+        """What the worker's benchmark measures: batch 1 and the largest."""
+        return tuple(sorted({1, self.spec.max_batch_size}))
 
 
 def short(exc: BaseException, limit: int = 70) -> str:
@@ -127,10 +132,10 @@ def compile_column(column: Column, model: bytes, spec: InputSpec, target: str, t
     return Candidate(column, runner, result)
 
 
-def build(m: BenchModel, target: str, threads: int, trials: int | None) -> ModelRun:
-    console.log(f"{m.name}: compiling (max_batch_size {MAX_BATCH}, target {target})")
+def build(m: BenchModel, target: str, threads: int, trials: int | None, max_batch: int) -> ModelRun:
+    console.log(f"{m.name}: compiling (max_batch_size {max_batch}, target {target})")
     model = m.torchscript()
-    spec = InputSpec.from_dicts(m.inputs(), MAX_BATCH)
+    spec = InputSpec.from_dicts(m.inputs(), max_batch)
     torch.manual_seed(0)  # the weights BenchModel.torchscript scripted
     # Eager: the nn.Module itself, through the runner that serves TorchScript.
     eager = Candidate(EAGER, TorchScriptRunner(m.factory().eval(), spec))
@@ -142,7 +147,7 @@ def build(m: BenchModel, target: str, threads: int, trials: int | None) -> Model
             column = Column(column.key, column.title, column.backend, {TUNING_TRIALS: trials})
         candidates[column.key] = compile_column(column, model, spec, target, threads)
     check_eager(eager, candidates[REFERENCE], spec)
-    return ModelRun(m, candidates, trials=trials or 0)
+    return ModelRun(m, spec, candidates, trials=trials or 0)
 
 
 def check_eager(eager: Candidate, reference: Candidate, spec: InputSpec) -> None:
@@ -161,22 +166,21 @@ def check_eager(eager: Candidate, reference: Candidate, spec: InputSpec) -> None
 
 def time_all(run: ModelRun, rounds: int, round_s: float, pause_s: float) -> None:
     """Interleaved rounds; per column and batch, the median of the rounds' medians."""
-    spec = InputSpec.from_dicts(run.model.inputs(), MAX_BATCH)
     rng = np.random.default_rng(0)
-    inputs = {b: spec.random_inputs(b, rng) for b in BATCHES}
+    inputs = {b: run.spec.random_inputs(b, rng) for b in run.batches}
     ready = [c for c in run.candidates.values() if c.runner is not None]
-    samples: dict[tuple[str, int], list[float]] = {(c.column.key, b): [] for c in ready for b in BATCHES}
+    samples: dict[tuple[str, int], list[float]] = {(c.column.key, b): [] for c in ready for b in run.batches}
     for r in range(rounds):
         console.log(f"{run.model.name}: timing round {r + 1}/{rounds}", style="dim")
         for c in ready:
             assert c.runner is not None
-            for b in BATCHES:
+            for b in run.batches:
                 ms = time_runner(c.runner, inputs[b], warmup=3, iters=200, budget_s=round_s)
                 samples[c.column.key, b].append(ms)
             # The last framework's thread pool keeps spinning for a while after its last call.
             time.sleep(pause_s)
     for c in ready:
-        c.ms = {b: statistics.median(samples[c.column.key, b]) for b in BATCHES}
+        c.ms = {b: statistics.median(samples[c.column.key, b]) for b in run.batches}
 
 
 def kiln_pick(run: ModelRun, target: str) -> None:
@@ -190,7 +194,7 @@ def kiln_pick(run: ModelRun, target: str) -> None:
         if backend is None or backend == REFERENCE or c.result is None:
             continue
         variants.append(record(key, backend, target, dict(c.column.options), c.result))
-    for b in BATCHES:
+    for b in run.batches:
         run.pick[b] = choose_variant(variants, {target}, b).id if variants else ""
 
 
@@ -244,7 +248,7 @@ def print_report(runs: list[ModelRun], args: argparse.Namespace, target: str) ->
     for run in runs:
         cands = run.candidates
         eager = cands[EAGER.key]
-        for b in BATCHES:
+        for b in run.batches:
             row = [run.model.name, str(b), f"{eager.ms[b]:.3g}"]
             for col in COMPILED:
                 if col.key == "tvm-tuned" and args.no_tuning:
@@ -278,7 +282,7 @@ def print_report(runs: list[ModelRun], args: argparse.Namespace, target: str) ->
             if c.error is not None:
                 failures.append(f"{run.model.name} / {c.column.title}: {c.error}")
         if run.model.name == "resnet18" and not args.no_tuning:
-            verdicts += resnet_verdicts(cands)
+            verdicts += resnet_verdicts(cands, run.batches)
     console.print(table)
     for line in verdicts:
         console.print(line)
@@ -286,14 +290,14 @@ def print_report(runs: list[ModelRun], args: argparse.Namespace, target: str) ->
         console.print(f"[red]failed: {line}[/red]")
 
 
-def resnet_verdicts(cands: dict[str, Candidate]) -> list[str]:
+def resnet_verdicts(cands: dict[str, Candidate], batches: tuple[int, ...]) -> list[str]:
     tuned, eager, ort = cands.get("tvm-tuned"), cands[EAGER.key], cands.get("onnxruntime")
     if tuned is None or not tuned.ms:
         return ["resnet18 b1: TVM tuned <= 0.8x eager: n/a (no tuned build)"]
     ratio = tuned.ms[1] / eager.ms[1]
     lines = [f"resnet18 b1: TVM tuned {ratio:.2f}x eager, <= 0.8x: {verdict(ratio <= 0.8)}"]
     if ort is not None and ort.ms:
-        lines += [f"resnet18 b{b}: TVM tuned {tuned.ms[b] / ort.ms[b]:.2f}x ONNX Runtime" for b in BATCHES]
+        lines += [f"resnet18 b{b}: TVM tuned {tuned.ms[b] / ort.ms[b]:.2f}x ONNX Runtime" for b in batches]
     return lines
 
 
@@ -328,6 +332,9 @@ def parse_args() -> argparse.Namespace:
     trials = ",".join(f"{k}={v}" for k, v in DEFAULT_TRIALS.items())
     p.add_argument("--trials", type=parse_trials, default=dict(DEFAULT_TRIALS), help=f"default {trials}")
     p.add_argument("--no-tuning", action="store_true", help="skip the TVM tuned column")
+    p.add_argument(
+        "--max-batch", type=int, default=MAX_BATCH, help="max_batch_size; tuned builds tune 1 and this"
+    )
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of every runtime")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     p.add_argument("--round-seconds", type=float, default=1.0, help="time budget per column, batch, round")
@@ -348,7 +355,8 @@ def main() -> None:
     target = cpu_target()
     runs = []
     for name in args.models:
-        run = build(MODELS[name], target, args.threads, None if args.no_tuning else args.trials[name])
+        trials = None if args.no_tuning else args.trials[name]
+        run = build(MODELS[name], target, args.threads, trials, args.max_batch)
         time_all(run, args.rounds, args.round_seconds, args.pause)
         kiln_pick(run, target)
         runs.append(run)

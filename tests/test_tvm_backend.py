@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 import shutil
 import struct
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -342,3 +344,58 @@ def test_static_batch_functions_lower_and_run(model: str) -> None:
         with torch.inference_mode():
             want = m.module()(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def matmul_workload() -> Any:
+    """A tiny PrimFunc to stand for a tuned kernel."""
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((4, 8), name="A")
+    w = te.placeholder((8, 8), name="W")
+    k = te.reduce_axis((0, 8), name="k")
+    c = te.compute((4, 8), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="C")
+    return tvm.IRModule({"main": te.create_prim_func([a, w, c])})
+
+
+def test_tuning_records_with_a_weight_layout_rewrite_round_trip() -> None:
+    """A pre-packed kernel's schedule holds an IndexMap; the shared cache must carry it to
+    another compile's database, which then applies it."""
+    import tvm
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    from compiler.backends.tvm_tune import TaskReport, WorkloadRecords, _commit, _export
+
+    mod = matmul_workload()
+    sch = Schedule(mod)
+    sch.transform_layout(sch.get_sblock("C"), ("read", 1), lambda i, j: (j, i))
+    first = ms.database.MemoryDatabase()
+    workload = first.commit_workload(mod)
+    first.commit_tuning_record(ms.database.TuningRecord(sch.trace, workload, run_secs=[1e-3]))
+    exported = _export(first, mod, TaskReport("matmul", "cafe", 1))
+    cached = WorkloadRecords.from_dict(json.loads(json.dumps(exported.to_dict())))  # as the store keeps it
+
+    second = ms.database.MemoryDatabase()
+    _commit(second, cached)
+    (record,) = second.get_top_k(second.commit_workload(mod), 1)
+    replayed = Schedule(mod)
+    record.trace.apply_to_schedule(replayed, remove_postproc=False)
+    tvm.ir.assert_structural_equal(replayed.mod, sch.mod)
+
+
+def test_a_cached_record_that_no_longer_loads_is_skipped(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its kernel must then be tuned again: the workload alone must not enter the database."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from compiler.backends.tvm_tune import WorkloadRecords, _commit
+
+    mod = matmul_workload()
+    workload = tvm.ir.save_json(ms.database.Workload(mod).as_json())
+    database = ms.database.JSONDatabase(work_dir=str(tmp_path))
+    _commit(database, WorkloadRecords("0123", workload, ['{"root": 1, "nodes": []}']))
+    assert "skipping the cached tuning record 0123" in caplog.text
+    assert not database.has_workload(mod)

@@ -11,6 +11,7 @@ The recipe is the one measured in shared/notes/tvm-tuning.md for PyPI apache-tvm
 
 from __future__ import annotations
 
+import json
 import logging
 import tempfile
 from collections.abc import Callable, Sequence
@@ -103,6 +104,8 @@ def tune_and_apply(
         budget = max(trials, TRIALS_PER_ROUND * len(fresh))
         tracker = _Tracker([reports[i] for i in fresh], budget, progress)
         if fresh:
+            # Candidates build while nothing is measured: each core compiles one.
+            cores = int(target.attrs["num-cores"])
             contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
                 [extracted[i] for i in fresh], work_dir=work_dir
             )
@@ -112,7 +115,7 @@ def tune_and_apply(
                 work_dir=work_dir,
                 max_trials_global=budget,
                 num_trials_per_iter=TRIALS_PER_ROUND,
-                builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=60, max_workers=1),
+                builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=60, max_workers=cores),
                 runner=ms.runner.LocalRunner(timeout_sec=30),
                 database=database,
                 measure_callbacks=[*MeasureCallback.create("default"), tracker.callback()],
@@ -122,19 +125,39 @@ def tune_and_apply(
         exported = [_export(database, extracted[i].dispatched[0], reports[i]) for i in fresh]
         with target, tvm.transform.PassContext(opt_level=3):
             tuned = relax.transform.MetaScheduleApplyDatabase(work_dir, enable_warning=False)(mod)
+            tuned = _prepack_weights(tuned)
     new_records = [r for r in exported if r.records]
     return tuned, TuningResult(tracker.trials, budget, tracker.failed, reports, new_records)
 
 
 def lower_for_tuning(mod: Any, target: Any) -> Any:
-    """Relax ops -> fused PrimFunc kernels: the form MetaSchedule extracts tasks from."""
+    """Relax ops -> fused PrimFunc kernels: the form MetaSchedule extracts tasks from.
+
+    Weights (constants) are marked layout-free, so a schedule may read them in whatever layout
+    suits its tiling (MetaSchedule's RewriteLayout); `_prepack_weights` then converts them once.
+    """
     import tvm
     from tvm import relax
 
     with target:
         mod = relax.transform.DecomposeOpsForInference()(mod)
         mod = relax.transform.CanonicalizeBindings()(mod)
-        return tvm.transform.Sequential([relax.get_pipeline("zero")])(mod)
+        mod = tvm.transform.Sequential([relax.get_pipeline("zero")])(mod)
+        return relax.transform.AttachAttrLayoutFreeBuffers()(mod)
+
+
+def _prepack_weights(mod: Any) -> Any:
+    """Move the tuned kernels' weight-layout rewrites out of the kernels, into bindings that
+    depend on constants only, and fold them: weights are packed at compile time, not per call."""
+    from tvm import relax
+
+    for apply in (
+        relax.transform.SplitLayoutRewritePreproc(),
+        relax.transform.LiftTransformParams(),
+        relax.transform.FoldConstant(),
+    ):
+        mod = apply(mod)
+    return mod
 
 
 def _import_tensor_intrinsics() -> None:
@@ -238,12 +261,21 @@ def _hash(workload_mod: Any) -> str:
 
 
 def _commit(database: Any, item: WorkloadRecords) -> None:
+    """Add cached records to the database; one that no longer loads (an older format, another
+    TVM) is skipped with a warning: a stale cache entry costs trials, never the compile."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    workload = database.commit_workload(ms.database.Workload.from_json(tvm.ir.load_json(item.workload)).mod)
-    for record in item.records:
-        database.commit_tuning_record(ms.database.TuningRecord.from_json(tvm.ir.load_json(record), workload))
+    try:
+        workload = ms.database.Workload.from_json(tvm.ir.load_json(item.workload))
+        records = [ms.database.TuningRecord.from_json(json.loads(r), workload) for r in item.records]
+    except Exception as exc:  # TVM raises many types, with C++ traces
+        log.warning("skipping the cached tuning record %s: %s", item.workload_hash, _last_line(str(exc)))
+        return
+    # Only now: a workload in the database counts as tuned, and its kernel would not be.
+    database.commit_workload(workload.mod)
+    for record in records:
+        database.commit_tuning_record(record)
 
 
 def _export(database: Any, workload_mod: Any, report: TaskReport) -> WorkloadRecords:
@@ -251,8 +283,26 @@ def _export(database: Any, workload_mod: Any, report: TaskReport) -> WorkloadRec
 
     workload = database.commit_workload(workload_mod)
     best = database.get_top_k(workload, RECORDS_KEPT)
+    record_json = tvm.get_global_func("s_tir.meta_schedule.TuningRecordAsJSON")
     return WorkloadRecords(
         report.workload_hash,
         tvm.ir.save_json(workload.as_json()),
-        [tvm.ir.save_json(record.as_json()) for record in best],
+        [json.dumps(_plain(record_json(record))) for record in best],
     )
+
+
+def _plain(value: Any) -> Any:
+    """A record's JSON object as plain JSON, written as MetaSchedule's JSONDatabase writes its
+    file: any other object (a layout rewrite's IndexMap) becomes its TVM JSON string, which
+    TuningRecord.from_json parses back. TuningRecord.as_json() rejects such objects."""
+    import tvm
+
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, tvm.tirx.IntImm | tvm.tirx.FloatImm):
+        return value.value
+    if isinstance(value, tvm.ir.Array):
+        return [_plain(item) for item in value]
+    if isinstance(value, tvm.ir.Map):
+        return {str(key): _plain(item) for key, item in value.items()}
+    return tvm.ir.save_json(value)
