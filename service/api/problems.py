@@ -17,6 +17,7 @@ from compiler.errors import (
     InvalidSpecError,
 )
 from service.api.middleware import HEADER
+from service.api.schemas import Problem
 from service.errors import KilnError
 from service.logs import request_id
 from service.store import StoreUnavailableError
@@ -38,7 +39,7 @@ STATUS_OF: dict[type[Exception], tuple[int, str]] = {
 
 def problem(status: int, title: str, detail: str) -> JSONResponse:
     return JSONResponse(
-        {"type": "about:blank", "title": title, "status": status, "detail": detail},
+        Problem(title=title, status=status, detail=detail).model_dump(),
         status_code=status,
         media_type=PROBLEM_MEDIA_TYPE,
     )
