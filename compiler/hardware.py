@@ -54,6 +54,44 @@ def llvm_cpu() -> str:
     return str(codegen.llvm_get_system_cpu())
 
 
+# LLVM's x86 vector features, each with the /proc/cpuinfo flag that says the host has it.
+_LLVM_VECTOR_FEATURES = {
+    "avx": "avx",
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avxvnni": "avx_vnni",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512cd": "avx512cd",
+    "avx512dq": "avx512dq",
+    "avx512vl": "avx512vl",
+    "avx512ifma": "avx512ifma",
+    "avx512vbmi": "avx512vbmi",
+    "avx512vbmi2": "avx512_vbmi2",
+    "avx512vnni": "avx512_vnni",
+    "avx512bitalg": "avx512_bitalg",
+    "avx512vpopcntdq": "avx512_vpopcntdq",
+    "avx512bf16": "avx512_bf16",
+    "avx512fp16": "avx512_fp16",
+    "amx-tile": "amx_tile",
+    "amx-int8": "amx_int8",
+    "amx-bf16": "amx_bf16",
+}
+
+
+def llvm_missing_features() -> list[str]:
+    """`-feature` for each vector feature this x86 host lacks, for LLVM's `mattr`.
+
+    LLVM names the CPU by its model (`znver4`) and assumes the model's full ISA, but a VM may
+    hide some of it: a Zen 4 guest without AVX-512 runs code built for `znver4` into SIGILL.
+    """
+    flags = cpu_flags()
+    if platform.machine() not in ("x86_64", "AMD64") or not flags:
+        return []
+    return [f"-{feature}" for feature, flag in _LLVM_VECTOR_FEATURES.items() if flag not in flags]
+
+
 @functools.cache
 def cpu_target() -> str:
     """E.g. `cpu-x86_64-znver3-avx2`."""

@@ -121,6 +121,32 @@ def test_settings_targets_override_detection(monkeypatch: pytest.MonkeyPatch) ->
 # The TensorRT backend on a host without CUDA or torch_tensorrt ----------------------------
 
 
+def test_llvm_drops_the_vector_features_a_vm_hides(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Zen 4 guest without AVX-512: LLVM's `znver4` would emit AVX-512 and the code would
+    die of SIGILL, so the TVM target turns those features off."""
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "x86_64")
+    zen4_guest = {"sse4_2", "avx", "avx2", "fma", "f16c"}
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: zen4_guest)
+    missing = hardware.llvm_missing_features()
+    assert "-avx512f" in missing and "-avx512vnni" in missing and "-avx512bf16" in missing
+    assert not {"-avx", "-avx2", "-fma", "-f16c"} & set(missing)
+    monkeypatch.setattr(hardware, "cpu_flags", lambda: zen4_guest | {"avx512f", "avx512_vnni"})
+    assert "-avx512f" not in hardware.llvm_missing_features()
+    monkeypatch.setattr(hardware.platform, "machine", lambda: "aarch64")
+    assert hardware.llvm_missing_features() == []
+
+
+def test_tvm_target_for_this_host_has_only_its_features() -> None:
+    pytest.importorskip("tvm")
+    from compiler.backends.tvm import host_target
+
+    config = json.loads(str(host_target(2)))
+    flags = hardware.cpu_flags()
+    assert config["mcpu"] == hardware.llvm_cpu() and config["num-cores"] == 2
+    if "avx512f" not in flags and hardware.platform.machine() == "x86_64":
+        assert "-avx512f" in config["mattr"]
+
+
 def test_tensorrt_import_guard_on_this_host() -> None:
     backend = get_backend("tensorrt")
     assert backend.name == "tensorrt"

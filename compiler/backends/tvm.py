@@ -21,6 +21,7 @@ from compiler.backends import tvm_cuda
 from compiler.backends.base import export_for
 from compiler.benchmark import benchmark_batches
 from compiler.errors import BackendUnavailableError, ConversionError
+from compiler.hardware import llvm_cpu, llvm_missing_features
 from compiler.runner import output_names
 from compiler.spec import InputSpec
 
@@ -189,11 +190,15 @@ def _load_module(tvm: Any, payload: bytes) -> Any:
 
 
 def host_target(threads: int) -> Any:
-    """LLVM for this machine's CPU. TVM 0.27 only accepts the JSON form of a target."""
+    """LLVM for this machine's CPU, less any vector feature the CPU model has and this host
+    does not. TVM 0.27 only accepts the JSON form of a target."""
     import tvm
 
-    cpu = str(tvm.target.codegen.llvm_get_system_cpu())
-    return tvm.target.Target({"kind": "llvm", "mcpu": cpu, "num-cores": threads})
+    config: dict[str, Any] = {"kind": "llvm", "mcpu": llvm_cpu(), "num-cores": threads}
+    missing = llvm_missing_features()
+    if missing:
+        config["mattr"] = missing
+    return tvm.target.Target(config)
 
 
 def _build(program: Any, target: Any) -> bytes:
