@@ -2,7 +2,9 @@
 
 Like Triton's dynamic batcher: a batch closes when it reaches `max_batch_size` or a preferred
 size, or when its oldest request has waited `max_queue_delay_us`. Requests keep arriving while a
-batch runs, so under load batches grow even with no delay at all.
+batch runs, so under load batches grow even with no delay at all. `run` sees the merged batch, so
+it can pick what runs it by the batch's size; what it returns beside the outputs (the variant
+that ran) reaches every request of the batch.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 import numpy as np
 
+from service.errors import UnavailableError
+
 Arrays = dict[str, np.ndarray]
+T = TypeVar("T")  # what `run` returns beside the outputs
 log = logging.getLogger("kiln.batcher")
 
 
@@ -28,10 +34,10 @@ class BatchPolicy:
 
 
 @dataclass
-class _Request:
+class _Request(Generic[T]):
     inputs: Arrays
     batch: int
-    future: asyncio.Future[Arrays]
+    future: asyncio.Future[tuple[Arrays, T]]
     # Requests merge only when every non-batch dimension agrees.
     signature: tuple[tuple[str, tuple[int, ...], str], ...] = field(init=False)
 
@@ -41,10 +47,10 @@ class _Request:
         )
 
 
-class Batcher:
+class Batcher(Generic[T]):
     def __init__(
         self,
-        run: Callable[[Arrays], Arrays],
+        run: Callable[[Arrays], tuple[Arrays, T]],
         policy: BatchPolicy,
         executor: Executor,
         on_batch: Callable[[int, int, float], None] | None = None,
@@ -54,46 +60,36 @@ class Batcher:
         self.policy = policy
         self.executor = executor
         self.on_batch = on_batch
-        self._queue: asyncio.Queue[_Request] = asyncio.Queue()
-        self._carry: _Request | None = None
+        self._queue: asyncio.Queue[_Request[T]] = asyncio.Queue()
+        self._carry: _Request[T] | None = None
+        self._batch: list[_Request[T]] = []  # being collected or run
         self._task: asyncio.Task[None] | None = None
 
-    async def submit(self, inputs: Arrays, batch: int) -> Arrays:
+    async def submit(self, inputs: Arrays, batch: int) -> tuple[Arrays, T]:
         if self.policy.max_batch_size == 1:
             return await self._run_alone(inputs, batch)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._loop())
-        future: asyncio.Future[Arrays] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
         await self._queue.put(_Request(inputs, batch, future))
         return await future
 
-    async def _run_alone(self, inputs: Arrays, batch: int) -> Arrays:
-        """A runner that cannot batch runs its requests side by side in the executor, as Triton
+    async def _run_alone(self, inputs: Arrays, batch: int) -> tuple[Arrays, T]:
+        """A model that cannot batch runs its requests side by side in the executor, as Triton
         runs a model's instances, instead of one at a time behind the queue: every runner is
         safe to call from several threads (those that are not hold a lock of their own)."""
         started = time.perf_counter()
-        outputs = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, inputs)
+        result = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, inputs)
         self._report(batch, 1, started)
-        return outputs
+        return result
 
-    def close(self, then: Callable[[], None] | None = None) -> None:
-        """Stop the batching task, then call `then` once the task (and with it the runner) is
-        released. Safe from any thread: evictions happen in worker threads."""
+    def close(self) -> None:
+        """Stop the batching task; requests still queued are cancelled. Safe from any thread."""
         task = self._task
-        if task is None or task.done():
-            if then is not None:
-                then()
-            return
+        if task is not None and not task.done():
+            task.get_loop().call_soon_threadsafe(task.cancel)
 
-        def stop() -> None:
-            task.cancel()
-            if then is not None:
-                # On the next loop turn: during its own callbacks the task is still referenced.
-                task.add_done_callback(lambda _: task.get_loop().call_soon(then))
-
-        task.get_loop().call_soon_threadsafe(stop)
-
-    async def _next(self, timeout: float | None) -> _Request | None:
+    async def _next(self, timeout: float | None) -> _Request[T] | None:
         if self._carry is not None:
             request, self._carry = self._carry, None
             return request
@@ -106,10 +102,11 @@ class Batcher:
         except TimeoutError:
             return None
 
-    async def _collect(self) -> list[_Request]:
+    async def _collect(self) -> list[_Request[T]]:
         first = await self._next(None)
         assert first is not None
-        batch, size = [first], first.batch
+        self._batch = batch = [first]
+        size = first.batch
         deadline = time.monotonic() + self.policy.max_queue_delay_us / 1e6
         while size < self.policy.max_batch_size and size not in self.policy.preferred_batch_sizes:
             request = await self._next(deadline - time.monotonic())
@@ -128,17 +125,30 @@ class Batcher:
                 requests = [r for r in await self._collect() if not r.future.cancelled()]
                 if requests:
                     await self._execute(requests)
+                self._batch = []
         except asyncio.CancelledError:
+            self._fail_waiting()
             # End normally: a stored CancelledError's traceback would keep this frame, and with
-            # it the runner, alive in a reference cycle after the batcher is dropped.
+            # it the last batch's arrays, alive in a reference cycle after the batcher is dropped.
             return
 
-    async def _execute(self, requests: list[_Request]) -> None:
+    def _fail_waiting(self) -> None:
+        """Closed: every request still waiting gets an answer instead of hanging."""
+        waiting = [*self._batch, *([self._carry] if self._carry else [])]
+        while not self._queue.empty():
+            waiting.append(self._queue.get_nowait())
+        self._batch, self._carry = [], None
+        error = UnavailableError("the model was unloaded while this request waited for it; send it again")
+        for r in waiting:
+            if not r.future.done():
+                r.future.set_exception(error)
+
+    async def _execute(self, requests: list[_Request[T]]) -> None:
         """Run one batch. Whatever fails, fails its own requests: the loop must live on."""
         started = time.perf_counter()
         try:
             merged = merge([r.inputs for r in requests])
-            outputs = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, merged)
+            outputs, tag = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, merged)
             parts = split(outputs, [r.batch for r in requests])
         except Exception as exc:
             for r in requests:
@@ -147,7 +157,7 @@ class Batcher:
             return
         for r, part in zip(requests, parts, strict=True):
             if not r.future.done():
-                r.future.set_result(part)
+                r.future.set_result((part, tag))
         self._report(sum(r.batch for r in requests), len(requests), started)
 
     def _report(self, batch_size: int, requests: int, started: float) -> None:

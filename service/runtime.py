@@ -1,6 +1,8 @@
-"""The runtime: routes requests to variants, batches them, and keeps loaded runners in an LRU.
+"""The runtime: batches requests, routes each batch to a variant, and keeps runners in an LRU.
 
-Requests hold a reference to the runner they started with, so swapping in a faster variant or
+A model version's requests are batched together, and each batch runs on the variant that was
+measured fastest at the batch's own size: ONNX Runtime may win at batch 1 and Inductor at 8.
+A batch holds a reference to the runner it started with, so swapping in a faster variant or
 evicting one never drops a request in flight.
 """
 
@@ -22,7 +24,7 @@ from compiler.backends import get_backend
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service import metrics
-from service.batcher import Batcher, BatchPolicy
+from service.batcher import Arrays, Batcher, BatchPolicy
 from service.errors import NotFoundError
 from service.jobs import spec_of
 from service.memory import release_memory
@@ -56,7 +58,6 @@ class Prediction:
 @dataclass
 class Loaded:
     runner: Runner
-    batcher: Batcher
     model: str
     # The artifact's size: weights and code, which is what a loaded runner holds in memory.
     size_bytes: int
@@ -86,6 +87,8 @@ class Runtime:
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
+        # Per model version, and per backend for requests that pin one.
+        self._batchers: dict[tuple[str, int, str | None], Batcher[VariantRecord]] = {}
         # Batches of different models run side by side; each batcher runs one at a time.
         self._executor = ThreadPoolExecutor(settings.inference_workers, thread_name_prefix="kiln-infer")
 
@@ -138,17 +141,39 @@ class Runtime:
         route = await self.aroute(name, version)
         arrays = route.spec.coerce(inputs)
         batch = route.spec.check(arrays)
-        variant = choose_variant(route.variants, self.targets, batch, backend)
-        loaded = self._cached(runner_key(route.version, variant))
-        if loaded is None:
-            loaded = await run_in_threadpool(self.load, route.version, variant)
         started = time.perf_counter()
-        outputs = await loaded.batcher.submit(arrays, batch)
+        outputs, variant = await self._batcher(route.version, backend).submit(arrays, batch)
         done = time.perf_counter()
         number = route.version.version
         self.stats.request(name, number, done - started)
         metrics.REQUEST_SECONDS.labels(name, str(number), variant.backend).observe(done - begun)
         return Prediction(outputs, number, variant)
+
+    def _batcher(self, version: VersionRecord, backend: str | None) -> Batcher[VariantRecord]:
+        name, number = version.name, version.version
+        key = (name, number, backend)
+        batcher = self._batchers.get(key)
+        if batcher is None:
+
+            def run(arrays: Arrays) -> tuple[Arrays, VariantRecord]:
+                return self._run(name, number, backend, arrays)
+
+            def on_batch(size: int, requests: int, seconds: float) -> None:
+                self.stats.execution(name, number, size, seconds)
+                metrics.BATCH_SIZE.labels(name).observe(size)
+
+            policy = batch_policy(version, self.settings)
+            batcher = self._batchers[key] = Batcher(run, policy, self._executor, on_batch)
+        return batcher
+
+    def _run(
+        self, name: str, number: int, backend: str | None, arrays: Arrays
+    ) -> tuple[Arrays, VariantRecord]:
+        """In the executor: run a batch on the variant measured fastest at its size."""
+        route = self.route(name, number)
+        variant = choose_variant(route.variants, self.targets, route.spec.check(arrays), backend)
+        loaded = self._cached(runner_key(route.version, variant)) or self.load(route.version, variant)
+        return loaded.runner.run(arrays), variant
 
     def _cached(self, key: str) -> Loaded | None:
         with self._lock:
@@ -162,16 +187,19 @@ class Runtime:
         key = runner_key(version, variant)
         with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
+        evicted = 0
         with loading:
             loaded = self._cached(key)
             if loaded is None:
                 loaded = self._load(version, variant)
                 with self._lock:
                     self._loaded[key] = loaded
-                    self._evict_over_budget()
+                    evicted = self._evict_over_budget()
                     self._publish_loaded()
         with self._lock:
             self._loading.pop(key, None)
+        if evicted:
+            release_memory()
         return loaded
 
     def _load(self, version: VersionRecord, variant: VariantRecord) -> Loaded:
@@ -183,40 +211,40 @@ class Runtime:
         else:
             artifact = Artifact.unpack(store.get_blob(ARTIFACT_BLOB.format(key=variant.artifact_key)))
         runner = get_backend(variant.backend).load(artifact)
-        name, number = version.name, version.version
-
-        def on_batch(size: int, requests: int, seconds: float) -> None:
-            self.stats.execution(name, number, size, seconds)
-            metrics.BATCH_SIZE.labels(name).observe(size)
-
-        batcher = Batcher(runner.run, batch_policy(version, self.settings), self._executor, on_batch)
         log.info(
             "loaded %s variant %s of %s v%d in %.2f s",
             variant.backend,
             variant.id,
-            name,
-            number,
+            version.name,
+            version.version,
             time.perf_counter() - started,
         )
-        return Loaded(runner, batcher, name, len(artifact.payload))
+        return Loaded(runner, version.name, len(artifact.payload))
 
-    def _evict_over_budget(self) -> None:
-        """Evict least recently used runners until the budget holds; the newest always stays."""
+    def _evict_over_budget(self) -> int:
+        """Evict least recently used runners until the budget holds; the newest always stays.
+        Returns how many went; the caller then releases their memory, outside the lock."""
         budget = self.settings.runtime_max_mb * MB
+        evicted = 0
         while len(self._loaded) > 1 and sum(x.size_bytes for x in self._loaded.values()) > budget:
-            key, evicted = self._loaded.popitem(last=False)
-            evicted.batcher.close(then=release_memory)
-            log.info("evicted runner %s of %s (%.1f MB)", key, evicted.model, evicted.size_bytes / MB)
+            key, gone = self._loaded.popitem(last=False)
+            log.info("evicted runner %s of %s (%.1f MB)", key, gone.model, gone.size_bytes / MB)
+            evicted += 1
+        return evicted
 
     def unload(self, name: str) -> int:
-        """Drop a model's routes and runners (deleted, or unloaded on request); return how many."""
+        """Drop a model's routes, batchers and runners (deleted, or unloaded on request); return
+        how many runners went."""
         for route_key in [k for k in self._routes if k[0] == name]:
             self._routes.pop(route_key, None)
+        for batcher_key in [k for k in self._batchers if k[0] == name]:
+            self._batchers.pop(batcher_key).close()
         with self._lock:
             keys = [k for k, x in self._loaded.items() if x.model == name]
             for key in keys:
-                self._loaded.pop(key).batcher.close(then=release_memory)
+                del self._loaded[key]
             self._publish_loaded()
+        release_memory()
         return len(keys)
 
     @property
@@ -231,9 +259,10 @@ class Runtime:
         metrics.LOADED_BYTES.set(sum(x.size_bytes for x in self._loaded.values()))
 
     def close(self) -> None:
+        for batcher in self._batchers.values():
+            batcher.close()
+        self._batchers.clear()
         with self._lock:
-            for loaded in self._loaded.values():
-                loaded.batcher.close()
             self._loaded.clear()
             self._publish_loaded()
         self._executor.shutdown(wait=False, cancel_futures=True)

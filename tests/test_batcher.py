@@ -10,27 +10,30 @@ import numpy as np
 import pytest
 
 from service.batcher import Arrays, Batcher, BatchPolicy
+from service.errors import UnavailableError
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 
 
 class Recorder:
-    """A real computation that records the batch sizes it was called with."""
+    """A real computation that records the batch sizes it was called with, and tags its result
+    with that size, as the runtime tags a batch's outputs with the variant that ran it."""
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.calls: list[int] = []
         self.delay_s = delay_s
         self.lock = threading.Lock()
 
-    def __call__(self, inputs: Arrays) -> Arrays:
+    def __call__(self, inputs: Arrays) -> tuple[Arrays, int]:
+        size = int(inputs["x"].shape[0])
         with self.lock:
-            self.calls.append(int(inputs["x"].shape[0]))
+            self.calls.append(size)
         if self.delay_s:
             threading.Event().wait(self.delay_s)
         x = inputs["x"]
         if not np.isfinite(x).all():
             raise ValueError("non-finite input")
-        return {"y": x @ WEIGHTS, "s": x.sum(axis=1)}
+        return {"y": x @ WEIGHTS, "s": x.sum(axis=1)}, size
 
 
 def run(coro_factory: object) -> object:
@@ -47,7 +50,7 @@ def test_concurrent_requests_merge_and_split_exactly() -> None:
     recorder = Recorder()
     xs = requests(32)
 
-    async def main() -> list[Arrays]:
+    async def main() -> list[tuple[Arrays, int]]:
         with ThreadPoolExecutor(1) as pool:
             batcher = Batcher(recorder, BatchPolicy(16, max_queue_delay_us=20_000), pool)
             results = await asyncio.gather(*(batcher.submit({"x": x}, 1) for x in xs))
@@ -58,8 +61,10 @@ def test_concurrent_requests_merge_and_split_exactly() -> None:
     assert sum(recorder.calls) == 32
     assert len(recorder.calls) < 32 and max(recorder.calls) > 1
     assert max(recorder.calls) <= 16
-    for x, result in zip(xs, results, strict=True):
-        alone = recorder({"x": x})
+    # Every request learns the size of the batch that ran it.
+    assert sorted(size for _, size in results) == sorted(n for n in recorder.calls for _ in range(n))
+    for x, (result, _) in zip(xs, results, strict=True):
+        alone, _ = recorder({"x": x})
         np.testing.assert_array_equal(result["s"], alone["s"])
         np.testing.assert_allclose(result["y"], alone["y"], rtol=1e-6, atol=1e-7)
 
@@ -103,7 +108,7 @@ def test_different_shapes_never_merge() -> None:
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
             batcher = Batcher(
-                lambda a: {"z": a["x"] * 2},
+                lambda a: ({"z": a["x"] * 2}, None),
                 BatchPolicy(8, 20_000),
                 pool,
                 on_batch=lambda size, n, seconds: recorder.calls.append(size),
@@ -112,7 +117,7 @@ def test_different_shapes_never_merge() -> None:
             b = np.ones((1, 5), np.float32)
             out = await asyncio.gather(batcher.submit(widen(a), 1), batcher.submit(widen(b), 1))
             batcher.close()
-            assert out[0]["z"].shape == (1, 4) and out[1]["z"].shape == (1, 5)
+            assert out[0][0]["z"].shape == (1, 4) and out[1][0]["z"].shape == (1, 5)
 
     asyncio.run(main())
     assert recorder.calls == [1, 1]
@@ -127,8 +132,26 @@ def test_a_failing_batch_fails_only_its_requests() -> None:
             bad = np.full((1, 4), np.nan, np.float32)
             with pytest.raises(ValueError, match="non-finite"):
                 await batcher.submit({"x": bad}, 1)
-            good = await batcher.submit({"x": np.ones((1, 4), np.float32)}, 1)
+            good, _ = await batcher.submit({"x": np.ones((1, 4), np.float32)}, 1)
             batcher.close()
             assert good["y"].shape == (1, 3)
 
     asyncio.run(main())
+
+
+def test_closing_answers_every_waiting_request() -> None:
+    """An unload closes the batcher: the batch running and the requests queued behind it get a
+    503-class error at once, instead of hanging until their clients time out."""
+    recorder = Recorder(delay_s=0.2)
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(2), pool)
+            pending = [asyncio.ensure_future(batcher.submit({"x": x}, 1)) for x in requests(5)]
+            await asyncio.sleep(0.05)  # the first batch is running, the rest wait
+            batcher.close()
+            return await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 5)
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, UnavailableError) for r in results), results
+    assert "unloaded" in str(results[0])

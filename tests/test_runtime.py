@@ -1,0 +1,103 @@
+"""The runtime runs each batch on the variant measured fastest at the batch's own size.
+
+A real registry on the embedded store, a real ONNX Runtime artifact and the real TorchScript
+file; only the latency tables are set by hand, so that which variant wins at which size is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from compiler.backends import get_backend
+from compiler.spec import InputSpec
+from service.records import JobRecord, ModelConfig, OutputInfo, VariantRecord, VariantStatus
+from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
+from service.router import ANY_TARGET
+from service.runtime import Prediction, Runtime
+from service.settings import Settings
+from service.store.local import LocalStore
+from tests.models import MODELS
+
+HOST = "cpu-x86_64-test-avx2"
+MLP = MODELS["mlp"]
+BASELINE = {1: 1.0, 8: 8.0}  # TorchScript, timed in the same run as each variant
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[Runtime]:
+    """Model `mlp` v1: TorchScript, and ONNX Runtime measured slower at batch 1 and faster at 8."""
+    pytest.importorskip("onnxruntime")
+    store = LocalStore(tmp_path / "store")
+    registry = Registry(store)
+    model = MLP.torchscript()
+    sha = hashlib.sha256(model).hexdigest()
+    store.put_blob(MODEL_BLOB.format(sha256=sha), [model])
+    config = ModelConfig.model_validate(MLP.config(max_batch_size=8, max_queue_delay_us=200_000))
+    spec = InputSpec.from_dicts(MLP.inputs, 8)
+    artifact = get_backend("onnxruntime").compile(model, spec, HOST, {"threads": 1})
+    store.put_blob(ARTIFACT_BLOB.format(key="ort"), [artifact.pack()])
+
+    def plan(name: str, number: int) -> tuple[list[VariantRecord], list[JobRecord]]:
+        def variant(backend: str, target: str, key: str | None, ms: dict[int, float]) -> VariantRecord:
+            return VariantRecord(
+                id=backend,
+                model=name,
+                version=number,
+                backend=backend,
+                target=target,
+                status=VariantStatus.ready,
+                artifact_key=key,
+                latency_ms_by_batch=ms,
+                baseline_latency_ms_by_batch=BASELINE,
+            )
+
+        return [
+            variant("torchscript", ANY_TARGET, None, BASELINE),
+            variant("onnxruntime", HOST, "ort", {1: 2.0, 8: 4.0}),
+        ], []
+
+    outputs = [OutputInfo(name="output0", dtype="float32", shape=[-1, 10])]
+    registry.create_version(config, sha, outputs, plan)
+    rt = Runtime(registry, Settings(data_dir=tmp_path, targets=[HOST]))
+    yield rt
+    rt.close()
+
+
+def expected(x: np.ndarray) -> np.ndarray:
+    with torch.inference_mode():
+        out: np.ndarray = MLP.module()(torch.from_numpy(x)).numpy()
+    return out
+
+
+def test_each_batch_runs_on_the_variant_fastest_at_its_size(runtime: Runtime) -> None:
+    xs = [np.random.default_rng(i).standard_normal((1, 64)).astype(np.float32) for i in range(8)]
+
+    async def main() -> tuple[list[Prediction], Prediction]:
+        merged = await asyncio.gather(*(runtime.predict("mlp", None, {"x": x}) for x in xs))
+        alone = await runtime.predict("mlp", None, {"x": xs[0]})
+        return list(merged), alone
+
+    merged, alone = asyncio.run(main())
+    [stats] = runtime.stats.doc("mlp")
+    assert [b["batch_size"] for b in stats["batch_stats"]] == [1, 8]
+    # Eight requests of batch 1 waited for each other and ran as one batch of 8: ONNX Runtime's.
+    assert {p.variant.backend for p in merged} == {"onnxruntime"}
+    # One request alone is a batch of 1, where TorchScript was measured faster.
+    assert alone.variant.backend == "torchscript"
+    for x, p in zip(xs, merged, strict=True):
+        np.testing.assert_allclose(p.outputs["output0"], expected(x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(alone.outputs["output0"], expected(xs[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_a_pinned_backend_runs_every_batch_size(runtime: Runtime) -> None:
+    x = np.ones((1, 64), np.float32)
+    pinned = asyncio.run(runtime.predict("mlp", None, {"x": x}, backend="onnxruntime"))
+    assert pinned.variant.backend == "onnxruntime"
+    np.testing.assert_allclose(pinned.outputs["output0"], expected(x), rtol=1e-4, atol=1e-5)
