@@ -27,7 +27,7 @@ from service import metrics
 from service.batcher import Arrays, Batcher, BatchPolicy
 from service.errors import NotFoundError
 from service.jobs import spec_of
-from service.memory import release_memory
+from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
 from service.router import ANY_TARGET, choose_variant, serving_version
@@ -187,11 +187,11 @@ class Runtime:
         key = runner_key(version, variant)
         with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
-        evicted = 0
+        evicted, fresh = 0, False
         with loading:
             loaded = self._cached(key)
             if loaded is None:
-                loaded = self._load(version, variant)
+                loaded, fresh = self._load(version, variant), True
                 with self._lock:
                     self._loaded[key] = loaded
                     evicted = self._evict_over_budget()
@@ -200,6 +200,8 @@ class Runtime:
             self._loading.pop(key, None)
         if evicted:
             release_memory()
+        elif fresh:
+            freeze_heap()  # the new runner's objects too
         return loaded
 
     def _load(self, version: VersionRecord, variant: VariantRecord) -> Loaded:

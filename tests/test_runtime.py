@@ -1,4 +1,5 @@
-"""The runtime runs each batch on the variant measured fastest at the batch's own size.
+"""The runtime runs each batch on the variant measured fastest at the batch's own size, and its
+heap stays out of the collector's way without keeping evicted runners alive.
 
 A real registry on the embedded store, a real ONNX Runtime artifact and the real TorchScript
 file; only the latency tables are set by hand, so that which variant wins at which size is known.
@@ -7,7 +8,9 @@ file; only the latency tables are set by hand, so that which variant wins at whi
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import torch
 
 from compiler.backends import get_backend
 from compiler.spec import InputSpec
+from service.memory import freeze_heap, release_memory
 from service.records import JobRecord, ModelConfig, OutputInfo, VariantRecord, VariantStatus
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
 from service.router import ANY_TARGET
@@ -101,3 +105,23 @@ def test_a_pinned_backend_runs_every_batch_size(runtime: Runtime) -> None:
     pinned = asyncio.run(runtime.predict("mlp", None, {"x": x}, backend="onnxruntime"))
     assert pinned.variant.backend == "onnxruntime"
     np.testing.assert_allclose(pinned.outputs["output0"], expected(x), rtol=1e-4, atol=1e-5)
+
+
+def test_released_memory_includes_cycles_frozen_out_of_the_collector() -> None:
+    """The serving heap is frozen (gc.freeze) to keep full collections short; an eviction must
+    still free a runner whose objects form a reference cycle."""
+
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # type: ignore[attr-defined]
+    alive = weakref.ref(a)
+    freeze_heap()
+    assert gc.get_freeze_count() > 0
+    del a, b
+    gc.collect()
+    assert alive() is not None  # frozen: an ordinary collection does not see the cycle
+    release_memory()
+    assert alive() is None
+    assert gc.get_freeze_count() > 0  # and what is still alive is frozen again

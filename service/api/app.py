@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.telemetry import TelemetryConfig
 
 from compiler.threads import set_threads
 from service import metrics
@@ -14,6 +15,7 @@ from service.api import events, health, jobs, models, predict, problems, reposit
 from service.api.auth import parse_keys
 from service.api.deps import Services
 from service.api.middleware import RequestContext
+from service.memory import freeze_heap
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
 from service.records import JobRecord, JobStatus
 from service.registry import Registry
@@ -34,6 +36,9 @@ def resume_unfinished(registry: Registry, queue: JobQueue) -> None:
             queue.enqueue(job.id, job.target)
 
 
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     api_keys = parse_keys(settings.api_keys)
@@ -51,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
         if settings.embedded:
             resume_unfinished(registry, queue)
+        freeze_heap()  # what startup imported stays out of every later full collection
         log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
         try:
             yield
@@ -66,6 +72,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="A model server that compiles what it serves.",
         lifespan=lifespan,
         max_body_size=settings.max_upload_mb * MB,
+        telemetry=None if settings.opentelemetry else NO_TELEMETRY,
     )
     app.state.api_keys = api_keys
     app.add_middleware(RequestContext)
