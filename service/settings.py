@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     runtime_max_mb: int = 4096
     # Threads that run batches; each model's batcher runs one batch at a time.
     inference_workers: int = 4
+    # FastAPI's OpenTelemetry spans and metrics, for an OTel provider or exporter configured in
+    # this process. Off by default: Kiln's metrics are Prometheus, and FastAPI looks up its
+    # providers on every request, ~6% of a small model's server CPU.
+    opentelemetry: bool = False
     # Server default for models whose config sets no max_queue_delay_us (as in Triton). With 0,
     # requests still merge when they queue behind a running batch.
     max_queue_delay_us: int = 0

@@ -7,8 +7,8 @@ uvicorn's access log and the 500 handler, which all run in this request's task.
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,7 +24,7 @@ SANE_ID = re.compile(r"[A-Za-z0-9._:=+/-]{1,128}")
 def incoming_or_new(value: str | None) -> str:
     if value is not None and SANE_ID.fullmatch(value):
         return value
-    return uuid.uuid4().hex
+    return os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
 
 
 def route_template(scope: Scope) -> str:
