@@ -2,7 +2,8 @@
 dynamic batching, and TorchServe 0.12, each ratio measured in the same run.
 
 Every server runs on 127.0.0.1 as a subprocess with one process and the same intra-op threads;
-one closed-loop client (N concurrent loops, a fixed window after a warm-up) loads each in turn.
+wrk, a closed loop of N connections, loads each in turn: a Python client would take as much CPU
+as the server it measures, and on a small machine that taxes the fastest server most.
 Targets are measured in interleaved rounds (A B C, A B C, ...) so that a noisy neighbour on the
 machine hits all of them alike; benchmarks/README.md says more.
 Run: .venv/bin/python benchmarks/serving.py [--help]
@@ -11,10 +12,10 @@ Run: .venv/bin/python benchmarks/serving.py [--help]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,9 +24,9 @@ import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 import httpx
 import numpy as np
 import psutil
@@ -41,11 +42,15 @@ from benchmarks.torchserve.server import TorchServe, setup_venv, unavailable_rea
 from tests.servers import KilnServer, wait_until
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
-REQUEST_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 60
 console = Console(width=200)  # wide tables, also when piped to a file
 
 
 # Load generator ----------------------------------------------------------------------------
+
+WRK_SCRIPT = Path(__file__).resolve().parent / "wrk" / "load.lua"
+# The latency quantiles (percent) that load.lua prints, in its order.
+QUANTILES = np.array([*(t / 10 for t in range(0, 990, 5)), *(t / 10 for t in range(990, 1000)), 100.0])
 
 
 @dataclass(frozen=True)
@@ -60,88 +65,64 @@ class Target:
 
 @dataclass
 class Sample:
-    latencies: list[float] = field(default_factory=list)  # seconds, successes inside the window
+    runs: list[tuple[int, np.ndarray]] = field(default_factory=list)  # (requests, quantiles in s)
     errors: int = 0
     seconds: float = 0.0
-    cpu_s: float = 0.0  # the server's CPU time (user + system) over the window
-    first_error: str | None = None
+    cpu_s: float = 0.0  # the server's CPU time (user + system) over the measured runs
 
     def add(self, other: Sample) -> None:
-        self.latencies += other.latencies
+        self.runs += other.runs
         self.errors += other.errors
         self.seconds += other.seconds
         self.cpu_s += other.cpu_s
-        self.first_error = self.first_error or other.first_error
+
+    @property
+    def requests(self) -> int:
+        return sum(n for n, _ in self.runs)
 
     @property
     def rps(self) -> float:
-        return len(self.latencies) / self.seconds if self.seconds else 0.0
+        return self.requests / self.seconds if self.seconds else 0.0
 
     @property
     def cpu_ms_per_request(self) -> float:
-        return self.cpu_s * 1000 / len(self.latencies) if self.latencies else float("nan")
+        return self.cpu_s * 1000 / self.requests if self.requests else float("nan")
 
     def ms(self, q: float) -> float:
-        return float(np.percentile(self.latencies, q)) * 1000 if self.latencies else float("nan")
+        """A percentile of all runs pooled: each run's quantiles stand for its requests."""
+        pooled = [np.interp((np.arange(n) + 0.5) / n * 100, QUANTILES, qs) for n, qs in self.runs if n]
+        return float(np.percentile(np.concatenate(pooled), q)) * 1000 if pooled else float("nan")
 
 
-async def _send(session: aiohttp.ClientSession, target: Target) -> str | None:
-    """One request; None on success, else what went wrong."""
-    try:
-        async with session.post(target.url, data=target.body, headers=target.headers) as response:
-            body = await response.read()
-            if response.status != 200:
-                return f"HTTP {response.status}: {body[:200]!r}"
-            return None
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+def wrk(target: Target, concurrency: int, seconds: int, cap: int) -> dict[str, Any]:
+    """One wrk run of whole seconds; its summary as load.lua prints it."""
+    with tempfile.NamedTemporaryFile(prefix="kiln-body-") as body:
+        body.write(target.body)
+        body.flush()
+        headers = [part for pair in target.headers.items() for part in pair]
+        command = [
+            *("wrk", "-t1", f"-c{concurrency}", f"-d{seconds}s", f"--timeout={REQUEST_TIMEOUT_S}s"),
+            *("-s", str(WRK_SCRIPT), target.url, "--", body.name, str(cap), *headers),
+        ]
+        limit = seconds + REQUEST_TIMEOUT_S + 30
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit)
+    line = next((x for x in done.stdout.splitlines() if x.startswith("KILN_WRK ")), None)
+    if done.returncode or line is None:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout[-500:]} {done.stderr[-500:]}")
+    summary: dict[str, Any] = json.loads(line.removeprefix("KILN_WRK "))
+    return summary
 
 
-async def _closed_loop(
-    session: aiohttp.ClientSession, target: Target, concurrency: int, window: tuple[float, float], cap: int
-) -> Sample:
-    """`concurrency` loops, each sending its next request as soon as the last one answers, until
-    the window (perf_counter times) closes. The loops run through the warm-up before it without a
-    pause, so the window sees the steady state: only requests that end inside it count."""
-    sample = Sample()
-    start, stop = window
-    sent = 0
-
-    async def loop() -> None:
-        nonlocal sent
-        while sent < cap and (began := time.perf_counter()) < stop:
-            sent += 1
-            error = await _send(session, target)
-            ended = time.perf_counter()
-            if start <= ended <= stop:
-                if error is None:
-                    sample.latencies.append(ended - began)
-                else:
-                    sample.errors += 1
-                    sample.first_error = sample.first_error or error
-            if error is not None:
-                await asyncio.sleep(0.05)  # never spin on a failing server
-
-    async def server_cpu() -> None:
-        await asyncio.sleep(start - time.perf_counter())
-        before = tree_cpu_s(target.pid)
-        await asyncio.sleep(stop - time.perf_counter())
-        sample.cpu_s = tree_cpu_s(target.pid) - before
-
-    await asyncio.gather(server_cpu(), *(loop() for _ in range(concurrency)))
-    sample.seconds = stop - start
-    return sample
-
-
-async def measure(target: Target, concurrency: int, warmup_s: float, seconds: float, cap: int) -> Sample:
-    """A warm-up, then `seconds` measured, with at most `cap` requests sent in all."""
+def measure(target: Target, concurrency: int, warmup_s: int, seconds: int, cap: int) -> Sample:
+    """A warm-up run, then `seconds` measured, with at most `cap` requests in each."""
     if urlsplit(target.url).hostname != "127.0.0.1":
         raise ValueError(f"only 127.0.0.1 is ever loaded; refusing {target.url}")
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-        start = time.perf_counter() + warmup_s
-        return await _closed_loop(session, target, concurrency, (start, start + seconds), cap)
+    wrk(target, concurrency, warmup_s, cap)
+    before = tree_cpu_s(target.pid)
+    summary = wrk(target, concurrency, seconds, cap)
+    cpu_s = tree_cpu_s(target.pid) - before
+    quantiles = np.array(summary["quantiles_us"], dtype=float) / 1e6
+    return Sample([(summary["requests"], quantiles)], summary["errors"], summary["duration_us"] / 1e6, cpu_s)
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -158,15 +139,16 @@ def tree_cpu_s(pid: int) -> float:
 
 
 def run_rounds(
-    targets: list[Target], concurrency: int, warmup_s: float, seconds: float, rounds: int, max_requests: int
+    targets: list[Target], concurrency: int, warmup_s: int, seconds: float, rounds: int, max_requests: int
 ) -> dict[str, Sample]:
-    """Each target gets `seconds` in all, split over `rounds` interleaved rounds."""
+    """Each target gets `seconds` in all (rounded to whole seconds per round, as wrk counts),
+    split over `rounds` interleaved rounds."""
+    per_round = max(1, round(seconds / rounds))
     results = {t.label: Sample() for t in targets}
     for r in range(rounds):
         for t in targets:
             console.log(f"round {r + 1}/{rounds}: {t.label}, concurrency {concurrency}", style="dim")
-            sample = asyncio.run(measure(t, concurrency, warmup_s, seconds / rounds, max_requests))
-            results[t.label].add(sample)
+            results[t.label].add(measure(t, concurrency, warmup_s, per_round, max_requests))
     return results
 
 
@@ -218,13 +200,34 @@ def check_answer(target: Target, expected: np.ndarray) -> None:
 # Servers -----------------------------------------------------------------------------------
 
 
+# The CPU compilers Kiln races against TorchScript for the CNN; untuned TVM never wins there.
+RESNET_BACKENDS = ["onnxruntime", "inductor"]
+
+
 def upload(http: httpx.Client, name: str, model: BenchModel, path: Path, **config: object) -> None:
+    """Upload, then wait until every variant has settled: ready, or failed with a reason."""
     doc = {"name": name, "inputs": model.inputs(), "backends": [], **config}
     response = http.post(
         "/v1/models", files={"file": ("model.pt", path.read_bytes())}, data={"config": json.dumps(doc)}
     )
     response.raise_for_status()
+
+    def settled() -> bool:
+        variants = http.get(f"/v1/models/{name}").json()["versions"][-1]["variants"]
+        return all(v["status"] in ("ready", "failed", "rejected") for v in variants)
+
+    wait_until(settled, 900, f"{name}'s variants settled")
     wait_until(lambda: http.get(f"/v2/models/{name}/ready").status_code == 200, 60, f"{name} ready")
+
+
+def served_by(http: httpx.Client, name: str) -> str:
+    """Each variant's measured latency by batch size, as the race sees them."""
+    variants = http.get(f"/v1/models/{name}").json()["versions"][-1]["variants"]
+    parts = []
+    for v in variants:
+        latencies = sorted((int(b), ms) for b, ms in v["latency_ms_by_batch"].items())
+        parts.append(f"{v['backend']} {v['status']}" + "".join(f", b{b} {ms:.1f} ms" for b, ms in latencies))
+    return "; ".join(parts)
 
 
 # Tables ------------------------------------------------------------------------------------
@@ -268,7 +271,7 @@ def table(title: str, concurrency: int, rows: list[Row]) -> Table:
         out.add_row(
             row.label,
             str(concurrency),
-            str(len(s.latencies)),
+            str(s.requests),
             f"{s.rps:.1f}",
             f"{s.ms(50):.1f}",
             f"{s.ms(99):.1f}",
@@ -348,9 +351,12 @@ def start_kiln(stack: ExitStack, tmp: Path, args: argparse.Namespace, paths: dic
     with httpx.Client(base_url=kiln.url, timeout=300) as http:
         upload(http, "mlp", MLP64, paths["mlp"], max_batch_size=mb)  # queue delay: server default, 0
         upload(http, "mlp-b1", MLP64, paths["mlp"], max_batch_size=1)
-        delay = args.queue_delay_us
-        upload(http, "resnet18", RESNET18, paths["resnet18"], max_batch_size=mb, max_queue_delay_us=delay)
-        upload(http, "resnet18-b1", RESNET18, paths["resnet18"], max_batch_size=1)
+        delay, racers = args.queue_delay_us, RESNET_BACKENDS
+        path = paths["resnet18"]
+        upload(http, "resnet18", RESNET18, path, max_batch_size=mb, max_queue_delay_us=delay, backends=racers)
+        upload(http, "resnet18-b1", RESNET18, path, max_batch_size=1, backends=racers)
+        for name in ("resnet18", "resnet18-b1"):
+            console.log(f"{name}: {served_by(http, name)}")
     return kiln
 
 
@@ -378,6 +384,8 @@ def start_torchserve(
 
 def main() -> None:
     args = parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("benchmarks/serving.py loads the servers with wrk; install it: sudo apt-get install -y wrk")
     for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background job starts with it ignored
         signal.signal(sig, interrupt)
     if args.setup_torchserve and not args.no_torchserve:
@@ -424,17 +432,17 @@ def main() -> None:
 
         console.log(f"MLP: {args.mlp_seconds:.0f} s per target, in {args.rounds} rounds")
         conc = args.mlp_concurrency
-        mlp = run_rounds(mlp_targets, conc, 1.0, args.mlp_seconds, args.rounds, args.max_requests)
+        mlp = run_rounds(mlp_targets, conc, 1, args.mlp_seconds, args.rounds, args.max_requests)
         console.log(f"ResNet-18: {args.resnet_seconds:.0f} s per target, in {args.rounds} rounds")
         conc = args.resnet_concurrency
-        resnet = run_rounds(resnet_targets, conc, 3.0, args.resnet_seconds, args.rounds, args.max_requests)
+        resnet = run_rounds(resnet_targets, conc, 3, args.resnet_seconds, args.rounds, args.max_requests)
         batches = kiln_batches(kiln.url)
 
     print_tables(args, mlp_targets, mlp, resnet_targets, resnet, None if isinstance(ts, TorchServe) else ts)
     console.print(f"Kiln's executed batches over the run (warm-ups included): {batches}")
     for label, sample in [*mlp.items(), *resnet.items()]:
-        if sample.first_error is not None:
-            console.print(f"[red]{label}: {sample.errors} errors, the first: {sample.first_error}[/red]")
+        if sample.errors:
+            console.print(f"[red]{label}: {sample.errors} requests failed or timed out[/red]")
     # Other work on the machine skews every number: the load average says how much there was.
     load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
     console.print(f"total wall time {time.monotonic() - started:.0f} s, {os.cpu_count()} CPUs, {load}")
