@@ -318,20 +318,23 @@ def test_max_batch_size_one_compiles_a_static_batch() -> None:
     assert_matches(model, compile_packed(model, InputSpec.from_dicts(MODELS["mlp"].inputs, 1)), (1,))
 
 
-@pytest.mark.parametrize("model", ["mlp", "encoder"])
+@pytest.mark.parametrize("model", ["mlp", "encoder", "cnn"])
 def test_static_batch_functions_lower_and_run(model: str) -> None:
     """What a tuned build compiles before MetaSchedule applies its schedules: one function per
-    batch size. The encoder's weight transposes are shared by both and once broke FuseOps."""
+    batch size, convolutions channels-last. The encoder's weight transposes are shared by both
+    and once broke FuseOps."""
     import tvm
     from tvm import relax
 
-    from compiler.backends.tvm import _static_batches, host_target
-    from compiler.backends.tvm_convert import import_program
+    from compiler.backends.tvm import host_target, tuning_module
     from compiler.backends.tvm_tune import lower_for_tuning
 
     m = MODELS[model]
     spec = InputSpec.from_dicts(m.inputs, 4)
-    mod = _static_batches(import_program(export_program(load_torchscript(m.torchscript()), spec)), [1, 4])
+    mod = tuning_module(export_program(load_torchscript(m.torchscript()), spec), [1, 4])
+    if model == "cnn":
+        layouts = {str(call.attrs.data_layout) for call in _calls(mod, "relax.nn.conv2d")}
+        assert layouts == {"NHWC"}
     target = host_target(1)
     vm = relax.VirtualMachine(tvm.compile(lower_for_tuning(mod, target), target), tvm.cpu())
     for batch in (1, 4):
@@ -344,6 +347,21 @@ def test_static_batch_functions_lower_and_run(model: str) -> None:
         with torch.inference_mode():
             want = m.module()(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _calls(mod: Any, op_name: str) -> list[Any]:
+    from tvm import relax
+
+    found: list[Any] = []
+
+    def visit(expr: Any) -> None:
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", None) == op_name:
+            found.append(expr)
+
+    for function in mod.functions.values():
+        if isinstance(function, relax.Function):
+            relax.analysis.post_order_visit(function, visit)
+    return found
 
 
 def matmul_workload() -> Any:
