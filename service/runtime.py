@@ -141,6 +141,11 @@ class Runtime:
         route = await self.aroute(name, version)
         arrays = route.spec.coerce(inputs)
         batch = route.spec.check(arrays)
+        # The variant for this request alone is loaded here, in the request's context (its log
+        # lines carry its id) and off the inference threads; a batch may still pick another.
+        variant = choose_variant(route.variants, self.targets, batch, backend)
+        if self._cached(runner_key(route.version, variant)) is None:
+            await run_in_threadpool(self.load, route.version, variant)
         started = time.perf_counter()
         outputs, variant = await self._batcher(route.version, backend).submit(arrays, batch)
         done = time.perf_counter()
