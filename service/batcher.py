@@ -84,7 +84,7 @@ class Batcher(Generic[T]):
         return result
 
     def close(self) -> None:
-        """Stop the batching task; requests still queued are cancelled. Safe from any thread."""
+        """Stop the batching task; the requests still waiting get a 503. Safe from any thread."""
         task = self._task
         if task is not None and not task.done():
             task.get_loop().call_soon_threadsafe(task.cancel)

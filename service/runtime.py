@@ -122,6 +122,8 @@ class Runtime:
             raise
         route = Route(chosen, spec_of(chosen), variants, time.monotonic())
         self._routes[key] = route
+        # Under its number too: that is how a batch, in the executor, finds its variants.
+        self._routes[(name, chosen.version)] = route
         return route
 
     async def aroute(self, name: str, version: int | None) -> Route:
@@ -242,16 +244,18 @@ class Runtime:
     def unload(self, name: str) -> int:
         """Drop a model's routes, batchers and runners (deleted, or unloaded on request); return
         how many runners went."""
-        for route_key in [k for k in self._routes if k[0] == name]:
+        # Copies of the keys: requests on the event loop may add entries meanwhile.
+        for route_key in [k for k in list(self._routes) if k[0] == name]:
             self._routes.pop(route_key, None)
-        for batcher_key in [k for k in self._batchers if k[0] == name]:
+        for batcher_key in [k for k in list(self._batchers) if k[0] == name]:
             self._batchers.pop(batcher_key).close()
         with self._lock:
             keys = [k for k, x in self._loaded.items() if x.model == name]
             for key in keys:
                 del self._loaded[key]
             self._publish_loaded()
-        release_memory()
+        if keys:
+            release_memory()
         return len(keys)
 
     @property
