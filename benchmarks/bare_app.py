@@ -70,8 +70,9 @@ def create_app() -> FastAPI:
 class BareServer:
     """This app as a uvicorn subprocess on a free loopback port."""
 
-    def __init__(self, model: Path, spec: str, threads: int, log: Path) -> None:
+    def __init__(self, model: Path, spec: str, threads: int, log: Path, workers: int = 1) -> None:
         self.port = free_port()
+        self.workers = workers
         self.env = {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
@@ -91,7 +92,7 @@ class BareServer:
             self.proc = subprocess.Popen(
                 [
                     *(sys.executable, "-m", "uvicorn", "benchmarks.bare_app:create_app", "--factory"),
-                    *("--host", "127.0.0.1", "--port", str(self.port)),
+                    *("--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)),
                 ],
                 cwd=ROOT,
                 env=self.env,

@@ -1,9 +1,10 @@
 """Serving benchmark: Kiln's v2 binary infer against a bare FastAPI endpoint, itself without
 dynamic batching, and TorchServe 0.12, each ratio measured in the same run.
 
-Every server runs on 127.0.0.1 as a subprocess with one process and the same intra-op threads;
-wrk, a closed loop of N connections, loads each in turn: a Python client would take as much CPU
-as the server it measures, and on a small machine that taxes the fastest server most.
+Every server runs on 127.0.0.1 as a subprocess with the same number of processes (`--workers`)
+and intra-op threads per process (`--threads`); wrk, a closed loop of N connections, loads each in
+turn: a Python client would take as much CPU as the server it measures, and on a small machine
+that taxes the fastest server most.
 Targets are measured in interleaved rounds (A B C, A B C, ...) so that a noisy neighbour on the
 machine hits all of them alike; benchmarks/README.md says more.
 Run: .venv/bin/python benchmarks/serving.py [--help]
@@ -297,7 +298,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--resnet-concurrency", type=int, default=8)
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--queue-delay-us", type=int, default=20_000, help="ResNet max_queue_delay_us")
-    p.add_argument("--threads", type=int, default=2, help="intra-op threads of every server")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads of every server process")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes per server: uvicorn workers of Kiln and the bare app, TorchServe workers per model",
+    )
     p.add_argument("--max-requests", type=int, default=100_000, help="cap per target and round")
     p.add_argument(
         "--torchserve-venv",
@@ -326,7 +333,8 @@ def reference(path: Path, x: np.ndarray) -> np.ndarray:
 
 
 def kiln_batches(url: str) -> str:
-    """The mean batch Kiln ran per model, from its statistics extension."""
+    """The mean batch Kiln ran per model, from its statistics extension (with several workers,
+    the view of the one that answers)."""
     stats = httpx.get(f"{url}/v2/models/stats", timeout=30).json()["model_stats"]
     return ", ".join(
         f"{m['name']} {m['inference_count'] / max(m['execution_count'], 1):.1f} per run"
@@ -341,11 +349,13 @@ def interrupt(signum: int, frame: object) -> None:
 
 
 def start_kiln(stack: ExitStack, tmp: Path, args: argparse.Namespace, paths: dict[str, Path]) -> KilnServer:
+    """Upload and compile through one `kiln serve`, then serve from a fresh one with `--workers`
+    processes on the same data: every worker loads its runners from the store, as after a deploy."""
     mb, threads = args.max_batch_size, args.threads
-    console.log(f"starting kiln serve (KILN_THREADS={threads}, one uvicorn worker), uploading ...")
+    console.log(f"starting kiln serve (KILN_THREADS={threads}), uploading ...")
     # OMP_NUM_THREADS too: `kiln serve` does not apply KILN_THREADS to its own runtime.
     env = {"KILN_DATA_DIR": str(tmp / "kiln"), "KILN_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-    kiln = KilnServer(env, tmp / "kiln.log")
+    kiln = KilnServer(env, tmp / "kiln-upload.log")
     stack.callback(kiln.stop)
     kiln.start()
     with httpx.Client(base_url=kiln.url, timeout=300) as http:
@@ -357,6 +367,11 @@ def start_kiln(stack: ExitStack, tmp: Path, args: argparse.Namespace, paths: dic
         upload(http, "resnet18-b1", RESNET18, path, max_batch_size=1, backends=racers)
         for name in ("resnet18", "resnet18-b1"):
             console.log(f"{name}: {served_by(http, name)}")
+    kiln.stop()
+    console.log(f"restarting kiln serve with {args.workers} uvicorn worker(s)")
+    kiln = KilnServer(env, tmp / "kiln.log", workers=args.workers)
+    stack.callback(kiln.stop)
+    kiln.start()
     return kiln
 
 
@@ -367,8 +382,8 @@ def start_torchserve(
     reason = unavailable_reason(args.torchserve_venv)
     if reason is not None:
         return reason
-    console.log(f"starting TorchServe 0.12 (one worker per model, {args.threads} threads) ...")
-    ts = TorchServe(args.torchserve_venv, tmp / "torchserve", args.threads)
+    console.log(f"starting TorchServe 0.12 ({args.workers} worker(s) per model, {args.threads} threads) ...")
+    ts = TorchServe(args.torchserve_venv, tmp / "torchserve", args.threads, args.workers)
     stack.callback(ts.stop)
     try:
         for m in (MLP64, RESNET18):
@@ -406,7 +421,7 @@ def main() -> None:
 
         kiln = start_kiln(stack, tmp, args, paths)
         console.log("starting the bare FastAPI app ...")
-        bare = BareServer(paths["mlp"], "x:float32[-1,64]", args.threads, tmp / "bare.log")
+        bare = BareServer(paths["mlp"], "x:float32[-1,64]", args.threads, tmp / "bare.log", args.workers)
         stack.callback(bare.stop)
         bare.start()
         ts = "--no-torchserve" if args.no_torchserve else start_torchserve(stack, tmp, args, paths)

@@ -47,12 +47,13 @@ def unavailable_reason(venv: Path) -> str | None:
 
 
 class TorchServe:
-    """One TorchServe: a JVM frontend plus one Python worker per registered model."""
+    """One TorchServe: a JVM frontend plus `workers` Python workers per registered model."""
 
-    def __init__(self, venv: Path, workdir: Path, threads: int) -> None:
+    def __init__(self, venv: Path, workdir: Path, threads: int, workers: int = 1) -> None:
         self.venv = venv
         self.workdir = workdir
         self.threads = threads
+        self.workers = workers
         self.store = workdir / "model-store"
         self.store.mkdir(parents=True, exist_ok=True)
         self.ports = {key: free_port() for key in ("inference", "management", "metrics", "grpc", "grpc_mgmt")}
@@ -97,7 +98,7 @@ class TorchServe:
                     f"model_store={self.store}",
                     "disable_token_authorization=true",
                     "enable_model_api=true",
-                    "default_workers_per_model=1",
+                    f"default_workers_per_model={self.workers}",
                     f"number_of_netty_threads={self.threads}",
                     f"netty_client_threads={self.threads}",
                     "job_queue_size=1000",
@@ -140,13 +141,13 @@ class TorchServe:
             raise TimeoutError(f"{exc}\n{self.tail()}") from exc
 
     def register(self, name: str, batch_size: int, max_batch_delay_ms: int) -> None:
-        """One worker; TorchServe batches up to `batch_size` requests, waiting `max_batch_delay_ms`."""
+        """Each worker batches up to `batch_size` requests, waiting `max_batch_delay_ms`."""
         params: dict[str, str | int] = {
             "url": f"{name}.mar",
             "model_name": name,
             "batch_size": batch_size,
             "max_batch_delay": max_batch_delay_ms,
-            "initial_workers": 1,
+            "initial_workers": self.workers,
             "synchronous": "true",
             "response_timeout": 120,
         }
