@@ -97,6 +97,11 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
     _compile(registry, settings, job, version, key)
 
 
+def compile_limit_s(settings: Settings, job: JobRecord) -> float:
+    """How long the job's compile child may run: a tuned build gets more time per trial."""
+    return settings.compile_timeout_s + int(job.options.get(TUNING_TRIALS, 0)) * settings.tuning_s_per_trial
+
+
 def _compile(
     registry: Registry, settings: Settings, job: JobRecord, version: VersionRecord, key: str
 ) -> None:
@@ -134,7 +139,7 @@ def _compile(
                 options,
                 version.config.samples,
             ),
-            timeout_s=settings.compile_timeout_s + trials * settings.tuning_s_per_trial,
+            timeout_s=compile_limit_s(settings, job),
             memory_mb=settings.compile_memory_mb,
             on_progress=on_progress,
         )

@@ -16,13 +16,16 @@ import redis
 from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
 from dramatiq.message import Message
 
-from service.jobs import run_compile_job
+from service.jobs import compile_limit_s, run_compile_job
+from service.records import JobRecord
 from service.registry import Registry
 from service.settings import Settings
 
 log = logging.getLogger("kiln.queue")
 
 ACTOR = "compile_variant"
+# Beyond the compile child's own limit: what the job does around it (store reads and writes).
+JOB_MARGIN_S = 120
 
 
 def queue_name(target: str) -> str:
@@ -30,7 +33,7 @@ def queue_name(target: str) -> str:
 
 
 class JobQueue(Protocol):
-    def enqueue(self, job_id: str, target: str) -> None: ...
+    def enqueue(self, job: JobRecord) -> None: ...
 
     def depth(self) -> dict[str, int]:
         """Jobs queued or running, not yet settled, per queue of this host's targets."""
@@ -49,10 +52,10 @@ class EmbeddedQueue:
         self._pending: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def enqueue(self, job_id: str, target: str) -> None:
+    def enqueue(self, job: JobRecord) -> None:
         with self._lock:
-            self._pending[target] += 1
-        self.pool.submit(self._run, job_id, target)
+            self._pending[job.target] += 1
+        self.pool.submit(self._run, job.id, job.target)
 
     def _run(self, job_id: str, target: str) -> None:
         try:
@@ -96,7 +99,7 @@ def declare_actor(broker: RedisBroker, registry: Registry, settings: Settings) -
         max_retries=5,
         min_backoff=1000,
         max_backoff=30000,
-        time_limit=int((settings.compile_timeout_s + 120) * 1000),
+        time_limit=int((settings.compile_timeout_s + JOB_MARGIN_S) * 1000),
     )(compile_variant)
 
 
@@ -106,12 +109,17 @@ class DramatiqQueue:
         self.broker = make_broker(settings)
         self.declared: set[str] = set()
 
-    def enqueue(self, job_id: str, target: str) -> None:
-        name = queue_name(target)
+    def enqueue(self, job: JobRecord) -> None:
+        name = queue_name(job.target)
         if name not in self.declared:
             self.broker.declare_queue(name)
             self.declared.add(name)
-        self.broker.enqueue(Message(queue_name=name, actor_name=ACTOR, args=(job_id,), kwargs={}, options={}))
+        # Per message: the actor's own limit would interrupt a tuned compile, allowed more time.
+        limit_ms = int((compile_limit_s(self.settings, job) + JOB_MARGIN_S) * 1000)
+        message: Message[None] = Message(
+            queue_name=name, actor_name=ACTOR, args=(job.id,), kwargs={}, options={"time_limit": limit_ms}
+        )
+        self.broker.enqueue(message)
 
     def depth(self) -> dict[str, int]:
         """Dramatiq keeps each message in the hash `{namespace}:{queue}.msgs` from enqueue to ack,

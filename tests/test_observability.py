@@ -19,6 +19,7 @@ import pytest
 from httpx_sse import connect_sse
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.records import JobRecord
 from tests.client import by_backend, predict, sample, upload
 from tests.models import MODELS, UNCONVERTIBLE
 from tests.servers import ROOT, KilnProcess, KilnServer, embedded_server, free_port, wait_until
@@ -250,6 +251,12 @@ def test_worker_serves_its_own_metrics(redis_url: str, tmp_path: Path) -> None:
     assert any(line.startswith("{") and "worker metrics on" in line for line in worker.tail().splitlines())
 
 
+def compile_job(job_id: str, target: str, **options: object) -> JobRecord:
+    return JobRecord(
+        id=job_id, variant_id="v", model="m", version=1, backend="tvm", target=target, options=options
+    )
+
+
 def test_redis_queue_depth_counts_unsettled_messages(redis_url: str) -> None:
     from compiler.hardware import local_targets
     from service.queue import DramatiqQueue, queue_name
@@ -257,11 +264,37 @@ def test_redis_queue_depth_counts_unsettled_messages(redis_url: str) -> None:
 
     queue = DramatiqQueue(Settings(redis_url=redis_url))
     try:
-        name = queue_name(local_targets()[0])
+        target = local_targets()[0]
+        name = queue_name(target)
         assert queue.depth()[name] == 0
-        queue.enqueue("job-1", local_targets()[0])
-        queue.enqueue("job-2", local_targets()[0])
+        queue.enqueue(compile_job("job-1", target))
+        queue.enqueue(compile_job("job-2", target))
         assert queue.depth()[name] == 2  # nothing consumes them here
+    finally:
+        queue.close()
+
+
+def test_a_tuned_job_gets_time_for_its_trials(redis_url: str) -> None:
+    """Dramatiq's time limit interrupts a job: a tuned compile's message must allow what its
+    compile child is allowed, or a long tuning run would be cut off and retried."""
+    from compiler.hardware import local_targets
+    from service.jobs import compile_limit_s
+    from service.queue import DramatiqQueue, queue_name
+    from service.settings import Settings
+
+    settings = Settings(redis_url=redis_url, compile_timeout_s=600, tuning_s_per_trial=6)
+    queue = DramatiqQueue(settings)
+    try:
+        target = local_targets()[0]
+        quick, tuned = compile_job("quick", target), compile_job("tuned", target, tuning_trials=1500)
+        assert compile_limit_s(settings, tuned) == 600 + 1500 * 6
+        for job in (quick, tuned):
+            queue.enqueue(job)
+        key = f"{queue.broker.namespace}:{queue_name(target)}.msgs"
+        messages = [json.loads(raw) for raw in queue.broker.client.hvals(key)]
+        limits = {m["args"][0]: m["options"]["time_limit"] / 1000 for m in messages}
+        assert limits["quick"] > compile_limit_s(settings, quick)
+        assert limits["tuned"] > compile_limit_s(settings, tuned)
     finally:
         queue.close()
 

@@ -33,7 +33,7 @@ def resume_unfinished(registry: Registry, queue: JobQueue) -> None:
     for doc in registry.store.list_docs("job"):
         job = JobRecord.model_validate(doc)
         if job.status in (JobStatus.queued, JobStatus.running):
-            queue.enqueue(job.id, job.target)
+            queue.enqueue(job)
 
 
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}

@@ -224,7 +224,7 @@ def upload_model(
         lambda name, number: plan_variants(svc, cfg, name, number),
     )
     for job in created.jobs:
-        svc.queue.enqueue(job.id, job.target)
+        svc.queue.enqueue(job)
     body = UploadOut(
         name=created.version.name,
         version=created.version.version,
