@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -47,8 +51,6 @@ def serve(
     workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
 ) -> None:
     """Start the API (embedded mode unless KILN_REDIS_URL is set)."""
-    import os
-
     import uvicorn
 
     # Between requests torch's OpenMP threads spin-wait (by default for up to ~300k spins) and
@@ -61,14 +63,32 @@ def serve(
 
     # uvicorn applies it here and again in each worker process it spawns.
     log_config = logging_config(get_settings().log_format)
-    uvicorn.run(
-        "service.api.app:create_app",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        log_config=log_config,
-    )
+    with multiprocess_metrics(workers):
+        uvicorn.run(
+            "service.api.app:create_app",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_config=log_config,
+        )
+
+
+@contextmanager
+def multiprocess_metrics(workers: int) -> Iterator[None]:
+    """With several workers, a scrape must count all of them, not whichever one answers it:
+    prometheus-client's multiprocess mode, in a fresh directory (stale files would be counted)
+    that goes when the server stops. A PROMETHEUS_MULTIPROC_DIR of the user's own wins."""
+    if workers == 1 or os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        yield
+        return
+    with tempfile.TemporaryDirectory(prefix="kiln-metrics-") as path:
+        # Read by prometheus-client as each worker process imports it.
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+        try:
+            yield
+        finally:
+            del os.environ["PROMETHEUS_MULTIPROC_DIR"]
 
 
 @app.command()
@@ -265,8 +285,6 @@ def compile_command(
     tuning_trials: Annotated[int, typer.Option(help="tvm: MetaSchedule trials (0: untuned).")] = 0,
 ) -> None:
     """Compile, verify and benchmark offline, with no server."""
-    import os
-
     from compiler.errors import CompilerError
     from compiler.hardware import cpu_target
     from compiler.pipeline import CompileOptions, compile_and_check

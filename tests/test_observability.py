@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -20,7 +21,7 @@ from httpx_sse import connect_sse
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.records import JobRecord
-from tests.client import by_backend, predict, sample, upload
+from tests.client import by_backend, predict, sample, upload, wait_settled
 from tests.models import MODELS, UNCONVERTIBLE
 from tests.servers import ROOT, KilnProcess, KilnServer, embedded_server, free_port, wait_until
 
@@ -324,6 +325,37 @@ def test_multiprocess_mode_aggregates_workers(tmp_path: Path) -> None:
     finally:
         srv.stop()
     assert not live & live_gauge_pids(prom_dir), "workers left their live gauges behind"
+
+
+def test_a_restart_with_several_workers_resumes_each_job_once(tmp_path: Path) -> None:
+    """An embedded server killed mid-compile comes back with two workers. The interrupted job is
+    compiled once, by the worker holding the resume lock, not once per worker; the scrape
+    (multiprocess mode, which `kiln serve --workers 2` turns on by itself) counts both."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {"KILN_DATA_DIR": str(tmp_path / "data"), "TMPDIR": str(tmp)}
+    first = KilnServer(env, tmp_path / "first.log")
+    first.start()
+    try:
+        with httpx.Client(base_url=first.url, timeout=60) as http:
+            assert upload(http, MLP, backends=["tvm"]).status_code == 202
+        os.kill(first.pid, signal.SIGKILL)
+    finally:
+        first.stop()
+    second = KilnServer(env, tmp_path / "second.log", workers=2)
+    second.start()
+    try:
+        (prom_dir,) = tmp.glob("kiln-metrics-*")
+        with httpx.Client(base_url=second.url, timeout=60) as http:
+            assert by_backend(wait_settled(http, MLP.name, 1), "tvm")["status"] == "ready"
+            samples = scrape(http)
+        assert value(samples, "kiln_artifact_cache_misses_total", backend="tvm") == 1
+        assert value(samples, "kiln_compile_duration_seconds_count", backend="tvm") == 1
+        assert "process_resident_memory_bytes" not in samples  # multiprocess mode leaves it out
+        assert len(live_gauge_pids(prom_dir)) == 2
+    finally:
+        second.stop()
+    assert not prom_dir.exists(), "kiln serve left its metrics directory behind"
 
 
 def live_gauge_pids(prom_dir: Path) -> set[int]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import IO
 
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
@@ -26,14 +29,27 @@ from service.store import open_store
 log = logging.getLogger("kiln.api")
 
 MB = 1024 * 1024
+RESUME_LOCK = "resume.lock"
 
 
-def resume_unfinished(registry: Registry, queue: JobQueue) -> None:
-    """Embedded mode keeps its queue in memory: re-enqueue what a restart interrupted."""
+def resume_unfinished(registry: Registry, queue: JobQueue, data_dir: Path) -> IO[str] | None:
+    """Embedded mode keeps its queue in memory: re-enqueue what a restart interrupted.
+
+    Every worker process of one `kiln serve` starts with an empty queue, and only one of them
+    may resume, or each job would compile once per worker: the one that takes the data dir's
+    resume lock, which it holds (the returned file) until it exits, however it ends.
+    """
+    lock = open(data_dir / RESUME_LOCK, "a")  # noqa: SIM115 (held for the process's life)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        return None
     for doc in registry.store.list_docs("job"):
         job = JobRecord.model_validate(doc)
         if job.status in (JobStatus.queued, JobStatus.running):
             queue.enqueue(job)
+    return lock
 
 
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
@@ -54,8 +70,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.services = Services(settings, registry, queue, runtime)
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
-        if settings.embedded:
-            resume_unfinished(registry, queue)
+        resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
         freeze_heap()  # what startup imported stays out of every later full collection
         log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
         try:
@@ -65,6 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             queue.close()
             store.close()
             metrics.process_exiting()
+            if resuming is not None:
+                resuming.close()
 
     app = FastAPI(
         title="Kiln",
