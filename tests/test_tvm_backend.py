@@ -349,6 +349,54 @@ def test_static_batch_functions_lower_and_run(model: str) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+class ConvPair(nn.Module):
+    """A 3x3 stride-1 convolution big enough for Winograd (16 channels, 16x16 out), then a
+    stride-2 one that stays direct."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Conv2d(16, 16, 3, padding=1)
+        self.down = nn.Conv2d(16, 16, 3, stride=2, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.body(x)))
+
+
+CONV_PAIR = InputSpec.parse(["x:float32[-1,16,16,16]"], 1)
+
+
+def test_3x3_convolutions_lower_to_winograd_and_match_torch() -> None:
+    import tvm
+    from tvm import relax
+
+    from compiler.backends.tvm import host_target, tuning_module
+    from compiler.backends.tvm_tune import lower_for_tuning
+
+    model = script(ConvPair())
+    target = host_target(1)
+    lowered = lower_for_tuning(tuning_module(export_program(load_torchscript(model), CONV_PAIR), [1]), target)
+    kernels = [gv.name_hint for gv, f in lowered.functions.items() if not isinstance(f, relax.Function)]
+    assert len([k for k in kernels if "winograd" in k]) == 1, kernels
+    assert len([k for k in kernels if "conv2d" in k and "winograd" not in k]) == 1, kernels  # stride 2
+    vm = relax.VirtualMachine(tvm.compile(lowered, target), tvm.cpu())
+    x = CONV_PAIR.random_inputs(1, np.random.default_rng(0))["x"]
+    got = vm["b1"](tvm.runtime.tensor(x))[0].numpy()
+    np.testing.assert_allclose(
+        got, reference(model, CONV_PAIR).run({"x": x})["output0"], rtol=RTOL, atol=ATOL
+    )
+
+
+def test_a_tuned_winograd_kernel_is_verified() -> None:
+    """MetaSchedule's Winograd rules, the kernel planes packed at compile time, and verification."""
+    model = script(ConvPair())
+    options = CompileOptions(threads=2, backend_options={"tuning_trials": 16})
+    result = compile_and_check(model, CONV_PAIR, "tvm", cpu_target(), options)
+    tasks = [task["name"] for task in result.artifact.meta["tuning"]["tasks"]]
+    assert any("winograd" in name for name in tasks), tasks
+    assert result.max_abs_error < ATOL
+    assert_matches(model, result.artifact, (1,))
+
+
 def _calls(mod: Any, op_name: str) -> list[Any]:
     from tvm import relax
 

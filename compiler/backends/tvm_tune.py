@@ -133,15 +133,21 @@ def tune_and_apply(
 def lower_for_tuning(mod: Any, target: Any) -> Any:
     """Relax ops -> fused PrimFunc kernels: the form MetaSchedule extracts tasks from.
 
-    Weights (constants) are marked layout-free, so a schedule may read them in whatever layout
-    suits its tiling (MetaSchedule's RewriteLayout); `_prepack_weights` then converts them once.
+    3x3 convolutions become Winograd kernels where that pays (`tvm_winograd`); FoldConstant
+    first makes their weights constants in their final layout. Weights are marked layout-free, so
+    a schedule may read them in whatever layout suits its tiling (MetaSchedule's RewriteLayout);
+    `_prepack_weights` then converts them once.
     """
     import tvm
     from tvm import relax
 
+    from compiler.backends.tvm_winograd import legalize_conv2d
+
     with target:
         mod = relax.transform.DecomposeOpsForInference()(mod)
         mod = relax.transform.CanonicalizeBindings()(mod)
+        mod = relax.transform.FoldConstant()(mod)
+        mod = relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d})(mod)
         mod = tvm.transform.Sequential([relax.get_pipeline("zero")])(mod)
         return relax.transform.AttachAttrLayoutFreeBuffers()(mod)
 
