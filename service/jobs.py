@@ -99,7 +99,11 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
 
 def compile_limit_s(settings: Settings, job: JobRecord) -> float:
     """How long the job's compile child may run: a tuned build gets more time per trial."""
-    return settings.compile_timeout_s + int(job.options.get(TUNING_TRIALS, 0)) * settings.tuning_s_per_trial
+    return settings.compile_timeout_s + _tuning_trials(job) * settings.tuning_s_per_trial
+
+
+def _tuning_trials(job: JobRecord) -> int:
+    return int(job.options.get(TUNING_TRIALS, 0))
 
 
 def _compile(
@@ -107,8 +111,7 @@ def _compile(
 ) -> None:
     model = registry.store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
     rtol, atol = version.config.tolerance(job.options)
-    trials = int(job.options.get(TUNING_TRIALS, 0))
-    records = tuning.records_for(registry.store, job.target, settings.threads) if trials else []
+    records = tuning.records_for(registry.store, job.target, settings.threads) if _tuning_trials(job) else []
     options = CompileOptions(
         rtol=rtol,
         atol=atol,
