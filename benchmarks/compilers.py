@@ -3,8 +3,9 @@
 Every candidate is built through the product path (compiler.pipeline.compile_and_check, which
 verifies it against TorchScript), loaded once, and then all of them are timed in interleaved
 rounds (A B C ..., A B C ..., ...) so that a noisy neighbour on the machine hits all alike.
-Kiln's pick is what service.router.choose_variant chooses from the compile-time measurements,
-reported at its latency in this table's own rounds; benchmarks/README.md says more.
+Kiln's pick is what service.router.choose_variant chooses from the worker's own race (the
+compiled candidates and TorchScript, with the server's default rounds), reported at its latency
+in this table's separate, longer rounds; benchmarks/README.md says more.
 Run: .venv/bin/python benchmarks/compilers.py [--help]
 """
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from collections.abc import Mapping
@@ -30,14 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.models import MLP64, RESNET18, BenchModel
 from compiler.backends import REFERENCE, get_backend
 from compiler.backends.torchscript import TorchScriptRunner
-from compiler.benchmark import time_runner
 from compiler.hardware import cpu_target
 from compiler.pipeline import CompileOptions, CompileResult, compile_and_check
+from compiler.race import ROUND_S, Timings, race
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from compiler.threads import set_threads
 from service.records import TUNING_TRIALS, VariantRecord, VariantStatus
 from service.router import ANY_TARGET, choose_variant
+from service.settings import Settings
 from tests.models import Encoder, LSTMHead
 
 MODELS: dict[str, BenchModel] = {
@@ -90,6 +91,7 @@ class ModelRun:
     spec: InputSpec
     candidates: dict[str, Candidate]
     pick: dict[int, str] = field(default_factory=dict)  # batch -> the column Kiln serves
+    raced: Timings = field(default_factory=dict)  # the worker's race, which Kiln's pick reads
     trials: int = 0
 
     @property
@@ -165,42 +167,38 @@ def check_eager(eager: Candidate, reference: Candidate, spec: InputSpec) -> None
 
 
 def time_all(run: ModelRun, rounds: int, round_s: float, pause_s: float) -> None:
-    """Interleaved rounds; per column and batch, the median of the rounds' medians."""
-    rng = np.random.default_rng(0)
-    inputs = {b: run.spec.random_inputs(b, rng) for b in run.batches}
-    ready = [c for c in run.candidates.values() if c.runner is not None]
-    samples: dict[tuple[str, int], list[float]] = {(c.column.key, b): [] for c in ready for b in run.batches}
-    for r in range(rounds):
+    """The table's own interleaved rounds; per column and batch, the median of the rounds' medians."""
+    runners = {key: c.runner for key, c in run.candidates.items() if c.runner is not None}
+
+    def on_round(r: int) -> None:
         console.log(f"{run.model.name}: timing round {r + 1}/{rounds}", style="dim")
-        for c in ready:
-            assert c.runner is not None
-            for b in run.batches:
-                ms = time_runner(c.runner, inputs[b], warmup=3, iters=200, budget_s=round_s)
-                samples[c.column.key, b].append(ms)
-            # The last framework's thread pool keeps spinning for a while after its last call.
-            time.sleep(pause_s)
-    for c in ready:
-        c.ms = {b: statistics.median(samples[c.column.key, b]) for b in run.batches}
+
+    for key, ms in race(runners, run.spec, run.batches, rounds, round_s, pause_s, on_round).items():
+        run.candidates[key].ms = ms
 
 
 def kiln_pick(run: ModelRun, target: str) -> None:
-    """Exactly the server's choice: ready variants with the worker's compile-time measurements."""
-    reference = run.candidates[REFERENCE].result
-    variants = []
-    if reference is not None:  # its own numbers never decide; TorchScript is the fallback
-        variants.append(record(REFERENCE, REFERENCE, ANY_TARGET, {}, reference))
-    for key, c in run.candidates.items():
-        backend = c.column.backend
-        if backend is None or backend == REFERENCE or c.result is None:
-            continue
-        variants.append(record(key, backend, target, dict(c.column.options), c.result))
+    """Exactly the server's choice: the race a worker runs once every compiled variant is ready
+    (TorchScript and the compiled candidates, the default rounds), then choose_variant."""
+    compiled = {
+        key: c.runner
+        for key, c in run.candidates.items()
+        if c.column.backend is not None and c.runner is not None
+    }
+    if REFERENCE not in compiled:
+        return
+    console.log(f"{run.model.name}: racing {len(compiled)} variants as a worker does", style="dim")
+    run.raced = race(compiled, run.spec, run.batches, Settings().race_rounds, ROUND_S)
+    variants = [record(REFERENCE, REFERENCE, ANY_TARGET, {}, run.raced)]
+    for key in run.raced:
+        column = run.candidates[key].column
+        if column.backend is not None and column.backend != REFERENCE:
+            variants.append(record(key, column.backend, target, dict(column.options), run.raced))
     for b in run.batches:
-        run.pick[b] = choose_variant(variants, {target}, b).id if variants else ""
+        run.pick[b] = choose_variant(variants, {target}, b).id
 
 
-def record(
-    key: str, backend: str, target: str, options: dict[str, Any], result: CompileResult
-) -> VariantRecord:
+def record(key: str, backend: str, target: str, options: dict[str, Any], raced: Timings) -> VariantRecord:
     return VariantRecord(
         id=key,  # the column: the two tvm variants differ only in their options
         model="bench",
@@ -209,9 +207,9 @@ def record(
         target=target,
         options=options,
         status=VariantStatus.ready,
-        latency_ms=result.latency_ms.get(1),
-        latency_ms_by_batch=result.latency_ms,
-        baseline_latency_ms_by_batch=result.baseline_latency_ms,
+        latency_ms=raced[key].get(1),
+        latency_ms_by_batch=raced[key],
+        baseline_latency_ms_by_batch=raced[REFERENCE],
     )
 
 
@@ -266,12 +264,10 @@ def print_report(runs: list[ModelRun], args: argparse.Namespace, target: str) ->
                 row.append(f"{ms:.3g} ({ms / eager.ms[b]:.2f}x) {pick.column.title}")
                 best = min(timed, key=timed.__getitem__)
                 ok = ms <= TOLERANCE * timed[best]
-                result = pick.result
-                assert result is not None
-                base = result.baseline_latency_ms[b]
-                seen = f"compile-time {result.latency_ms[b]:.3g} ms vs TorchScript {base:.3g}"
+                raced = run.raced[pick.column.key][b]
+                seen = f"raced {raced:.3g} ms vs TorchScript {run.raced[REFERENCE][b]:.3g}"
                 if pick.column.backend == REFERENCE:
-                    seen = "no variant measured faster at compile time"
+                    seen = "no variant raced faster"
                 verdicts.append(
                     f"{run.model.name} b{b}: best {cands[best].column.title} {timed[best]:.3g} ms; "
                     f"Kiln pick {pick.column.title} ({seen}) = {ms / timed[best]:.2f}x best, "
@@ -357,8 +353,8 @@ def main() -> None:
     for name in args.models:
         trials = None if args.no_tuning else args.trials[name]
         run = build(MODELS[name], target, args.threads, trials, args.max_batch)
-        time_all(run, args.rounds, args.round_seconds, args.pause)
         kiln_pick(run, target)
+        time_all(run, args.rounds, args.round_seconds, args.pause)
         runs.append(run)
     print_report(runs, args, target)
     # Other work on the machine skews every number: the load average says how much there was.

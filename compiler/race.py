@@ -1,0 +1,73 @@
+"""The race: a model's verified runners timed side by side, in interleaved rounds.
+
+Each variant is timed when it compiles: minutes apart from the others, after a long tuning run
+or beside other work. Timing them together, round by round (A B C, A B C, ...), lets a noisy
+neighbour hit all of them alike, so that the fastest on this hardware wins, not the luckiest.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from compiler.artifact import Artifact
+from compiler.backends import REFERENCE, get_backend
+from compiler.benchmark import benchmark_batches, time_runner
+from compiler.runner import Runner
+from compiler.spec import InputSpec
+from compiler.threads import set_threads
+
+# name -> batch size -> median ms
+Timings = dict[str, dict[int, float]]
+# What a worker spends per runner, batch and round: a few hundred calls of a small model.
+ROUND_S = 0.5
+
+
+def race(
+    runners: Mapping[str, Runner],
+    spec: InputSpec,
+    batches: tuple[int, ...],
+    rounds: int,
+    round_s: float,
+    pause_s: float = 0.25,
+    on_round: Callable[[int], None] | None = None,
+) -> Timings:
+    """Per runner and batch, the median of the rounds' medians."""
+    rng = np.random.default_rng(0)
+    inputs = {b: spec.random_inputs(b, rng) for b in batches}
+    samples: dict[tuple[str, int], list[float]] = {(name, b): [] for name in runners for b in batches}
+    for r in range(rounds):
+        if on_round is not None:
+            on_round(r)
+        for name, runner in runners.items():
+            for b in batches:
+                samples[name, b].append(time_runner(runner, inputs[b], warmup=2, iters=200, budget_s=round_s))
+            # A framework's thread pool keeps spinning for a while after its last call.
+            time.sleep(pause_s)
+    return {name: {b: statistics.median(samples[name, b]) for b in batches} for name in runners}
+
+
+def race_artifacts(
+    model: bytes,
+    spec_doc: dict[str, Any],
+    artifacts: Mapping[str, bytes],
+    threads: int,
+    rounds: int,
+    round_s: float,
+    progress: Callable[[dict[str, Any]], None],
+) -> Timings:
+    """Load packed artifacts (id -> bytes) and race them with the TorchScript model, timed
+    under the key `REFERENCE`, at batch 1 and the largest; for a sandboxed child process."""
+    set_threads(threads)
+    spec = InputSpec.from_dicts(spec_doc["inputs"], spec_doc["max_batch_size"])
+    reference = get_backend(REFERENCE)
+    runners: dict[str, Runner] = {REFERENCE: reference.load(reference.compile(model, spec, "any", {}))}
+    for name, packed in artifacts.items():
+        artifact = Artifact.unpack(packed)
+        runners[name] = get_backend(artifact.backend).load(artifact)
+    batches = tuple(benchmark_batches(spec))
+    return race(runners, spec, batches, rounds, round_s, on_round=lambda r: progress({"round": r}))
