@@ -15,9 +15,9 @@ from compiler.artifact import Artifact, artifact_key
 from compiler.backends import get_backend
 from compiler.errors import CompilerError, VerificationError
 from compiler.pipeline import CompileOptions, compile_to_bytes
-from compiler.spec import InputSpec
 from service import metrics, tuning
 from service.errors import NotFoundError
+from service.races import race_version
 from service.records import (
     SETTLED,
     TUNING_TRIALS,
@@ -36,11 +36,6 @@ from service.settings import Settings
 log = logging.getLogger("kiln.jobs")
 
 
-def spec_of(version: VersionRecord) -> InputSpec:
-    config = version.config
-    return InputSpec.from_dicts([t.model_dump() for t in config.inputs], config.max_batch_size or 1)
-
-
 def this_worker() -> str:
     """What a job record's `worker` names: the process that runs compiles, on which host."""
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -57,7 +52,7 @@ def variant_key(version: VersionRecord, variant: VariantRecord) -> str:
         variant.backend,
         backend.version(),
         variant.target,
-        spec_of(version),
+        version.spec(),
         options,
     )
 
@@ -92,9 +87,12 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
         metrics.CACHE_HITS.labels(job.backend).inc()
         log.info("job %s: artifact cache hit %s", job.id, key[:12])
         _mark_ready(registry, job, key, cached, cache_hit=True)
-        return
-    metrics.CACHE_MISSES.labels(job.backend).inc()
-    _compile(registry, settings, job, version, key)
+    else:
+        metrics.CACHE_MISSES.labels(job.backend).inc()
+        if not _compile(registry, settings, job, version, key):
+            return
+    # Serving already uses the new variant where its own numbers say so; the race settles it.
+    race_version(registry, settings, version, job.target)
 
 
 def compile_limit_s(settings: Settings, job: JobRecord) -> float:
@@ -108,7 +106,8 @@ def _tuning_trials(job: JobRecord) -> int:
 
 def _compile(
     registry: Registry, settings: Settings, job: JobRecord, version: VersionRecord, key: str
-) -> None:
+) -> bool:
+    """True when the variant turned ready."""
     model = registry.store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
     rtol, atol = version.config.tolerance(job.options)
     records = tuning.records_for(registry.store, job.target, settings.threads) if _tuning_trials(job) else []
@@ -136,7 +135,7 @@ def _compile(
             compile_to_bytes,
             (
                 model,
-                spec_of(version).to_dict(),
+                version.spec().to_dict(),
                 job.backend,
                 job.target,
                 options,
@@ -149,11 +148,11 @@ def _compile(
     except VerificationError as exc:
         observe(VariantStatus.rejected)
         _settle_failed(registry, job, VariantStatus.rejected, str(exc))
-        return
+        return False
     except (CompilerError, SandboxError) as exc:
         observe(VariantStatus.failed)
         _settle_failed(registry, job, VariantStatus.failed, f"{job.backend}: {exc}")
-        return
+        return False
     observe(VariantStatus.ready)
     record = ArtifactRecord(
         key=key,
@@ -172,6 +171,7 @@ def _compile(
         registry.update_job(job.id, tuning=report["tuning"])
     registry.put_artifact(record, packed)
     _mark_ready(registry, job, key, record, cache_hit=False)
+    return True
 
 
 def _mark_ready(

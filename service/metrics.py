@@ -51,6 +51,11 @@ COMPILE_SECONDS = Histogram(
     ["backend", "outcome"],
     buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 3600),
 )
+RACE_SECONDS = Histogram(
+    "kiln_race_duration_seconds",
+    "Wall time of a race: a version's ready variants for one target re-timed side by side.",
+    buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300),
+)
 CACHE_HITS = Counter(
     "kiln_artifact_cache_hits",
     "Compile jobs answered from the artifact cache: identical work done before, anywhere.",

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from compiler.spec import DType
+from compiler.spec import DType, InputSpec
 
 
 class VariantStatus(StrEnum):
@@ -117,6 +117,10 @@ class VersionRecord(BaseModel):
     variant_ids: list[str]
     created_at: float = Field(default_factory=now)
 
+    def spec(self) -> InputSpec:
+        inputs = [t.model_dump() for t in self.config.inputs]
+        return InputSpec.from_dicts(inputs, self.config.max_batch_size or 1)
+
 
 class VariantRecord(BaseModel):
     id: str
@@ -136,6 +140,9 @@ class VariantRecord(BaseModel):
     latency_ms: float | None = None
     latency_ms_by_batch: dict[int, float] = Field(default_factory=dict)
     baseline_latency_ms_by_batch: dict[int, float] = Field(default_factory=dict)
+    # When those were last measured in a race beside the version's other ready variants for
+    # this target (service.races); None: only when it compiled.
+    raced_at: float | None = None
     updated_at: float = Field(default_factory=now)
 
 

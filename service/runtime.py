@@ -26,7 +26,6 @@ from compiler.spec import InputSpec
 from service import metrics
 from service.batcher import Arrays, Batcher, BatchPolicy
 from service.errors import NotFoundError
-from service.jobs import spec_of
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
@@ -66,7 +65,7 @@ class Loaded:
 def batch_policy(version: VersionRecord, settings: Settings) -> BatchPolicy:
     """Batch only what can be split back: a batched spec whose outputs all lead with the batch."""
     config = version.config
-    batchable = spec_of(version).batched and all(o.shape[:1] == [-1] for o in version.outputs)
+    batchable = version.spec().batched and all(o.shape[:1] == [-1] for o in version.outputs)
     if not batchable:
         return BatchPolicy(1)
     delay = config.max_queue_delay_us
@@ -120,7 +119,7 @@ class Runtime:
         except NotFoundError:
             self._routes.pop(key, None)
             raise
-        route = Route(chosen, spec_of(chosen), variants, time.monotonic())
+        route = Route(chosen, chosen.spec(), variants, time.monotonic())
         self._routes[key] = route
         # Under its number too: that is how a batch, in the executor, finds its variants.
         self._routes[(name, chosen.version)] = route
@@ -216,7 +215,7 @@ class Runtime:
         store = self.registry.store
         if variant.artifact_key is None:
             payload = store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
-            artifact = Artifact(variant.backend, ANY_TARGET, spec_of(version), payload)
+            artifact = Artifact(variant.backend, ANY_TARGET, version.spec(), payload)
         else:
             artifact = Artifact.unpack(store.get_blob(ARTIFACT_BLOB.format(key=variant.artifact_key)))
         runner = get_backend(variant.backend).load(artifact)

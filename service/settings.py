@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     # (ResNet-18 on 2 cores: 3.1 s per trial on one box, 4.9 s on another).
     tuning_s_per_trial: float = 6.0
     validate_timeout_s: float = 120.0
+    # Interleaved rounds in which a worker re-times a version's ready variants for its target
+    # together, each time one of them turns ready (service.races); 0: compile-time numbers only.
+    race_rounds: int = Field(default=3, ge=0, le=50)
     # Compile jobs run concurrently in embedded mode, and per `kiln worker` process.
     compile_workers: int = 1
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -75,6 +76,34 @@ def test_default_route_serves_fastest_verified(
         assert model["active"]["backend"] == ("tvm" if faster else "torchscript")
         body = predict(http, name, sample(MODELS[name], 1)).json()
         assert body["variant"]["id"] == model["active"]["variant_id"]
+
+
+def test_ready_variants_race_and_the_router_reads_the_race(
+    http: httpx.Client, uploaded: dict[str, list[dict[str, object]]]
+) -> None:
+    pytest.importorskip("onnxruntime")
+    response = upload(
+        http, MODELS["mlp"], name="mlp-raced", max_batch_size=8, backends=["tvm", "onnxruntime"]
+    )
+    assert response.status_code == 202, response.text
+    wait_settled(http, "mlp-raced", 1, timeout=300)
+    deadline = time.monotonic() + 120
+    while True:  # the race runs after the last variant turned ready
+        model = http.get("/v1/models/mlp-raced").json()
+        compiled = [v for v in model["versions"][0]["variants"] if v["backend"] != "torchscript"]
+        if all(v["raced_at"] for v in compiled) or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert [v["status"] for v in compiled] == ["ready", "ready"], compiled
+    assert all(v["raced_at"] for v in compiled), compiled
+    tvm, ort = by_backend(compiled, "tvm"), by_backend(compiled, "onnxruntime")
+    assert tvm["baseline_latency_ms_by_batch"] == ort["baseline_latency_ms_by_batch"]
+    base = tvm["baseline_latency_ms_by_batch"]["1"]
+    ratios = {v["backend"]: v["latency_ms_by_batch"]["1"] / base for v in compiled}
+    fastest = min(ratios, key=ratios.__getitem__)
+    time.sleep(1.5)  # the replica's cached route lives KILN_ROUTE_TTL_S (1 s)
+    active = http.get("/v1/models/mlp-raced").json()["active"]
+    assert active["backend"] == (fastest if ratios[fastest] < 1 else "torchscript"), (ratios, active)
 
 
 def test_identical_reupload_starts_no_compile(

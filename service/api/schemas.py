@@ -35,6 +35,11 @@ class VariantOut(VariantRef):
     baseline_latency_ms_by_batch: dict[int, float] = Field(
         description="TorchScript's latency, timed in the same run as this variant."
     )
+    raced_at: float | None = Field(
+        default=None,
+        description="When these latencies were measured in a race, side by side with the version's "
+        "other ready variants for this target; null: only when it compiled.",
+    )
 
     @classmethod
     def of(cls, variant: VariantRecord) -> VariantOut:

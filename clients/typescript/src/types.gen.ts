@@ -352,6 +352,12 @@ export type VariantOut = {
     options: {
         [key: string]: string | number | number | boolean;
     };
+    /**
+     * Raced At
+     *
+     * When these latencies were measured in a race, side by side with the version's other ready variants for this target; null: only when it compiled.
+     */
+    raced_at?: number | null;
     status: VariantStatus;
     /**
      * Target

@@ -7,6 +7,7 @@ from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
 from ..models.variant_status import VariantStatus
+from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
     from ..models.variant_out_baseline_latency_ms_by_batch import VariantOutBaselineLatencyMsByBatch
@@ -34,6 +35,8 @@ class VariantOut:
         options (VariantOutOptions): Backend options it was built with, e.g. {"precision": "fp16"}.
         status (VariantStatus):
         target (str):
+        raced_at (float | None | Unset): When these latencies were measured in a race, side by side with the version's
+            other ready variants for this target; null: only when it compiled.
     """
 
     backend: str
@@ -48,6 +51,7 @@ class VariantOut:
     options: VariantOutOptions
     status: VariantStatus
     target: str
+    raced_at: float | None | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,6 +83,12 @@ class VariantOut:
 
         target = self.target
 
+        raced_at: float | None | Unset
+        if isinstance(self.raced_at, Unset):
+            raced_at = UNSET
+        else:
+            raced_at = self.raced_at
+
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update(
@@ -97,6 +107,8 @@ class VariantOut:
                 "target": target,
             }
         )
+        if raced_at is not UNSET:
+            field_dict["raced_at"] = raced_at
 
         return field_dict
 
@@ -153,6 +165,15 @@ class VariantOut:
 
         target = d.pop("target")
 
+        def _parse_raced_at(data: object) -> float | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(float | None | Unset, data)
+
+        raced_at = _parse_raced_at(d.pop("raced_at", UNSET))
+
         variant_out = cls(
             backend=backend,
             baseline_latency_ms_by_batch=baseline_latency_ms_by_batch,
@@ -166,6 +187,7 @@ class VariantOut:
             options=options,
             status=status,
             target=target,
+            raced_at=raced_at,
         )
 
         variant_out.additional_properties = d

@@ -1,0 +1,140 @@
+"""The race: ready variants re-timed side by side, in interleaved rounds, so that the router
+compares numbers measured under the same load rather than at each variant's compile time."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compiler.backends import get_backend
+from compiler.race import race
+from compiler.spec import InputSpec
+from service.races import race_version
+from service.records import JobRecord, ModelConfig, OutputInfo, VariantRecord, VariantStatus, VersionRecord
+from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
+from service.router import ANY_TARGET, choose_variant
+from service.settings import Settings
+from service.store.local import LocalStore
+from tests.models import MODELS
+
+MLP = MODELS["mlp"]
+SPEC = InputSpec.from_dicts(MLP.inputs, 8)
+
+
+class Sleeper:
+    """A runner that takes `ms` per call and logs who ran at which batch size."""
+
+    backend = "test"
+
+    def __init__(self, name: str, ms: float, calls: list[tuple[str, int]]) -> None:
+        self.name, self.ms, self.calls = name, ms, calls
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self.calls.append((self.name, len(inputs["x"])))
+        time.sleep(self.ms / 1000)
+        return {"output0": inputs["x"]}
+
+
+def test_rounds_interleave_and_time_every_runner() -> None:
+    calls: list[tuple[str, int]] = []
+    runners = {"slow": Sleeper("slow", 4.0, calls), "fast": Sleeper("fast", 0.0, calls)}
+    timings = race(runners, SPEC, (1, 8), rounds=3, round_s=0.02, pause_s=0.0)
+    assert timings.keys() == {"slow", "fast"} and all(t.keys() == {1, 8} for t in timings.values())
+    assert all(ms >= 4.0 for ms in timings["slow"].values())
+    assert all(ms < 2.0 for ms in timings["fast"].values())
+    # A B, A B, A B: each round runs every runner at every batch before the next round starts.
+    runs = [key for i, key in enumerate(calls) if i == 0 or calls[i - 1] != key]
+    assert runs == [("slow", 1), ("slow", 8), ("fast", 1), ("fast", 8)] * 3
+
+
+TARGET = Settings().host_targets()[0]
+COMPILED = ("onnxruntime", "tvm")
+
+
+@pytest.fixture(scope="module")
+def artifacts() -> dict[str, bytes]:
+    pytest.importorskip("onnxruntime")
+    model = MLP.torchscript()
+    return {b: get_backend(b).compile(model, SPEC, TARGET, {"threads": 1}).pack() for b in COMPILED}
+
+
+@pytest.fixture
+def registry(tmp_path: Path, artifacts: dict[str, bytes]) -> Registry:
+    """Model `mlp` v1 with ready TorchScript, ONNX Runtime and TVM variants whose compile-time
+    numbers are stale: both claim to be a thousand times faster than TorchScript."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    model = MLP.torchscript()
+    sha = hashlib.sha256(model).hexdigest()
+    registry.store.put_blob(MODEL_BLOB.format(sha256=sha), [model])
+    for backend, packed in artifacts.items():
+        registry.store.put_blob(ARTIFACT_BLOB.format(key=backend), [packed])
+
+    def plan(name: str, number: int) -> tuple[list[VariantRecord], list[JobRecord]]:
+        def variant(backend: str, target: str, key: str | None) -> VariantRecord:
+            return VariantRecord(
+                id=backend,
+                model=name,
+                version=number,
+                backend=backend,
+                target=target,
+                status=VariantStatus.ready,
+                artifact_key=key,
+                latency_ms_by_batch={1: 0.001, 8: 0.008},
+                baseline_latency_ms_by_batch={1: 1.0, 8: 8.0},
+            )
+
+        variants = [variant("torchscript", ANY_TARGET, None)]
+        return variants + [variant(b, TARGET, b) for b in COMPILED], []
+
+    config = ModelConfig.model_validate(MLP.config(max_batch_size=8))
+    outputs = [OutputInfo(name="output0", dtype="float32", shape=[-1, 10])]
+    registry.create_version(config, sha, outputs, plan)
+    return registry
+
+
+def mlp_v1(registry: Registry) -> tuple[VersionRecord, dict[str, VariantRecord]]:
+    version = registry.get_version("mlp", 1)
+    return version, {v.id: v for v in registry.variants_of(version)}
+
+
+def test_a_race_replaces_stale_compile_time_numbers(registry: Registry) -> None:
+    version, _ = mlp_v1(registry)
+    race_version(registry, Settings(threads=1, race_rounds=2), version, TARGET)
+    _, variants = mlp_v1(registry)
+    ort, tvm = variants["onnxruntime"], variants["tvm"]
+    assert ort.raced_at is not None and tvm.raced_at is not None
+    # One TorchScript timing for both: their ratios compare runs under the same load.
+    assert ort.baseline_latency_ms_by_batch == tvm.baseline_latency_ms_by_batch
+    baseline = ort.baseline_latency_ms_by_batch
+    assert baseline.keys() == {1, 8} and baseline != {1: 1.0, 8: 8.0}
+    for raced in (ort, tvm):
+        assert raced.latency_ms == raced.latency_ms_by_batch[1]
+        # Measured, not the claims: nothing runs this MLP 100x faster than TorchScript does.
+        assert all(raced.latency_ms_by_batch[b] > baseline[b] / 100 for b in (1, 8))
+    assert variants["torchscript"].raced_at is None  # the reference is not a contestant
+    chosen = choose_variant(list(variants.values()), {TARGET}, 1)
+    ratios = {v.id: v.latency_ms_by_batch[1] / baseline[1] for v in (ort, tvm)}
+    fastest = min(ratios, key=ratios.__getitem__)
+    assert chosen.id == (fastest if ratios[fastest] < 1 else "torchscript")
+
+
+def test_a_race_that_cannot_run_keeps_the_compile_time_numbers(registry: Registry) -> None:
+    version, before = mlp_v1(registry)
+    registry.store.delete_blob(ARTIFACT_BLOB.format(key="tvm"))
+    race_version(registry, Settings(threads=1), version, TARGET)
+    _, after = mlp_v1(registry)
+    for name in ("onnxruntime", "tvm"):
+        assert after[name].raced_at is None
+        assert after[name].latency_ms_by_batch == before[name].latency_ms_by_batch
+
+
+def test_no_race_for_a_single_compiled_variant(registry: Registry) -> None:
+    version, _ = mlp_v1(registry)
+    registry.update_variant("tvm", status=VariantStatus.failed)
+    race_version(registry, Settings(threads=1), version, TARGET)
+    assert mlp_v1(registry)[1]["onnxruntime"].raced_at is None
