@@ -30,15 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.models import MLP64, RESNET18, BenchModel
 from compiler.backends import REFERENCE, get_backend
 from compiler.backends.torchscript import TorchScriptRunner
+from compiler.benchmark import benchmark_batches
 from compiler.hardware import cpu_target
 from compiler.pipeline import CompileOptions, CompileResult, compile_and_check
-from compiler.race import ROUND_S, Timings, race
+from compiler.race import RACE_ROUNDS, ROUND_S, Timings, race
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from compiler.threads import set_threads
 from service.records import TUNING_TRIALS, VariantRecord, VariantStatus
 from service.router import ANY_TARGET, choose_variant
-from service.settings import Settings
 from tests.models import Encoder, LSTMHead
 
 MODELS: dict[str, BenchModel] = {
@@ -96,8 +96,8 @@ class ModelRun:
 
     @property
     def batches(self) -> tuple[int, ...]:
-        """What the worker's benchmark measures: batch 1 and the largest."""
-        return tuple(sorted({1, self.spec.max_batch_size}))
+        """What the worker's benchmark and race measure: batch 1 and the largest."""
+        return tuple(benchmark_batches(self.spec))
 
 
 def short(exc: BaseException, limit: int = 70) -> str:
@@ -178,8 +178,9 @@ def time_all(run: ModelRun, rounds: int, round_s: float, pause_s: float) -> None
 
 
 def kiln_pick(run: ModelRun, target: str) -> None:
-    """Exactly the server's choice: the race a worker runs once every compiled variant is ready
-    (TorchScript and the compiled candidates, the default rounds), then choose_variant."""
+    """The server's choice: the race a worker runs once the last compiled variant is ready
+    (TorchScript and the compiled candidates, the default rounds), then choose_variant. The
+    worker's race runs in a child process, on the runners loaded from their packed artifacts."""
     compiled = {
         key: c.runner
         for key, c in run.candidates.items()
@@ -188,7 +189,7 @@ def kiln_pick(run: ModelRun, target: str) -> None:
     if REFERENCE not in compiled:
         return
     console.log(f"{run.model.name}: racing {len(compiled)} variants as a worker does", style="dim")
-    run.raced = race(compiled, run.spec, run.batches, Settings().race_rounds, ROUND_S)
+    run.raced = race(compiled, run.spec, run.batches, RACE_ROUNDS, ROUND_S)
     variants = [record(REFERENCE, REFERENCE, ANY_TARGET, {}, run.raced)]
     for key in run.raced:
         column = run.candidates[key].column

@@ -23,7 +23,9 @@ from compiler.threads import set_threads
 
 # name -> batch size -> median ms
 Timings = dict[str, dict[int, float]]
-# What a worker spends per runner, batch and round: a few hundred calls of a small model.
+# A worker's race: this many rounds (KILN_RACE_ROUNDS), each up to ROUND_S per runner and batch
+# (a few hundred calls of a small model, the minimum of a few of a large one).
+RACE_ROUNDS = 3
 ROUND_S = 0.5
 
 
@@ -36,16 +38,22 @@ def race(
     pause_s: float = 0.25,
     on_round: Callable[[int], None] | None = None,
 ) -> Timings:
-    """Per runner and batch, the median of the rounds' medians."""
+    """Per runner and batch, the median of the rounds' medians. Each round starts one runner
+    later in the order (A B C, B C A, C A B), so that none always runs first or after another."""
+    if rounds < 1:
+        raise ValueError(f"a race needs at least one round; got {rounds}")
     rng = np.random.default_rng(0)
     inputs = {b: spec.random_inputs(b, rng) for b in batches}
-    samples: dict[tuple[str, int], list[float]] = {(name, b): [] for name in runners for b in batches}
+    names = list(runners)
+    samples: dict[tuple[str, int], list[float]] = {(name, b): [] for name in names for b in batches}
     for r in range(rounds):
         if on_round is not None:
             on_round(r)
-        for name, runner in runners.items():
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
             for b in batches:
-                samples[name, b].append(time_runner(runner, inputs[b], warmup=2, iters=200, budget_s=round_s))
+                ms = time_runner(runners[name], inputs[b], warmup=2, iters=200, budget_s=round_s)
+                samples[name, b].append(ms)
             # A framework's thread pool keeps spinning for a while after its last call.
             time.sleep(pause_s)
     return {name: {b: statistics.median(samples[name, b]) for b in batches} for name in runners}
@@ -57,11 +65,11 @@ def race_artifacts(
     artifacts: Mapping[str, bytes],
     threads: int,
     rounds: int,
-    round_s: float,
     progress: Callable[[dict[str, Any]], None],
 ) -> Timings:
     """Load packed artifacts (id -> bytes) and race them with the TorchScript model, timed
-    under the key `REFERENCE`, at batch 1 and the largest; for a sandboxed child process."""
+    under the key `REFERENCE`, at batch 1 and the largest; for a sandboxed child process
+    (`progress` is its channel to the parent, which a race does not need)."""
     set_threads(threads)
     spec = InputSpec.from_dicts(spec_doc["inputs"], spec_doc["max_batch_size"])
     reference = get_backend(REFERENCE)
@@ -70,4 +78,4 @@ def race_artifacts(
         artifact = Artifact.unpack(packed)
         runners[name] = get_backend(artifact.backend).load(artifact)
     batches = tuple(benchmark_batches(spec))
-    return race(runners, spec, batches, rounds, round_s, on_round=lambda r: progress({"round": r}))
+    return race(runners, spec, batches, rounds, ROUND_S)

@@ -146,13 +146,13 @@ def upload(
     for v in variants:
         latency = f" {v['latency_ms']:.3f} ms at batch 1" if v["latency_ms"] is not None else ""
         error = f": {v['error']}" if v["error"] else ""
-        console.print(f"{variant_label(v):<24} {v['target']:<28} {v['status']}{latency}{error}")
+        console.print(f"{label(v):<24} {v['target']:<28} {v['status']}{latency}{error}")
 
 
-def variant_label(variant: dict[str, Any]) -> str:
-    """`tensorrt[precision=fp16]`: two variants of one backend differ by their options."""
-    options = ",".join(f"{k}={v}" for k, v in sorted(variant.get("options", {}).items()))
-    return f"{variant['backend']}[{options}]" if options else str(variant["backend"])
+def label(variant: dict[str, Any]) -> str:
+    from service.records import variant_label
+
+    return variant_label(variant["backend"], variant.get("options", {}))
 
 
 def follow(http: httpx.Client, variants: list[dict[str, Any]]) -> None:
@@ -174,7 +174,7 @@ def follow(http: httpx.Client, variants: list[dict[str, Any]]) -> None:
                 v["job_id"],
                 progress,
                 progress.add_task(
-                    f"{variant_label(v):<24} {v['target']:<28}", total=len(STAGES) - 1, stage=v["status"]
+                    f"{label(v):<24} {v['target']:<28}", total=len(STAGES) - 1, stage=v["status"]
                 ),
             )
             for v in pending
@@ -213,21 +213,27 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
     """List models, versions and variants."""
     with client(url, api_key) as http:
         body = check(http.get("/v1/models"))
-    table = Table("model", "version", "backend", "target", "status", "batch-1 ms", "active")
+    columns = ("model", "version", "backend", "target", "status", "batch-1 ms", "speedup", "timed", "active")
+    table = Table(*columns)
     for model in body["models"]:
         active = model["active"] or {}
         for version in model["versions"]:
             for v in version["variants"]:
-                ms = f"{v['latency_ms']:.3f}" if v["latency_ms"] is not None else ""
-                star = "*" if v["id"] == active.get("variant_id") else ""
+                ms = v["latency_ms"]
+                base = v["baseline_latency_ms_by_batch"].get("1")
+                # Against TorchScript timed in the same run: what the router compares.
+                speedup = f"{base / ms:.2f}x" if ms and base and v["backend"] != "torchscript" else ""
+                timed = "" if ms is None else ("race" if v["raced_at"] else "compile")
                 table.add_row(
                     model["name"],
                     str(version["version"]),
-                    variant_label(v),
+                    label(v),
                     v["target"],
                     v["status"],
-                    ms,
-                    star,
+                    f"{ms:.3f}" if ms is not None else "",
+                    speedup,
+                    timed if v["backend"] != "torchscript" else "",
+                    "*" if v["id"] == active.get("variant_id") else "",
                 )
     console.print(table)
 

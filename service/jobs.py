@@ -58,7 +58,8 @@ def variant_key(version: VersionRecord, variant: VariantRecord) -> str:
 
 
 def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None:
-    """Run one job to a settled variant. Store outages propagate so the queue retries."""
+    """Run one job to a settled variant, then race it. Store outages before the variant settles
+    propagate, so that the queue retries."""
     try:
         job = registry.get_job(job_id)
         version = registry.get_version(job.model, job.version)

@@ -53,9 +53,13 @@ COMPILE_SECONDS = Histogram(
 )
 RACE_SECONDS = Histogram(
     "kiln_race_duration_seconds",
-    "Wall time of a race: a version's ready variants for one target re-timed side by side.",
+    "Wall time of a race, a version's ready variants for one target re-timed side by side, by "
+    "outcome: raced, or failed (the variants keep their compile-time numbers).",
+    ["outcome"],
     buckets=(1, 2.5, 5, 10, 20, 30, 60, 120, 300),
 )
+for _outcome in ("raced", "failed"):  # both series exist from the start, for rate() and alerts
+    RACE_SECONDS.labels(_outcome)
 CACHE_HITS = Counter(
     "kiln_artifact_cache_hits",
     "Compile jobs answered from the artifact cache: identical work done before, anywhere.",

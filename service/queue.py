@@ -17,6 +17,7 @@ from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
 from dramatiq.message import Message
 
 from service.jobs import compile_limit_s, run_compile_job
+from service.races import RACE_TIMEOUT_S
 from service.records import JobRecord
 from service.registry import Registry
 from service.settings import Settings
@@ -24,8 +25,9 @@ from service.settings import Settings
 log = logging.getLogger("kiln.queue")
 
 ACTOR = "compile_variant"
-# Beyond the compile child's own limit: what the job does around it (store reads and writes).
-JOB_MARGIN_S = 120
+# Beyond the compile child's own limit: what the job does around it (store reads and writes),
+# and the race that follows it (service.races).
+JOB_MARGIN_S = 120 + RACE_TIMEOUT_S
 
 
 def queue_name(target: str) -> str:

@@ -10,22 +10,23 @@ from __future__ import annotations
 import logging
 import time
 
-from compiler.backends import REFERENCE
-from compiler.errors import CompilerError
-from compiler.race import ROUND_S, race_artifacts
+from compiler.backends import REFERENCE, get_backend
+from compiler.race import race_artifacts
 from service import metrics
-from service.errors import NotFoundError
-from service.records import VariantRecord, VariantStatus, VersionRecord, now
+from service.records import VariantRecord, VariantStatus, VersionRecord, now, variant_label
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
-from service.sandbox import SandboxError, run_in_child
+from service.sandbox import run_in_child
 from service.settings import Settings
-from service.store.base import BlobNotFoundError
 
 log = logging.getLogger("kiln.races")
 
+# The race's child process may run this long; the job's queue message allows for it.
+RACE_TIMEOUT_S = 300.0
+
 
 def contestants(variants: list[VariantRecord], target: str) -> list[VariantRecord]:
-    """The compiled variants that serve on `target`; TorchScript runs in every race anyway."""
+    """The compiled variants that serve on `target` and that this host can load; TorchScript
+    runs in every race anyway."""
     return [
         v
         for v in variants
@@ -33,56 +34,63 @@ def contestants(variants: list[VariantRecord], target: str) -> list[VariantRecor
         and v.target == target
         and v.backend != REFERENCE
         and v.artifact_key is not None
+        and get_backend(v.backend).unavailable_reason(target) is None
     ]
 
 
 def race_version(registry: Registry, settings: Settings, version: VersionRecord, target: str) -> None:
-    """Re-time the version's ready variants for `target` together; a race that cannot run
-    leaves each variant's compile-time numbers, which already passed, in place."""
+    """Re-time the version's ready variants for `target` together.
+
+    Best effort, and never raises: the job it follows has already succeeded, and a redelivery
+    would find its variant settled and do nothing. A race that cannot run or finish leaves each
+    variant's compile-time numbers, which were good enough to serve, in place."""
     if settings.race_rounds <= 0:
         return
-    raced = contestants(registry.variants_of(version), target)
-    if len(raced) < 2:  # one variant was already timed against TorchScript when it compiled
-        return
-    store = registry.store
-    started = time.monotonic()
+    started, stamp = time.monotonic(), now()
     try:
+        raced = contestants(registry.variants_of(version), target)
+        if len(raced) < 2:  # one variant was already timed against TorchScript when it compiled
+            return
+        store = registry.store
         model = store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
         artifacts = {v.id: store.get_blob(ARTIFACT_BLOB.format(key=v.artifact_key)) for v in raced}
         timings = run_in_child(
             race_artifacts,
-            (model, version.spec().to_dict(), artifacts, settings.threads, settings.race_rounds, ROUND_S),
-            timeout_s=settings.compile_timeout_s,
+            (model, version.spec().to_dict(), artifacts, settings.threads, settings.race_rounds),
+            timeout_s=RACE_TIMEOUT_S,
             memory_mb=settings.compile_memory_mb,
         )
-    except (BlobNotFoundError, NotFoundError):
-        log.info("%s v%d: deleted during its race", version.name, version.version)
-        return
-    except (CompilerError, SandboxError) as exc:
+        # Races of one version may overlap (two jobs settling together): the one that started
+        # last saw the most variants, and an earlier one finishing after it must not win.
+        current = {v.id: v for v in registry.variants_of(version)}
+        if any((current[v.id].raced_at or 0) > stamp for v in raced if v.id in current):
+            log.info("%s v%d: a later race on %s wrote first", version.name, version.version, target)
+            return
+        baseline = timings[REFERENCE]
+        for variant in raced:
+            ms = timings[variant.id]
+            registry.update_variant(
+                variant.id,
+                latency_ms=ms.get(1),
+                latency_ms_by_batch=ms,
+                baseline_latency_ms_by_batch=baseline,
+                raced_at=stamp,
+            )
+        # TorchScript's own row shows the numbers its rivals were just compared against.
+        for reference in (v for v in current.values() if v.backend == REFERENCE):
+            registry.update_variant(reference.id, latency_ms=baseline.get(1), latency_ms_by_batch=baseline)
+    except Exception as exc:  # store outage, deleted model, a runner that fails or hangs
+        metrics.RACE_SECONDS.labels("failed").observe(time.monotonic() - started)
         log.warning("%s v%d: the race on %s did not finish: %s", version.name, version.version, target, exc)
         return
-    baseline = timings[REFERENCE]
-    stamp = now()
-    for variant in raced:
-        ms = timings[variant.id]
-        registry.update_variant(
-            variant.id,
-            latency_ms=ms.get(1),
-            latency_ms_by_batch=ms,
-            baseline_latency_ms_by_batch=baseline,
-            raced_at=stamp,
-        )
-    metrics.RACE_SECONDS.observe(time.monotonic() - started)
+    metrics.RACE_SECONDS.labels("raced").observe(time.monotonic() - started)
+    rows = [(REFERENCE, baseline), *((variant_label(v.backend, v.options), timings[v.id]) for v in raced)]
     log.info(
         "%s v%d: raced on %s: %s",
         version.name,
         version.version,
         target,
-        "; ".join(
-            f"{name} {shown(ms)}"
-            for name, ms in [(REFERENCE, baseline)]
-            + [(f"{v.backend}{v.options or ''}", timings[v.id]) for v in raced]
-        ),
+        "; ".join(f"{label} {shown(ms)}" for label, ms in rows),
     )
 
 

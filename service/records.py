@@ -56,6 +56,12 @@ Options = dict[str, str | int | float | bool]
 TUNING_TRIALS = "tuning_trials"
 
 
+def variant_label(backend: str, options: Options) -> str:
+    """`tensorrt[precision=fp16]`: two variants of one backend differ by their options."""
+    text = ",".join(f"{k}={v}" for k, v in sorted(options.items()))
+    return f"{backend}[{text}]" if text else backend
+
+
 class BackendRequest(BaseModel):
     """A backend with options, e.g. {"name": "tensorrt", "options": {"precision": "fp16"}}."""
 

@@ -36,7 +36,9 @@ def choose_variant(
     Variants are timed when they compile: minutes apart, after a long tuning run or beside other
     work, on any worker of the target. Their ratio to TorchScript timed in the same run cancels
     how loaded that machine was; their absolute times do not (a tuned TVM variant 13% faster in
-    an interleaved benchmark lost to ONNX Runtime on absolute compile-time numbers).
+    an interleaved benchmark lost to ONNX Runtime on absolute compile-time numbers). Once the
+    version's variants have raced (service.races) they share one TorchScript timing, and the
+    ratio orders them as their times in that race do.
     """
     ready = servable(variants, targets)
     if backend is not None:

@@ -11,6 +11,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from compiler.hardware import local_targets
+from compiler.race import RACE_ROUNDS
 
 
 class Settings(BaseSettings):
@@ -32,7 +33,7 @@ class Settings(BaseSettings):
     validate_timeout_s: float = 120.0
     # Interleaved rounds in which a worker re-times a version's ready variants for its target
     # together, each time one of them turns ready (service.races); 0: compile-time numbers only.
-    race_rounds: int = Field(default=3, ge=0, le=50)
+    race_rounds: int = Field(default=RACE_ROUNDS, ge=0, le=50)
     # Compile jobs run concurrently in embedded mode, and per `kiln worker` process.
     compile_workers: int = 1
 

@@ -231,6 +231,13 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     assert re.search(r"^torchscript\s+any\s+ready", done.stdout, re.M), done.stdout
     assert re.search(r"^tvm\s+cpu-\S+\s+ready", done.stdout, re.M), done.stdout
 
+    listed = run_cli("models", "--url", server.url)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    # One compiled variant: timed against TorchScript when it compiled, with nothing to race.
+    assert re.search(r"cli-mlp\W+1\W+tvm\W+cpu-\S+\W+ready\W+[\d.]+\W+[\d.]+x\W+compile", listed.stdout), (
+        listed.stdout
+    )
+
     queued = run_cli("upload", str(model), "--name", "cli-later", "--no-wait", *common)
     assert queued.returncode == 0, queued.stdout + queued.stderr
     assert re.search(r"^tvm\s+cpu-\S+\s+queued", queued.stdout, re.M), queued.stdout

@@ -36,7 +36,6 @@ class VariantOut(VariantRef):
         description="TorchScript's latency, timed in the same run as this variant."
     )
     raced_at: float | None = Field(
-        default=None,
         description="When these latencies were measured in a race, side by side with the version's "
         "other ready variants for this target; null: only when it compiled.",
     )

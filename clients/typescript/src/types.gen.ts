@@ -357,7 +357,7 @@ export type VariantOut = {
      *
      * When these latencies were measured in a race, side by side with the version's other ready variants for this target; null: only when it compiled.
      */
-    raced_at?: number | null;
+    raced_at: number | null;
     status: VariantStatus;
     /**
      * Target

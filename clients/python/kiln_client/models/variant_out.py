@@ -7,7 +7,6 @@ from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
 from ..models.variant_status import VariantStatus
-from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
     from ..models.variant_out_baseline_latency_ms_by_batch import VariantOutBaselineLatencyMsByBatch
@@ -33,10 +32,10 @@ class VariantOut:
         latency_ms_by_batch (VariantOutLatencyMsByBatch):
         max_abs_error (float | None):
         options (VariantOutOptions): Backend options it was built with, e.g. {"precision": "fp16"}.
+        raced_at (float | None): When these latencies were measured in a race, side by side with the version's other
+            ready variants for this target; null: only when it compiled.
         status (VariantStatus):
         target (str):
-        raced_at (float | None | Unset): When these latencies were measured in a race, side by side with the version's
-            other ready variants for this target; null: only when it compiled.
     """
 
     backend: str
@@ -49,9 +48,9 @@ class VariantOut:
     latency_ms_by_batch: VariantOutLatencyMsByBatch
     max_abs_error: float | None
     options: VariantOutOptions
+    raced_at: float | None
     status: VariantStatus
     target: str
-    raced_at: float | None | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -79,15 +78,12 @@ class VariantOut:
 
         options = self.options.to_dict()
 
+        raced_at: float | None
+        raced_at = self.raced_at
+
         status = self.status.value
 
         target = self.target
-
-        raced_at: float | None | Unset
-        if isinstance(self.raced_at, Unset):
-            raced_at = UNSET
-        else:
-            raced_at = self.raced_at
 
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
@@ -103,12 +99,11 @@ class VariantOut:
                 "latency_ms_by_batch": latency_ms_by_batch,
                 "max_abs_error": max_abs_error,
                 "options": options,
+                "raced_at": raced_at,
                 "status": status,
                 "target": target,
             }
         )
-        if raced_at is not UNSET:
-            field_dict["raced_at"] = raced_at
 
         return field_dict
 
@@ -161,18 +156,16 @@ class VariantOut:
 
         options = VariantOutOptions.from_dict(d.pop("options"))
 
+        def _parse_raced_at(data: object) -> float | None:
+            if data is None:
+                return data
+            return cast(float | None, data)
+
+        raced_at = _parse_raced_at(d.pop("raced_at"))
+
         status = VariantStatus(d.pop("status"))
 
         target = d.pop("target")
-
-        def _parse_raced_at(data: object) -> float | None | Unset:
-            if data is None:
-                return data
-            if isinstance(data, Unset):
-                return data
-            return cast(float | None | Unset, data)
-
-        raced_at = _parse_raced_at(d.pop("raced_at", UNSET))
 
         variant_out = cls(
             backend=backend,
@@ -185,9 +178,9 @@ class VariantOut:
             latency_ms_by_batch=latency_ms_by_batch,
             max_abs_error=max_abs_error,
             options=options,
+            raced_at=raced_at,
             status=status,
             target=target,
-            raced_at=raced_at,
         )
 
         variant_out.additional_properties = d
