@@ -37,6 +37,7 @@ from compiler.race import RACE_ROUNDS, ROUND_S, Timings, race
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from compiler.threads import set_threads
+from service.races import contender
 from service.records import TUNING_TRIALS, VariantRecord, VariantStatus
 from service.router import ANY_TARGET, choose_variant
 from tests.models import Encoder, LSTMHead
@@ -179,12 +180,15 @@ def time_all(run: ModelRun, rounds: int, round_s: float, pause_s: float) -> None
 
 def kiln_pick(run: ModelRun, target: str) -> None:
     """The server's choice: the race a worker runs once the last compiled variant is ready
-    (TorchScript and the compiled candidates, the default rounds), then choose_variant. The
+    (TorchScript and the candidates whose compile-time numbers left them a chance, the default
+    rounds), then choose_variant. The
     worker's race runs in a child process, on the runners loaded from their packed artifacts."""
     compiled = {
         key: c.runner
         for key, c in run.candidates.items()
-        if c.column.backend is not None and c.runner is not None
+        if c.runner is not None
+        and c.result is not None
+        and (key == REFERENCE or contender(c.result.latency_ms, c.result.baseline_latency_ms))
     }
     if REFERENCE not in compiled:
         return

@@ -24,9 +24,19 @@ log = logging.getLogger("kiln.races")
 RACE_TIMEOUT_S = 300.0
 
 
+# A variant this many times slower than TorchScript at every batch when it compiled cannot win
+# a race, and timing it would take longest (untuned TVM: 15 s a call on ResNet-18 at batch 8).
+HOPELESS = 2.0
+
+
+def contender(ms: dict[int, float], baseline: dict[int, float]) -> bool:
+    """Whether compile-time numbers leave a variant a chance to beat TorchScript at some batch."""
+    return any(base and ms[b] < HOPELESS * base for b, base in baseline.items() if b in ms)
+
+
 def contestants(variants: list[VariantRecord], target: str) -> list[VariantRecord]:
-    """The compiled variants that serve on `target` and that this host can load; TorchScript
-    runs in every race anyway."""
+    """The compiled variants that serve on `target`, that this host can load and that can still
+    win; TorchScript runs in every race anyway."""
     return [
         v
         for v in variants
@@ -34,6 +44,7 @@ def contestants(variants: list[VariantRecord], target: str) -> list[VariantRecor
         and v.target == target
         and v.backend != REFERENCE
         and v.artifact_key is not None
+        and contender(v.latency_ms_by_batch, v.baseline_latency_ms_by_batch)
         and get_backend(v.backend).unavailable_reason(target) is None
     ]
 

@@ -159,3 +159,12 @@ def test_an_earlier_race_finishing_last_does_not_overwrite_a_later_one(registry:
         registry.update_variant(name, latency_ms_by_batch=later, raced_at=time.time() + 3600)
     race_version(registry, Settings(threads=1, race_rounds=1), version, TARGET)
     assert all(mlp_v1(registry)[1][name].latency_ms_by_batch == later for name in COMPILED)
+
+
+def test_a_variant_far_slower_than_torchscript_is_not_raced(registry: Registry) -> None:
+    version, _ = mlp_v1(registry)
+    # Untuned TVM can take 15 s a call where TorchScript takes 1: it cannot win, timing it would
+    # take longest, and without it ONNX Runtime is left alone with nothing to race.
+    registry.update_variant("tvm", latency_ms_by_batch={1: 1.0, 8: 8.0})
+    race_version(registry, Settings(threads=1), version, TARGET)
+    assert all(mlp_v1(registry)[1][name].raced_at is None for name in COMPILED)
