@@ -3,7 +3,6 @@ compares numbers measured under the same load rather than at each variant's comp
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -15,12 +14,12 @@ from compiler.backends import get_backend
 from compiler.race import race
 from compiler.spec import InputSpec
 from service.races import race_version
-from service.records import JobRecord, ModelConfig, OutputInfo, VariantRecord, VariantStatus, VersionRecord
-from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
-from service.router import ANY_TARGET
+from service.records import VariantRecord, VariantStatus, VersionRecord
+from service.registry import ARTIFACT_BLOB, Registry
 from service.settings import Settings
 from service.store.local import LocalStore
 from tests.models import MODELS
+from tests.registries import ready_version, reference
 
 MLP = MODELS["mlp"]
 SPEC = InputSpec.from_dicts(MLP.inputs, 8)
@@ -74,32 +73,8 @@ def registry(tmp_path: Path, artifacts: dict[str, bytes]) -> Registry:
     """Model `mlp` v1 with ready TorchScript, ONNX Runtime and TVM variants whose compile-time
     numbers are stale: both claim to be a million times faster than TorchScript."""
     registry = Registry(LocalStore(tmp_path / "store"))
-    model = MLP.torchscript()
-    sha = hashlib.sha256(model).hexdigest()
-    registry.store.put_blob(MODEL_BLOB.format(sha256=sha), [model])
-    for backend, packed in artifacts.items():
-        registry.store.put_blob(ARTIFACT_BLOB.format(key=backend), [packed])
-
-    def plan(name: str, number: int) -> tuple[list[VariantRecord], list[JobRecord]]:
-        def variant(backend: str, target: str, key: str | None) -> VariantRecord:
-            return VariantRecord(
-                id=backend,
-                model=name,
-                version=number,
-                backend=backend,
-                target=target,
-                status=VariantStatus.ready,
-                artifact_key=key,
-                latency_ms_by_batch=STALE,
-                baseline_latency_ms_by_batch=STALE_BASELINE,
-            )
-
-        variants = [variant("torchscript", ANY_TARGET, None)]
-        return variants + [variant(b, TARGET, b) for b in COMPILED], []
-
-    config = ModelConfig.model_validate(MLP.config(max_batch_size=8))
-    outputs = [OutputInfo(name="output0", dtype="float32", shape=[-1, 10])]
-    registry.create_version(config, sha, outputs, plan)
+    variants = {"torchscript": reference(STALE), **{b: (TARGET, artifacts[b], STALE) for b in COMPILED}}
+    ready_version(registry, MLP, variants, STALE_BASELINE, max_batch_size=8)
     return registry
 
 

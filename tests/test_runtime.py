@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import hashlib
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,13 +20,12 @@ import torch
 from compiler.backends import get_backend
 from compiler.spec import InputSpec
 from service.memory import freeze_heap, release_memory
-from service.records import JobRecord, ModelConfig, OutputInfo, VariantRecord, VariantStatus
-from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
-from service.router import ANY_TARGET
+from service.registry import Registry
 from service.runtime import Prediction, Runtime
 from service.settings import Settings
 from service.store.local import LocalStore
 from tests.models import MODELS
+from tests.registries import ready_version, reference
 
 HOST = "cpu-x86_64-test-avx2"
 MLP = MODELS["mlp"]
@@ -38,37 +36,11 @@ BASELINE = {1: 1.0, 8: 8.0}  # TorchScript, timed in the same run as each varian
 def runtime(tmp_path: Path) -> Iterator[Runtime]:
     """Model `mlp` v1: TorchScript, and ONNX Runtime measured slower at batch 1 and faster at 8."""
     pytest.importorskip("onnxruntime")
-    store = LocalStore(tmp_path / "store")
-    registry = Registry(store)
-    model = MLP.torchscript()
-    sha = hashlib.sha256(model).hexdigest()
-    store.put_blob(MODEL_BLOB.format(sha256=sha), [model])
-    config = ModelConfig.model_validate(MLP.config(max_batch_size=8, max_queue_delay_us=200_000))
+    registry = Registry(LocalStore(tmp_path / "store"))
     spec = InputSpec.from_dicts(MLP.inputs, 8)
-    artifact = get_backend("onnxruntime").compile(model, spec, HOST, {"threads": 1})
-    store.put_blob(ARTIFACT_BLOB.format(key="ort"), [artifact.pack()])
-
-    def plan(name: str, number: int) -> tuple[list[VariantRecord], list[JobRecord]]:
-        def variant(backend: str, target: str, key: str | None, ms: dict[int, float]) -> VariantRecord:
-            return VariantRecord(
-                id=backend,
-                model=name,
-                version=number,
-                backend=backend,
-                target=target,
-                status=VariantStatus.ready,
-                artifact_key=key,
-                latency_ms_by_batch=ms,
-                baseline_latency_ms_by_batch=BASELINE,
-            )
-
-        return [
-            variant("torchscript", ANY_TARGET, None, BASELINE),
-            variant("onnxruntime", HOST, "ort", {1: 2.0, 8: 4.0}),
-        ], []
-
-    outputs = [OutputInfo(name="output0", dtype="float32", shape=[-1, 10])]
-    registry.create_version(config, sha, outputs, plan)
+    ort = get_backend("onnxruntime").compile(MLP.torchscript(), spec, HOST, {"threads": 1}).pack()
+    variants = {"torchscript": reference(BASELINE), "onnxruntime": (HOST, ort, {1: 2.0, 8: 4.0})}
+    ready_version(registry, MLP, variants, BASELINE, max_batch_size=8, max_queue_delay_us=200_000)
     rt = Runtime(registry, Settings(data_dir=tmp_path, targets=[HOST]))
     yield rt
     rt.close()
