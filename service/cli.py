@@ -61,8 +61,9 @@ def serve(
     from service.logs import logging_config
     from service.settings import get_settings
 
+    settings = get_settings()
     # uvicorn applies it here and again in each worker process it spawns.
-    log_config = logging_config(get_settings().log_format)
+    log_config = logging_config(settings.log_format)
     with multiprocess_metrics(workers):
         uvicorn.run(
             "service.api.app:create_app",
@@ -71,6 +72,7 @@ def serve(
             port=port,
             workers=workers,
             log_config=log_config,
+            access_log=settings.access_log,
         )
 
 

@@ -74,6 +74,10 @@ class Settings(BaseSettings):
 
     # JSON lines for log collectors; text for a person at a terminal.
     log_format: Literal["json", "text"] = "json"
+    # uvicorn's line per request. Off by default, as in Triton: at a small model's thousands of
+    # requests a second it took about a tenth of the serving process's CPU, and /metrics already
+    # counts every request and error.
+    access_log: bool = False
     # `kiln worker` serves Prometheus metrics here (its compiles happen in its process); 0: off.
     worker_metrics_port: int = 9100
 

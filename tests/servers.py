@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -11,6 +12,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import redis
@@ -128,6 +130,11 @@ class KilnProcess:
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def json_lines(self) -> list[dict[str, Any]]:
+        """Its log's JSON lines; only child processes' stray stderr (library warnings) is not."""
+        lines = self.log.read_text(errors="replace").splitlines()
+        return [json.loads(line) for line in lines if line.startswith("{")]
 
 
 class KilnServer(KilnProcess):

@@ -25,6 +25,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
         yield srv
 
 
+def test_no_access_log_by_default(http: httpx.Client, server: KilnServer) -> None:
+    assert http.get("/healthz").status_code == 200
+    loggers = {line["logger"] for line in server.json_lines()}
+    assert "kiln.api" in loggers and "uvicorn.access" not in loggers
+
+
 @pytest.fixture(scope="module")
 def uploaded(http: httpx.Client, server: KilnServer) -> dict[str, list[dict[str, object]]]:
     """Upload every test model at once, then wait: the compiles overlap."""

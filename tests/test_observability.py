@@ -36,7 +36,10 @@ DASHBOARD = ROOT / "deploy" / "grafana" / "kiln-dashboard.json"
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
     # One compile at a time, so that a second job waits, queued, behind the first.
     with embedded_server(
-        tmp_path_factory.mktemp("observability"), KILN_COMPILE_WORKERS="1", KILN_LOG_FORMAT="json"
+        tmp_path_factory.mktemp("observability"),
+        KILN_COMPILE_WORKERS="1",
+        KILN_LOG_FORMAT="json",
+        KILN_ACCESS_LOG="true",
     ) as srv:
         yield srv
 
@@ -176,12 +179,6 @@ def test_metrics_cover_every_series(http: httpx.Client) -> None:
     assert len(panels) >= 9 and names and names <= samples.keys(), names - samples.keys()
 
 
-def log_lines(server: KilnServer) -> list[dict[str, Any]]:
-    lines = server.log.read_text().splitlines()
-    # Only the child processes' stray stderr (library warnings) is not ours to format.
-    return [json.loads(line) for line in lines if line.startswith("{")]
-
-
 def test_request_id_is_echoed_and_logged(server: KilnServer, http: httpx.Client) -> None:
     given = http.get("/healthz", headers={"X-Request-ID": "obs-given.1"})
     assert given.headers["x-request-id"] == "obs-given.1"
@@ -195,7 +192,7 @@ def test_request_id_is_echoed_and_logged(server: KilnServer, http: httpx.Client)
     loaded = predict_with_id(http, "mlp-again", "obs-predict")
     assert loaded.status_code == 200 and loaded.headers["x-request-id"] == "obs-predict"
 
-    lines = log_lines(server)
+    lines = server.json_lines()
     assert all({"ts", "level", "logger", "message"} <= line.keys() for line in lines)
     by_id = {
         rid: [line for line in lines if line.get("request_id") == rid] for rid in ("obs-predict", generated)
