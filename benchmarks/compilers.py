@@ -337,9 +337,9 @@ def parse_args() -> argparse.Namespace:
         "--max-batch", type=int, default=MAX_BATCH, help="max_batch_size; tuned builds tune 1 and this"
     )
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of every runtime")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
-    p.add_argument("--round-seconds", type=float, default=1.0, help="time budget per column, batch, round")
-    p.add_argument("--pause", type=float, default=0.75, help="seconds between columns, for thread pools")
+    p.add_argument("--rounds", type=int, default=8, help="interleaved timing rounds")
+    p.add_argument("--round-seconds", type=float, default=0.5, help="time budget per column, batch, round")
+    p.add_argument("--pause", type=float, default=0.25, help="seconds between columns, for thread pools")
     return p.parse_args()
 
 
