@@ -54,6 +54,29 @@ def test_rounds_interleave_and_time_every_runner() -> None:
         race(runners, SPEC, (1,), rounds=0, round_s=0.01)
 
 
+def test_runners_close_to_the_leader_race_on_head_to_head() -> None:
+    calls: list[tuple[str, int]] = []
+    ms = {"leader": 4.0, "close": 4.4, "far": 20.0}
+    runners = {name: Sleeper(name, t, calls) for name, t in ms.items()}
+    timings = race(runners, SPEC, (1, 8), rounds=2, round_s=0.001, pause_s=0.0)
+    assert all(timings[name][b] >= t for name, t in ms.items() for b in (1, 8))
+    # Five calls a measurement past its budget: two to warm up, three timed.
+    measured = {key: calls.count(key) // 5 for key in set(calls)}
+    # Two rounds of all three, then at each batch 4 more of the two within CLOSE of each other.
+    assert measured == {(name, b): 2 if name == "far" else 6 for name in ms for b in (1, 8)}
+    extra = [key for i, key in enumerate(calls[5 * 2 * 3 * 2 :]) if i % 5 == 0]
+    head_to_head = ["leader", "close", "close", "leader"] * 2
+    assert extra == [(name, b) for b in (1, 8) for name in head_to_head]
+
+
+def test_close_calls_take_no_longer_than_the_rounds_before_them() -> None:
+    calls: list[tuple[str, int]] = []
+    runners = {name: Sleeper(name, 20.0, calls) for name in ("a", "b")}
+    race(runners, SPEC, (1, 8), rounds=2, round_s=0.001, pause_s=0.0)
+    # 2 rounds of 4 measurements; the 16 close-call ones allowed stop after about as long again.
+    assert 8 + 6 <= len(calls) // 5 <= 8 + 10
+
+
 TARGET = Settings().host_targets()[0]
 COMPILED = ("onnxruntime", "tvm")
 # Compile-time claims no runtime meets: a millionth of TorchScript's time.
