@@ -38,6 +38,12 @@ PAUSE_S = 0.1
 # wrong in 2.8% of windows, of 32 in none.
 CLOSE = 0.25
 CLOSE_ROUNDS_PER_ROUND = 2
+# Before the rounds, each runner runs untimed for WARMUP_S at each batch. A runner freshly loaded
+# in the worker's race child runs slower for a while: untuned TVM on the encoder at batch 1 took
+# 0.058 ms on average in a child's first race and 0.049 in its second, and lost the first to ONNX
+# Runtime in 4 of 8 children; after this warm-up it won the first race in 6 of 6. Sleeping 20 s
+# instead still lost 1 of 4: calls warm a runner more than time does.
+WARMUP_S = 1.0
 
 
 def race(
@@ -48,11 +54,12 @@ def race(
     round_s: float,
     pause_s: float = PAUSE_S,
     on_round: Callable[[int], None] | None = None,
+    warmup_s: float = WARMUP_S,
 ) -> Timings:
     """Per runner and batch, the median of the rounds' medians. Each round starts one runner
     later in the order (A B C, B C A, C A B), so that none always runs first or after another.
-    After the rounds, at each batch, the runners close to the leader run more such rounds among
-    themselves."""
+    Before the rounds every runner warms up at every batch; after them, at each batch, the runners
+    close to the leader run more such rounds among themselves."""
     if rounds < 1:
         raise ValueError(f"a race needs at least one round; got {rounds}")
     rng = np.random.default_rng(0)
@@ -69,6 +76,11 @@ def race(
             # A framework's thread pool keeps spinning for a while after its last call.
             time.sleep(pause_s)
 
+    for name in names:
+        for b in batches:
+            warm_until = time.monotonic() + warmup_s
+            while time.monotonic() < warm_until:
+                runners[name].run(inputs[b])
     started = time.monotonic()
     for r in range(rounds):
         if on_round is not None:

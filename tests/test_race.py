@@ -3,6 +3,7 @@ compares numbers measured under the same load rather than at each variant's comp
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,7 +43,7 @@ class Sleeper:
 def test_rounds_interleave_and_time_every_runner() -> None:
     calls: list[tuple[str, int]] = []
     runners = {"slow": Sleeper("slow", 4.0, calls), "fast": Sleeper("fast", 0.0, calls)}
-    timings = race(runners, SPEC, (1, 8), rounds=3, round_s=0.02, pause_s=0.0)
+    timings = race(runners, SPEC, (1, 8), rounds=3, round_s=0.02, pause_s=0.0, warmup_s=0.0)
     assert timings.keys() == {"slow", "fast"} and all(t.keys() == {1, 8} for t in timings.values())
     assert all(ms >= 4.0 for ms in timings["slow"].values())
     assert all(ms < 2.0 for ms in timings["fast"].values())
@@ -54,11 +55,22 @@ def test_rounds_interleave_and_time_every_runner() -> None:
         race(runners, SPEC, (1,), rounds=0, round_s=0.01)
 
 
+def test_every_runner_warms_up_at_every_batch_before_the_rounds() -> None:
+    calls: list[tuple[str, int]] = []
+    runners = {name: Sleeper(name, 2.0, calls) for name in ("a", "b")}
+    race(runners, SPEC, (1, 8), rounds=1, round_s=0.001, pause_s=0.0, warmup_s=0.1)
+    # The two are close, so head-to-head rounds follow these 8 runs of calls.
+    runs = [(key, len(list(group))) for key, group in itertools.groupby(calls)][:8]
+    # 0.1 s of 2 ms calls: about 50 untimed at each runner and batch, then one round of 5 each.
+    assert [key for key, _ in runs] == [("a", 1), ("a", 8), ("b", 1), ("b", 8)] * 2
+    assert all(count >= 25 for _, count in runs[:4]) and [count for _, count in runs[4:]] == [5] * 4
+
+
 def test_runners_close_to_the_leader_race_on_head_to_head() -> None:
     calls: list[tuple[str, int]] = []
     ms = {"leader": 4.0, "close": 4.4, "far": 20.0}
     runners = {name: Sleeper(name, t, calls) for name, t in ms.items()}
-    timings = race(runners, SPEC, (1, 8), rounds=2, round_s=0.001, pause_s=0.0)
+    timings = race(runners, SPEC, (1, 8), rounds=2, round_s=0.001, pause_s=0.0, warmup_s=0.0)
     assert all(timings[name][b] >= t for name, t in ms.items() for b in (1, 8))
     # Five calls a measurement past its budget: two to warm up, three timed.
     measured = {key: calls.count(key) // 5 for key in set(calls)}
@@ -72,7 +84,7 @@ def test_runners_close_to_the_leader_race_on_head_to_head() -> None:
 def test_close_calls_take_no_longer_than_the_rounds_before_them() -> None:
     calls: list[tuple[str, int]] = []
     runners = {name: Sleeper(name, 20.0, calls) for name in ("a", "b")}
-    race(runners, SPEC, (1, 8), rounds=2, round_s=0.001, pause_s=0.0)
+    race(runners, SPEC, (1, 8), rounds=2, round_s=0.001, pause_s=0.0, warmup_s=0.0)
     # 2 rounds of 4 measurements; the 16 close-call ones allowed stop after about as long again.
     assert 8 + 6 <= len(calls) // 5 <= 8 + 10
 
