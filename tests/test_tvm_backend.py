@@ -26,7 +26,7 @@ from compiler.backends.base import Backend
 from compiler.errors import BackendUnavailableError, ConversionError
 from compiler.frontend import export_program, load_torchscript
 from compiler.hardware import cpu_target, cuda_devices
-from compiler.pipeline import CompileOptions, compile_and_check
+from compiler.pipeline import CompileOptions, CompileResult, compile_and_check
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from tests.models import MODELS, UNCONVERTIBLE
@@ -387,17 +387,27 @@ def test_3x3_convolutions_lower_to_winograd_and_match_torch() -> None:
     )
 
 
-def test_a_tuned_winograd_kernel_is_verified(tmp_path: Path) -> None:
-    """MetaSchedule's Winograd rules, the kernel planes packed at compile time, and verification;
-    then, in a fresh process, its parallel kernels leave no pool worker spinning after a call."""
+@pytest.fixture(scope="module")
+def tuned_conv_pair() -> tuple[bytes, CompileResult]:
     model = script(ConvPair())
     options = CompileOptions(threads=2, backend_options={"tuning_trials": 16})
-    result = compile_and_check(model, CONV_PAIR, "tvm", cpu_target(), options)
+    return model, compile_and_check(model, CONV_PAIR, "tvm", cpu_target(), options)
+
+
+def test_a_tuned_winograd_kernel_is_verified(tuned_conv_pair: tuple[bytes, CompileResult]) -> None:
+    """MetaSchedule's Winograd rules, the kernel planes packed at compile time, and verification."""
+    model, result = tuned_conv_pair
     tasks = [task["name"] for task in result.artifact.meta["tuning"]["tasks"]]
     assert any("winograd" in name for name in tasks), tasks
     assert result.max_abs_error < ATOL
     assert_matches(model, result.artifact, (1,))
-    (tmp_path / "conv.kiln").write_bytes(result.artifact.pack())
+
+
+def test_tuned_parallel_kernels_leave_no_pool_worker_spinning(
+    tuned_conv_pair: tuple[bytes, CompileResult], tmp_path: Path
+) -> None:
+    """In a fresh process, as a server or a race child runs it."""
+    (tmp_path / "conv.kiln").write_bytes(tuned_conv_pair[1].artifact.pack())
     # TVM's default spin burned 0.17 s of CPU in these 0.2 s; a sleeping pool, none.
     code = (
         "import sys, time, numpy as np\n"
