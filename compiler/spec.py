@@ -180,6 +180,12 @@ def to_array(value: object, dtype: str | None, name: str) -> np.ndarray:
         raise InputMismatchError(
             f"input {name!r}: expected dtype {dtype}, received values of kind {raw.dtype.name}"
         )
+    if raw.size and want.kind in "iu":  # an int past the dtype's range would wrap around
+        info = np.iinfo(want)
+        if int(raw.min()) < info.min or int(raw.max()) > info.max:
+            raise InputMismatchError(
+                f"input {name!r}: values out of the range of {dtype} ({info.min}..{info.max})"
+            )
     return raw.astype(want)
 
 

@@ -48,6 +48,11 @@ def test_coerce_never_changes_values_silently() -> None:
         spec.coerce({"x": [[1, 2]], "i": [[3.5, 4]]})
     with pytest.raises(InputMismatchError, match="ragged"):
         spec.coerce({"x": [[1, 2], [3]], "i": [[3, 4]]})
+    small = InputSpec.parse(["k:int32[-1,1]", "u:uint8[-1,1]"], max_batch_size=2)
+    for k, u in (([[2**40]], [[1]]), ([[1]], [[-1]]), ([[1]], [[256]])):  # would wrap around
+        with pytest.raises(InputMismatchError, match="out of the range"):
+            small.coerce({"k": k, "u": u})
+    assert small.coerce({"k": [[-(2**31)]], "u": [[255]]})["u"].tolist() == [[255]]
 
 
 def test_random_inputs_follow_the_spec() -> None:
