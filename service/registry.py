@@ -182,33 +182,48 @@ class Registry:
     # Deletion ----------------------------------------------------------------------------
 
     def delete_model(self, name: str) -> ModelView:
-        """Remove a model's metadata, then the blobs that nothing references any more."""
+        """Remove a model's metadata, then those of its blobs that nothing else references."""
         view = self.get_model(name)
-        for version, variants in view.versions:
+        self._delete(view)
+        return view
+
+    def delete_version(self, name: str, number: int) -> ModelView:
+        """Remove one version (the model too, if it was the last), then those of its blobs
+        that nothing else references. Returns what went."""
+        version = self.get_version(name, number)
+        deleted = ModelView(name, [(version, self.variants_of(version))])
+        self._delete(deleted)
+        return deleted
+
+    def _delete(self, deleted: ModelView) -> None:
+        name = deleted.name
+        numbers = {version.version for version, _ in deleted.versions}
+        for version, variants in deleted.versions:
             for variant in variants:
                 if variant.job_id:
                     self.store.delete_doc("job", variant.job_id)
                 self.store.delete_doc("variant", variant.id)
             self.store.delete_doc("version", version_id(name, version.version))
         for doc in self.store.list_docs("upload"):
-            if doc["name"] == name:
+            if doc["name"] == name and doc["version"] in numbers:
                 self.store.delete_doc("upload", doc["id"])
-        self.store.delete_doc("model", name)
-        self.collect_garbage()
-        return view
+        if not self.store.list_docs("version", prefix=f"{name}/"):
+            self.store.delete_doc("model", name)
+        self._collect_garbage(deleted)
 
-    def collect_garbage(self) -> None:
+    def _collect_garbage(self, deleted: ModelView) -> None:
+        """Only the deleted model's own blobs are candidates: any other unreferenced blob may
+        belong to work in flight (an upload between its blob and its version record, a compile
+        between its artifact and its variant's update), and deleting it would break that work."""
         versions = [VersionRecord.model_validate(d) for d in self.store.list_docs("version")]
         live_models = {v.sha256 for v in versions}
         live_artifacts = {d["artifact_key"] for d in self.store.list_docs("variant") if d.get("artifact_key")}
-        for blob in self.store.list_blobs("models/"):
-            if blob.removeprefix("models/") not in live_models:
-                self.store.delete_blob(blob)
-        for blob in self.store.list_blobs("artifacts/"):
-            key = blob.removeprefix("artifacts/")
-            if key not in live_artifacts:
-                self.store.delete_blob(blob)
-                self.store.delete_doc("artifact", key)
+        for sha256 in {version.sha256 for version, _ in deleted.versions} - live_models:
+            self.store.delete_blob(MODEL_BLOB.format(sha256=sha256))
+        own = {v.artifact_key for _, variants in deleted.versions for v in variants if v.artifact_key}
+        for key in own - live_artifacts:
+            self.store.delete_blob(ARTIFACT_BLOB.format(key=key))
+            self.store.delete_doc("artifact", key)
 
 
 def _jsonable(cls: type[BaseModel], fields: dict[str, Any]) -> dict[str, Any]:

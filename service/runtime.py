@@ -58,6 +58,7 @@ class Prediction:
 class Loaded:
     runner: Runner
     model: str
+    version: int
     # The artifact's size: weights and code, which is what a loaded runner holds in memory.
     size_bytes: int
 
@@ -227,7 +228,7 @@ class Runtime:
             version.version,
             time.perf_counter() - started,
         )
-        return Loaded(runner, version.name, len(artifact.payload))
+        return Loaded(runner, version.name, version.version, len(artifact.payload))
 
     def _evict_over_budget(self) -> int:
         """Evict least recently used runners until the budget holds; the newest always stays.
@@ -240,16 +241,23 @@ class Runtime:
             evicted += 1
         return evicted
 
-    def unload(self, name: str) -> int:
-        """Drop a model's routes, batchers and runners (deleted, or unloaded on request); return
-        how many runners went."""
-        # Copies of the keys: requests on the event loop may add entries meanwhile.
-        for route_key in [k for k in list(self._routes) if k[0] == name]:
-            self._routes.pop(route_key, None)
-        for batcher_key in [k for k in list(self._batchers) if k[0] == name]:
-            self._batchers.pop(batcher_key).close()
+    def unload(self, name: str, version: int | None = None) -> int:
+        """Drop the routes, batchers and runners of a model, or of one of its versions (deleted,
+        or unloaded on request); return how many runners went."""
+
+        def gone(model: str, number: int) -> bool:
+            return model == name and version in (None, number)
+
+        # Copies: requests on the event loop may add entries meanwhile.
+        for route_key, route in list(self._routes.items()):
+            if gone(route_key[0], route.version.version):
+                self._routes.pop(route_key, None)
+        for batcher_key in [k for k in list(self._batchers) if gone(k[0], k[1])]:
+            batcher = self._batchers.pop(batcher_key, None)  # None: a concurrent unload took it
+            if batcher is not None:
+                batcher.close()
         with self._lock:
-            keys = [k for k, x in self._loaded.items() if x.model == name]
+            keys = [k for k, x in self._loaded.items() if gone(x.model, x.version)]
             for key in keys:
                 del self._loaded[key]
             self._publish_loaded()

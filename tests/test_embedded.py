@@ -151,6 +151,31 @@ def test_new_upload_is_a_new_version(
     assert predict(http, "mlp-versions", x, version=1).json()["model_version"] == 1
 
 
+def test_deleting_a_version_rolls_back_to_the_one_before(
+    http: httpx.Client, uploaded: dict[str, list[dict[str, object]]]
+) -> None:
+    name, x = "mlp-rollback", sample(MODELS["mlp"], 2)
+    for max_batch_size in (8, 4):
+        assert (
+            upload(http, MODELS["mlp"], name=name, max_batch_size=max_batch_size, backends=[]).status_code
+            == 202
+        )
+    assert predict(http, name, x).json()["model_version"] == 2
+    deleted = http.delete(f"/v1/models/{name}/versions/2")
+    assert deleted.status_code == 200 and deleted.json()["version"] == 2
+    body = predict(http, name, x).json()
+    assert body["model_version"] == 1
+    np.testing.assert_allclose(body["outputs"]["output0"], expected(MODELS["mlp"], x), rtol=1e-5, atol=1e-6)
+    assert http.get(f"/v1/models/{name}/versions/2").status_code == 404
+    assert [v["version"] for v in http.get(f"/v1/models/{name}").json()["versions"]] == [1]
+    assert http.delete(f"/v1/models/{name}/versions/2").status_code == 404
+    # The last version takes the model with it; numbers are never reused.
+    assert http.delete(f"/v1/models/{name}/versions/1").status_code == 200
+    assert http.get(f"/v1/models/{name}").status_code == 404
+    again = upload(http, MODELS["mlp"], name=name, max_batch_size=8, backends=[])
+    assert again.status_code == 202 and again.json()["version"] == 3
+
+
 def test_failed_conversion_keeps_torchscript_serving(http: httpx.Client, server: KilnServer) -> None:
     response = upload(http, UNCONVERTIBLE, max_batch_size=4, backends=["tvm"])
     assert response.status_code == 202, response.text

@@ -300,3 +300,17 @@ def delete_model(name: str, svc: Annotated[Services, Depends(services)]) -> Mode
     view = svc.registry.delete_model(name)
     svc.runtime.unload(name)
     return ModelOut(name=name, versions=[VersionOut.of(v, vs) for v, vs in view.versions], active=None)
+
+
+@router.delete(
+    "/v1/models/{name}/versions/{version}",
+    operation_id="delete_model_version",
+    summary="Delete one version, and its artifacts nothing else references: the newest other "
+    "ready version serves (a rollback).",
+    dependencies=[Depends(require(Scope.admin))],
+    responses=error_responses(Problem, 401, 403, 404, 422, 503),
+)
+def delete_model_version(name: str, version: int, svc: Annotated[Services, Depends(services)]) -> VersionOut:
+    [(record, variants)] = svc.registry.delete_version(name, version).versions
+    svc.runtime.unload(name, version)
+    return VersionOut.of(record, variants)

@@ -813,6 +813,60 @@ export type PredictResponses = {
 
 export type PredictResponse = PredictResponses[keyof PredictResponses];
 
+export type DeleteModelVersionData = {
+    body?: never;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+        /**
+         * Version
+         */
+        version: number;
+    };
+    query?: never;
+    url: '/v1/models/{name}/versions/{version}';
+};
+
+export type DeleteModelVersionErrors = {
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
+};
+
+export type DeleteModelVersionError = DeleteModelVersionErrors[keyof DeleteModelVersionErrors];
+
+export type DeleteModelVersionResponses = {
+    /**
+     * Successful Response
+     */
+    200: VersionOut;
+};
+
+export type DeleteModelVersionResponse = DeleteModelVersionResponses[keyof DeleteModelVersionResponses];
+
 export type GetModelVersionData = {
     body?: never;
     path: {

@@ -1,0 +1,36 @@
+"""The registry's deletion: a model's blobs go with it, and no one else's, even mid-flight."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
+from service.store.local import LocalStore
+from tests.models import MODELS
+from tests.registries import ready_version, reference
+
+HOST = "cpu-x86_64-test-avx2"
+BASELINE = {1: 1.0, 8: 8.0}
+
+
+def test_deleting_a_model_removes_its_blobs_and_spares_work_in_flight(tmp_path: Path) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    store = registry.store
+    mlp = MODELS["mlp"]
+    ready_version(
+        registry, mlp, {"torchscript": reference(BASELINE), "tvm": (HOST, b"packed", BASELINE)}, BASELINE
+    )
+    own_model = MODEL_BLOB.format(sha256=hashlib.sha256(mlp.torchscript()).hexdigest())
+    own_artifact = ARTIFACT_BLOB.format(key="tvm")
+    # Another upload has stored its bytes and not yet its version record; a compile has stored
+    # its artifact and not yet marked its variant ready. Nothing references either yet.
+    uploading = MODEL_BLOB.format(sha256=hashlib.sha256(b"another model").hexdigest())
+    compiled = ARTIFACT_BLOB.format(key="fresh-artifact")
+    store.put_blob(uploading, [b"another model"])
+    store.put_blob(compiled, [b"fresh artifact"])
+
+    registry.delete_model(mlp.name)
+
+    assert not store.has_blob(own_model) and not store.has_blob(own_artifact)
+    assert store.has_blob(uploading) and store.has_blob(compiled)
