@@ -1,10 +1,12 @@
 """Dynamic batching: concurrent requests for one runner are merged, run once and split back.
 
 Like Triton's dynamic batcher: a batch closes when it reaches `max_batch_size` or a preferred
-size, or when its oldest request has waited `max_queue_delay_us`. Requests keep arriving while a
-batch runs, so under load batches grow even with no delay at all. `run` sees the merged batch, so
-it can pick what runs it by the batch's size; what it returns beside the outputs (the variant
-that ran) reaches every request of the batch.
+size, or when its oldest request has waited `max_queue_delay_us` since it arrived. Requests keep
+arriving while a batch runs, so under load batches grow even with no delay at all. `run` sees the
+merged batch, so it can pick what runs it by the batch's size; what it returns beside the outputs
+(the variant that ran) reaches every request of the batch. Past `max_queue_size` requests
+waiting or running, new ones are refused at once with a 503, as Triton's queue policy and
+TorchServe's job queue refuse them, rather than queued behind work their clients gave up on.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from service.errors import UnavailableError
+from service.errors import QueueFullError, UnavailableError
 
 Arrays = dict[str, np.ndarray]
 T = TypeVar("T")  # what `run` returns beside the outputs
@@ -31,6 +33,8 @@ class BatchPolicy:
     max_batch_size: int
     max_queue_delay_us: int = 0
     preferred_batch_sizes: Sequence[int] = ()
+    # Requests that may be waiting or running at once; past it, new ones get a 503. 0: no limit.
+    max_queue_size: int = 0
 
 
 @dataclass
@@ -40,6 +44,7 @@ class _Request(Generic[T]):
     future: asyncio.Future[tuple[Arrays, T]]
     # Requests merge only when every non-batch dimension agrees.
     signature: tuple[tuple[str, tuple[int, ...], str], ...] = field(init=False)
+    arrived: float = field(init=False, default_factory=time.monotonic)
 
     def __post_init__(self) -> None:
         self.signature = tuple(
@@ -54,25 +59,47 @@ class Batcher(Generic[T]):
         policy: BatchPolicy,
         executor: Executor,
         on_batch: Callable[[int, int, float], None] | None = None,
+        on_pending: Callable[[int], None] | None = None,
     ) -> None:
-        """`on_batch(batch_size, requests, seconds)` is called after every execution."""
+        """`on_batch(batch_size, requests, seconds)` is called after every execution, and
+        `on_pending(change)` as requests arrive (+1) and are answered (-1)."""
         self.run = run
         self.policy = policy
         self.executor = executor
         self.on_batch = on_batch
+        self.on_pending = on_pending
         self._queue: asyncio.Queue[_Request[T]] = asyncio.Queue()
         self._carry: _Request[T] | None = None
         self._batch: list[_Request[T]] = []  # being collected or run
         self._task: asyncio.Task[None] | None = None
+        self._pending = 0  # submitted and not yet answered; only touched on the event loop
 
     async def submit(self, inputs: Arrays, batch: int) -> tuple[Arrays, T]:
-        if self.policy.max_batch_size == 1:
-            return await self._run_alone(inputs, batch)
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._loop())
-        future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Request(inputs, batch, future))
-        return await future
+        limit = self.policy.max_queue_size
+        if limit and self._pending >= limit:
+            raise QueueFullError(
+                f"{self._pending} requests are already waiting or running for this model (its "
+                f"max_queue_size); send this one again shortly, or raise max_queue_size"
+            )
+        self._count(1)
+        try:
+            if self.policy.max_batch_size == 1:
+                return await self._run_alone(inputs, batch)
+            if self._task is None or self._task.done():
+                self._task = asyncio.get_running_loop().create_task(self._loop())
+            future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
+            await self._queue.put(_Request(inputs, batch, future))
+            return await future
+        finally:
+            self._count(-1)
+
+    def _count(self, change: int) -> None:
+        self._pending += change
+        if self.on_pending is not None:
+            try:
+                self.on_pending(change)
+            except Exception:
+                log.exception("pending requests callback failed")
 
     async def _run_alone(self, inputs: Arrays, batch: int) -> tuple[Arrays, T]:
         """A model that cannot batch runs its requests side by side in the executor, as Triton
@@ -107,7 +134,9 @@ class Batcher(Generic[T]):
         assert first is not None
         self._batch = batch = [first]
         size = first.batch
-        deadline = time.monotonic() + self.policy.max_queue_delay_us / 1e6
+        # From its arrival, as in Triton: under load the oldest request has often waited for the
+        # batch before this one already, and should not wait a whole delay more.
+        deadline = first.arrived + self.policy.max_queue_delay_us / 1e6
         while size < self.policy.max_batch_size and size not in self.policy.preferred_batch_sizes:
             request = await self._next(deadline - time.monotonic())
             if request is None:
@@ -144,16 +173,22 @@ class Batcher(Generic[T]):
                 r.future.set_exception(error)
 
     async def _execute(self, requests: list[_Request[T]]) -> None:
-        """Run one batch. Whatever fails, fails its own requests: the loop must live on."""
+        """Run one batch. Whatever fails, fails its own requests: the loop must live on. A merged
+        batch that fails runs again one request at a time, so that one request the model cannot
+        take (an index out of range, say) fails alone and not the others it was batched with."""
         started = time.perf_counter()
         try:
             merged = merge([r.inputs for r in requests])
             outputs, tag = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, merged)
             parts = split(outputs, [r.batch for r in requests])
         except Exception as exc:
+            if len(requests) == 1:
+                if not requests[0].future.done():
+                    requests[0].future.set_exception(exc)
+                return
+            log.warning("a batch of %d requests failed (%s); running them one at a time", len(requests), exc)
             for r in requests:
-                if not r.future.done():
-                    r.future.set_exception(exc)
+                await self._execute([r])
             return
         for r, part in zip(requests, parts, strict=True):
             if not r.future.done():

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class KilnError(Exception):
     status_code = 500
     title = "Internal error"
+    # Response headers that tell the client what to do next.
+    headers: ClassVar[dict[str, str]] = {}
 
 
 class BadRequestError(KilnError):
@@ -46,3 +50,10 @@ class InvalidConfigError(KilnError):
 class UnavailableError(KilnError):
     status_code = 503
     title = "Service unavailable"
+
+
+class QueueFullError(UnavailableError):
+    """A model's queue is at its max_queue_size: shed the request rather than queue it."""
+
+    title = "Queue full"
+    headers: ClassVar[dict[str, str]] = {"Retry-After": "1"}

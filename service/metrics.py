@@ -60,6 +60,12 @@ RACE_SECONDS = Histogram(
 )
 for _outcome in ("raced", "failed"):  # both series exist from the start, for rate() and alerts
     RACE_SECONDS.labels(_outcome)
+PENDING_REQUESTS = Gauge(
+    "kiln_pending_requests",
+    "Inference requests waiting for or in a batch, by model: what max_queue_size bounds.",
+    ["model"],
+    multiprocess_mode="livesum",
+)
 CACHE_HITS = Counter(
     "kiln_artifact_cache_hits",
     "Compile jobs answered from the artifact cache: identical work done before, anywhere.",

@@ -83,6 +83,9 @@ class ModelConfig(BaseModel):
     # Dynamic batching, as in Triton: how long a batch may wait to fill, and sizes that close it.
     max_queue_delay_us: int | None = Field(default=None, ge=0, le=10_000_000)
     preferred_batch_sizes: list[int] = Field(default_factory=list, max_length=16)
+    # Requests of one version that may wait or run at once in one server process; past it, a
+    # 503 with Retry-After. None: the server default; 0: no limit.
+    max_queue_size: int | None = Field(default=None, ge=0, le=1_000_000)
     # MetaSchedule trials for an extra, tuned `tvm` variant per target, compiled after the
     # others (0: none). Each compiled batch size is tuned; kernels tuned before cost no trials.
     tuning_trials: int = Field(default=0, ge=0, le=20_000)

@@ -13,8 +13,9 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, replace
 
 import numpy as np
 from starlette.concurrency import run_in_threadpool
@@ -29,7 +30,7 @@ from service.errors import NotFoundError
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
-from service.router import ANY_TARGET, choose_variant, serving_version
+from service.router import ANY_TARGET, REFERENCE, choose_variant, serving_version
 from service.settings import Settings
 from service.stats import Stats
 from service.store import StoreUnavailableError
@@ -37,6 +38,10 @@ from service.store import StoreUnavailableError
 log = logging.getLogger("kiln.runtime")
 
 MB = 1024 * 1024
+# How long a request waits for the store to refresh a stale route before it serves the old one.
+ROUTE_WAIT_S = 0.5
+# How long a variant that failed to load is left out before a request tries it again.
+UNLOADABLE_RETRY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class Route:
     spec: InputSpec
     variants: list[VariantRecord]
     fetched_at: float
+    # The store did not answer the last refresh: serve this without waiting for the next one.
+    store_failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,14 +73,16 @@ class Loaded:
 def batch_policy(version: VersionRecord, settings: Settings) -> BatchPolicy:
     """Batch only what can be split back: a batched spec whose outputs all lead with the batch."""
     config = version.config
+    queue = settings.max_queue_size if config.max_queue_size is None else config.max_queue_size
     batchable = version.spec().batched and all(o.shape[:1] == [-1] for o in version.outputs)
     if not batchable:
-        return BatchPolicy(1)
+        return BatchPolicy(1, max_queue_size=queue)
     delay = config.max_queue_delay_us
     return BatchPolicy(
         config.max_batch_size or 1,
         settings.max_queue_delay_us if delay is None else delay,
         tuple(config.preferred_batch_sizes),
+        queue,
     )
 
 
@@ -87,6 +96,10 @@ class Runtime:
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
+        self._refreshing: dict[tuple[str, int | None], Future[Route]] = {}
+        # Variant id -> when to try loading it again.
+        self._unloadable: dict[str, float] = {}
+        self._route_pool = ThreadPoolExecutor(2, thread_name_prefix="kiln-route")
         # Per model version, and per backend for requests that pin one.
         self._batchers: dict[tuple[str, int, str | None], Batcher[VariantRecord]] = {}
         # Batches of different models run side by side; each batcher runs one at a time.
@@ -101,11 +114,38 @@ class Runtime:
         return None
 
     def route(self, name: str, version: int | None) -> Route:
-        """Blocking (store I/O). Serves the last known route while the store is down."""
+        """Blocking (store I/O). A stale route is refreshed once however many requests ask, in
+        the background: the request that starts a refresh waits for it at most ROUTE_WAIT_S,
+        the others not at all, nor anyone while the store is failing; the route they had serves
+        meanwhile. A slow or unreachable store thus never holds up predictions of a model this
+        process knows (each request had waited out the socket timeout, 5 s, on a paused Redis)."""
         key = (name, version)
         fresh = self._fresh_route(key)
         if fresh is not None:
             return fresh
+        cached = self._routes.get(key)
+        refresh, started = self._refresh(key)
+        if cached is None:
+            return refresh.result()
+        if not started or cached.store_failed:
+            return cached
+        try:
+            return refresh.result(timeout=ROUTE_WAIT_S)
+        except (FutureTimeout, StoreUnavailableError):
+            return cached
+
+    def _refresh(self, key: tuple[str, int | None]) -> tuple[Future[Route], bool]:
+        """The refresh of this route in flight, and whether this call started it."""
+        with self._lock:
+            refresh = self._refreshing.get(key)
+            if refresh is not None:
+                return refresh, False
+            refresh = self._refreshing[key] = self._route_pool.submit(self._fetch_route, key)
+        refresh.add_done_callback(lambda _: self._refreshing.pop(key, None))
+        return refresh, True
+
+    def _fetch_route(self, key: tuple[str, int | None]) -> Route:
+        name, version = key
         try:
             if version is None:
                 chosen, variants = serving_version(self.registry.get_model(name).versions, self.targets)
@@ -114,8 +154,8 @@ class Runtime:
                 variants = self.registry.variants_of(chosen)
         except StoreUnavailableError:
             cached = self._routes.get(key)
-            if cached is not None:
-                return cached
+            if cached is not None:  # tried again a TTL from now, and not waited for
+                self._routes[key] = replace(cached, fetched_at=time.monotonic(), store_failed=True)
             raise
         except NotFoundError:
             self._routes.pop(key, None)
@@ -145,9 +185,9 @@ class Runtime:
         batch = route.spec.check(arrays)
         # The variant for this request alone is loaded here, in the request's context (its log
         # lines carry its id) and off the inference threads; a batch may still pick another.
-        variant = choose_variant(route.variants, self.targets, batch, backend)
+        variant = self.choose(route.variants, batch, backend)
         if self._cached(runner_key(route.version, variant)) is None:
-            await run_in_threadpool(self.load, route.version, variant)
+            await run_in_threadpool(self.runner, route, batch, backend)
         started = time.perf_counter()
         outputs, variant = await self._batcher(route.version, backend).submit(arrays, batch)
         done = time.perf_counter()
@@ -170,17 +210,43 @@ class Runtime:
                 metrics.BATCH_SIZE.labels(name).observe(size)
 
             policy = batch_policy(version, self.settings)
-            batcher = self._batchers[key] = Batcher(run, policy, self._executor, on_batch)
+            pending = metrics.PENDING_REQUESTS.labels(name)
+            batcher = self._batchers[key] = Batcher(run, policy, self._executor, on_batch, pending.inc)
         return batcher
 
     def _run(
         self, name: str, number: int, backend: str | None, arrays: Arrays
     ) -> tuple[Arrays, VariantRecord]:
-        """In the executor: run a batch on the variant measured fastest at its size."""
-        route = self.route(name, number)
-        variant = choose_variant(route.variants, self.targets, route.spec.check(arrays), backend)
-        loaded = self._cached(runner_key(route.version, variant)) or self.load(route.version, variant)
+        """In the executor: run a batch on the variant measured fastest at its size. Its
+        request routed it a moment ago: the route is at hand without asking the store."""
+        route = self._routes.get((name, number)) or self.route(name, number)
+        variant, loaded = self.runner(route, route.spec.check(arrays), backend)
         return loaded.runner.run(arrays), variant
+
+    def choose(self, variants: list[VariantRecord], batch: int, backend: str | None = None) -> VariantRecord:
+        """The variant to serve at this batch size, leaving out those that failed to load
+        unless the request pinned their backend."""
+        now = time.monotonic()
+        usable = [v for v in variants if backend is not None or self._unloadable.get(v.id, 0.0) <= now]
+        return choose_variant(usable, self.targets, batch, backend)
+
+    def runner(self, route: Route, batch: int, backend: str | None = None) -> tuple[VariantRecord, Loaded]:
+        """Blocking: the chosen variant, loaded. A compiled variant that fails to load (its
+        artifact gone, a runtime this host lacks) is left out for UNLOADABLE_RETRY_S and the next
+        best serves, down to TorchScript: one bad artifact must not take its model down."""
+        while True:
+            variant = self.choose(route.variants, batch, backend)
+            try:
+                return variant, self._cached(runner_key(route.version, variant)) or self.load(
+                    route.version, variant
+                )
+            except StoreUnavailableError:
+                raise  # the store's fault, not the variant's
+            except Exception as exc:
+                if variant.backend == REFERENCE or backend is not None:
+                    raise
+                log.error("variant %s failed to load; serving without it: %s", variant.id, exc)
+                self._unloadable[variant.id] = time.monotonic() + UNLOADABLE_RETRY_S
 
     def _cached(self, key: str) -> Loaded | None:
         with self._lock:
@@ -195,16 +261,18 @@ class Runtime:
         with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
         evicted, fresh = 0, False
-        with loading:
-            loaded = self._cached(key)
-            if loaded is None:
-                loaded, fresh = self._load(version, variant), True
-                with self._lock:
-                    self._loaded[key] = loaded
-                    evicted = self._evict_over_budget()
-                    self._publish_loaded()
-        with self._lock:
-            self._loading.pop(key, None)
+        try:
+            with loading:
+                loaded = self._cached(key)
+                if loaded is None:
+                    loaded, fresh = self._load(version, variant), True
+                    with self._lock:
+                        self._loaded[key] = loaded
+                        evicted = self._evict_over_budget()
+                        self._publish_loaded()
+        finally:
+            with self._lock:
+                self._loading.pop(key, None)
         if evicted:
             release_memory()
         elif fresh:
@@ -266,9 +334,8 @@ class Runtime:
         return len(keys)
 
     @property
-    def loaded_bytes(self) -> int:
-        with self._lock:
-            return sum(x.size_bytes for x in self._loaded.values())
+    def loaded_runners(self) -> int:
+        return len(self._loaded)
 
     def _publish_loaded(self) -> None:
         """Called under the lock on every change: a gauge read at scrape time would miss the
@@ -284,6 +351,7 @@ class Runtime:
             self._loaded.clear()
             self._publish_loaded()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._route_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def runner_key(version: VersionRecord, variant: VariantRecord) -> str:

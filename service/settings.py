@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     # Server default for models whose config sets no max_queue_delay_us (as in Triton). With 0,
     # requests still merge when they queue behind a running batch.
     max_queue_delay_us: int = 0
+    # Server default for models whose config sets no max_queue_size: requests of one version
+    # waiting or running at once in this process, past which new ones get a 503 (0: no limit).
+    # Bounded, as TorchServe's job queue is: an overloaded server sheds load at once instead of
+    # answering minutes late, after the clients gave up.
+    max_queue_size: int = Field(default=1024, ge=0)
 
     # Hardware targets this process compiles for (a worker) or serves (an API), overriding
     # detection: to pin a worker to some of its targets, or to give test processes on one host

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -86,6 +87,15 @@ class RedisServer:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def pause(self) -> None:
+        """SIGSTOP: connections still open, but no reply ever comes, as from a hung Redis."""
+        assert self.proc is not None, "not running"
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None, "not running"
+        self.proc.send_signal(signal.SIGCONT)
 
 
 class KilnProcess:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from service.batcher import Arrays, Batcher, BatchPolicy
-from service.errors import UnavailableError
+from service.errors import QueueFullError, UnavailableError
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 
@@ -137,6 +138,80 @@ def test_a_failing_batch_fails_only_its_requests() -> None:
             assert good["y"].shape == (1, 3)
 
     asyncio.run(main())
+
+
+def test_a_failing_merged_batch_fails_only_the_request_that_broke_it() -> None:
+    """One request the model cannot take (here a NaN) must not fail the others batched with it:
+    the merged batch runs again one request at a time."""
+    recorder = Recorder()
+    xs = requests(4)
+    xs[2] = np.full((1, 4), np.nan, np.float32)
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(8, max_queue_delay_us=200_000), pool)
+            results = await asyncio.gather(*(batcher.submit({"x": x}, 1) for x in xs), return_exceptions=True)
+            batcher.close()
+            return list(results)
+
+    results = asyncio.run(main())
+    assert recorder.calls == [4, 1, 1, 1, 1]
+    assert isinstance(results[2], ValueError)
+    for i in (0, 1, 3):
+        got = results[i]
+        assert isinstance(got, tuple)
+        np.testing.assert_allclose(got[0]["y"], xs[i] @ WEIGHTS, rtol=1e-6)
+        assert got[1] == 1  # it ran alone
+
+
+def test_the_queue_delay_counts_from_a_requests_arrival() -> None:
+    """A request that arrived while a batch ran has waited already: it leaves once its own
+    arrival is a delay old, not a whole delay after the running batch ends."""
+    recorder = Recorder(delay_s=0.3)
+    delay_s = 0.3
+
+    async def main() -> float:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(8, max_queue_delay_us=int(delay_s * 1e6)), pool)
+            first = asyncio.ensure_future(batcher.submit({"x": requests(1)[0]}, 1))
+            await asyncio.sleep(delay_s + 0.05)  # the first request's batch is running now
+            arrived = time.monotonic()
+            await batcher.submit({"x": requests(1)[0]}, 1)
+            waited = time.monotonic() - arrived
+            await first
+            batcher.close()
+            return waited
+
+    waited = asyncio.run(main())
+    # Arrived 0.05 s into the first batch: it runs at arrival + delay (0.3 s) and takes 0.3 s,
+    # 0.6 s in all; counting the delay from the first batch's end made it 0.85 s.
+    assert recorder.calls == [1, 1]
+    assert waited < 0.75, waited
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 4])
+def test_a_full_queue_refuses_requests_at_once_and_recovers(max_batch_size: int) -> None:
+    recorder = Recorder(delay_s=0.3)
+
+    async def main() -> float:
+        with ThreadPoolExecutor(2) as pool:
+            batcher = Batcher(recorder, BatchPolicy(max_batch_size, max_queue_size=3), pool)
+            admitted = [asyncio.ensure_future(batcher.submit({"x": x}, 1)) for x in requests(3)]
+            await asyncio.sleep(0.05)  # all three are in, waiting or running
+            begun = time.monotonic()
+            with pytest.raises(QueueFullError, match="max_queue_size"):
+                await batcher.submit({"x": requests(1)[0]}, 1)
+            refused_in = time.monotonic() - begun
+            for result in await asyncio.gather(*admitted):
+                assert result[0]["y"].shape == (1, 3)
+            await batcher.submit({"x": requests(1)[0]}, 1)  # answered: the queue emptied
+            batcher.close()
+            return refused_in
+
+    refused_in = asyncio.run(main())
+    assert refused_in < 0.1  # at once, not after the 0.3 s batches ahead of it
+    assert sum(recorder.calls) == 4  # the refused request never ran
+    assert QueueFullError.status_code == 503 and QueueFullError.headers["Retry-After"]
 
 
 def test_closing_answers_every_waiting_request() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from tests.client import predict, sample, upload
 from tests.models import MODELS
-from tests.servers import KilnServer, RedisServer
+from tests.servers import KilnServer, RedisServer, running
 
 ADMIN, INFER = "admin-secret", "infer-secret"
 MLP = MODELS["mlp"]
@@ -151,25 +152,52 @@ def test_api_key_scopes(server: KilnServer) -> None:
 
 
 def test_redis_outage(tmp_path: Path) -> None:
-    """Uploads get 503 while Redis is down; a loaded model keeps answering predictions."""
+    """Uploads get 503 while Redis is down; a loaded model keeps answering predictions, and its
+    server stays ready (degraded), while one with nothing loaded is not ready."""
     redis_server = RedisServer(tmp_path)
-    redis_server.start()
     server = KilnServer({"KILN_REDIS_URL": redis_server.url}, tmp_path / "kiln.log")
-    server.start()
-    try:
-        with httpx.Client(base_url=server.url, timeout=60) as http:
-            assert upload(http, MLP, backends=[]).status_code == 202
-            x = sample(MLP, 2)
-            before = predict(http, "mlp", x)
-            assert before.status_code == 200
-            redis_server.stop()
-            assert "unreachable" in problem(upload(http, MLP, name="other", backends=[]), 503)
-            assert problem(http.get("/readyz"), 503)
-            during = predict(http, "mlp", x)
-            assert during.status_code == 200, during.text
-            assert during.json()["outputs"] == before.json()["outputs"]
-            redis_server.start()
-            assert http.get("/readyz").status_code == 200
-    finally:
-        server.stop()
+    idle = KilnServer({"KILN_REDIS_URL": redis_server.url}, tmp_path / "idle.log")
+    with running(redis_server, server, idle), httpx.Client(base_url=server.url, timeout=60) as http:
+        assert upload(http, MLP, backends=[]).status_code == 202
+        x = sample(MLP, 2)
+        before = predict(http, "mlp", x)
+        assert before.status_code == 200
         redis_server.stop()
+        assert "unreachable" in problem(upload(http, MLP, name="other", backends=[]), 503)
+        during = predict(http, "mlp", x)
+        assert during.status_code == 200, during.text
+        assert during.json()["outputs"] == before.json()["outputs"]
+        # Serving what it loaded: it stays in its Service rather than leave with every replica.
+        assert http.get("/readyz").json() == {"status": "degraded"}
+        assert http.get("/v2/health/ready").status_code == 200
+        assert "unreachable" in problem(httpx.get(f"{idle.url}/readyz"), 503)
+        assert httpx.get(f"{idle.url}/v2/health/ready").status_code == 400
+        redis_server.start()
+        assert http.get("/readyz").json() == {"status": "ready"}
+
+
+def test_a_hung_redis_holds_up_no_prediction_of_a_loaded_model(tmp_path: Path) -> None:
+    """Paused, Redis accepts connections and never answers: each store call waits out its 5 s
+    socket timeout. Predictions of a model the server knows serve its route as it was."""
+    redis_server = RedisServer(tmp_path)
+    server = KilnServer({"KILN_REDIS_URL": redis_server.url}, tmp_path / "kiln.log")
+    with running(redis_server, server), httpx.Client(base_url=server.url, timeout=60) as http:
+        assert upload(http, MLP, backends=[]).status_code == 202
+        x = sample(MLP, 2)
+        before = predict(http, "mlp", x)
+        assert before.status_code == 200
+        redis_server.pause()
+        try:
+            took = []
+            for _ in range(8):  # over 3 s: the route goes stale (1 s) several times
+                begun = time.monotonic()
+                during = predict(http, "mlp", x)
+                took.append(time.monotonic() - begun)
+                assert during.status_code == 200, during.text
+                assert during.json()["outputs"] == before.json()["outputs"]
+                time.sleep(0.4)
+        finally:
+            redis_server.resume()
+    # At most one request waits for the store, for at most 0.5 s.
+    assert max(took) < 1.5, took
+    assert sorted(took)[-2] < 0.3, took

@@ -97,3 +97,29 @@ def test_released_memory_includes_cycles_frozen_out_of_the_collector() -> None:
     release_memory()
     assert alive() is None
     assert gc.get_freeze_count() > 0  # and what is still alive is frozen again
+
+
+def test_a_variant_that_fails_to_load_gives_way_to_the_next_best(tmp_path: Path) -> None:
+    """ONNX Runtime is measured fastest, but its artifact does not load here: TorchScript serves,
+    and the broken variant is left out instead of failing every request."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    broken = (HOST, b"not an artifact", {1: 0.5, 8: 4.0})
+    variants = {"torchscript": reference(BASELINE), "onnxruntime": broken}
+    ready_version(registry, MLP, variants, BASELINE, max_batch_size=8)
+    rt = Runtime(registry, Settings(data_dir=tmp_path, targets=[HOST]))
+    x = np.ones((2, 64), np.float32)
+
+    async def main() -> list[Prediction]:
+        # The second request skips the broken variant without trying it again.
+        served = [await rt.predict("mlp", None, {"x": x}) for _ in range(2)]
+        with pytest.raises(Exception, match="artifact"):  # pinned: nothing else may answer
+            await rt.predict("mlp", None, {"x": x}, backend="onnxruntime")
+        return served
+
+    try:
+        for served in asyncio.run(main()):
+            assert served.variant.backend == "torchscript"
+            np.testing.assert_allclose(served.outputs["output0"], expected(x), rtol=1e-5, atol=1e-6)
+        assert rt.choose(rt.route("mlp", None).variants, batch=1).backend == "torchscript"
+    finally:
+        rt.close()

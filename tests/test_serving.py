@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -31,6 +32,21 @@ class Wide(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x)
 
+
+class Slow(nn.Module):
+    """One square layer applied 512 times: most of a second a call at batch 512 on one thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(512):
+            x = torch.tanh(self.fc(x))
+        return x
+
+
+SLOW = TestModel("slow", Slow, [{"name": "x", "dtype": "float32", "shape": [-1, 256]}])
 
 WIDE = [
     TestModel(f"wide{i}", Wide, [{"name": "x", "dtype": "float32", "shape": [-1, 2048]}]) for i in range(2)
@@ -148,3 +164,50 @@ def test_several_uvicorn_workers_share_one_redis(tmp_path: Path, redis_url: str)
             assert json.loads(http.get("/v1/models").text)["models"][0]["name"] == "mlp"
     finally:
         srv.stop()
+
+
+def pending(http: httpx.Client, name: str) -> float:
+    """kiln_pending_requests for a model, from /metrics."""
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(f'kiln_pending_requests{{model="{name}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def v2_binary(url: str, x: np.ndarray, name: str) -> httpx.Response:
+    tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32"}
+    inputs = [{**tensor, "parameters": {"binary_data_size": x.nbytes}}]
+    header = json.dumps({"inputs": inputs, "parameters": {"binary_data_output": True}}).encode()
+    return httpx.post(
+        f"{url}/v2/models/{name}/infer",
+        content=header + x.tobytes(),
+        headers={"Inference-Header-Content-Length": str(len(header))},
+        timeout=120,
+    )
+
+
+def test_a_full_queue_answers_503_with_retry_after_in_each_protocol(
+    http: httpx.Client, server: KilnServer
+) -> None:
+    """max_queue_size 1: while one long request runs, the next is refused at once, with the
+    status and Retry-After TorchServe's and Triton's clients know, and nothing is lost."""
+    assert upload(http, SLOW, max_batch_size=512, max_queue_size=1, backends=[]).status_code == 202
+    small = sample(SLOW, 1)
+    assert predict(http, SLOW.name, small).status_code == 200  # loaded
+    big = sample(SLOW, 512)
+    with ThreadPoolExecutor(1) as pool:
+        long_request = pool.submit(v2_binary, server.url, big, SLOW.name)
+        wait_until(lambda: pending(http, SLOW.name) == 1, 30, "the long request to be in flight")
+        refused_v1 = predict(http, SLOW.name, small)
+        refused_v2 = v2_binary(server.url, small, SLOW.name)
+        answered = long_request.result()
+    assert refused_v1.status_code == 503 and refused_v1.headers["retry-after"] == "1"
+    assert "max_queue_size" in refused_v1.json()["detail"]
+    assert refused_v2.status_code == 503 and refused_v2.headers["retry-after"] == "1"
+    assert "max_queue_size" in refused_v2.json()["error"]
+    assert answered.status_code == 200, answered.text
+    length = int(answered.headers["inference-header-content-length"])
+    got = np.frombuffer(answered.content[length:], np.float32).reshape(big.shape)
+    np.testing.assert_allclose(got, expected(SLOW, big), rtol=1e-4, atol=1e-5)
+    assert pending(http, SLOW.name) == 0
+    assert predict(http, SLOW.name, small).status_code == 200

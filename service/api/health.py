@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
@@ -10,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service import metrics
 from service.api.deps import Services, services
+from service.store import StoreUnavailableError
 
 router = APIRouter(tags=["health"])
 
@@ -19,10 +21,32 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz", operation_id="readyz", summary="The store answers; 503 otherwise.")
-def readyz(svc: Annotated[Services, Depends(services)]) -> dict[str, str]:
-    svc.registry.store.ping()
-    return {"status": "ready"}
+# A probe gives up after a second (Kubernetes' default timeoutSeconds); a hung store would not.
+PING_WAIT_S = 0.5
+
+
+async def readiness(svc: Services) -> str:
+    """ "ready" when the store answers. When it does not, "degraded" if this process holds
+    loaded runners, which serve on without it: a Redis outage must not take every replica out
+    of its Service at once. Raises StoreUnavailableError when there is nothing to serve."""
+    try:
+        await asyncio.wait_for(run_in_threadpool(svc.registry.store.ping), PING_WAIT_S)
+    except (StoreUnavailableError, TimeoutError) as exc:
+        if not svc.runtime.loaded_runners:
+            if isinstance(exc, TimeoutError):
+                raise StoreUnavailableError(f"the store did not answer in {PING_WAIT_S} s") from exc
+            raise
+        return "degraded"
+    return "ready"
+
+
+@router.get(
+    "/readyz",
+    operation_id="readyz",
+    summary="The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.",
+)
+async def readyz(svc: Annotated[Services, Depends(services)]) -> dict[str, str]:
+    return {"status": await readiness(svc)}
 
 
 # For Prometheus, not SDK users: no auth (like the probes) and left out of the OpenAPI spec.

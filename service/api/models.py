@@ -40,7 +40,7 @@ from service.records import (
     new_id,
 )
 from service.registry import MODEL_BLOB, ModelView
-from service.router import ANY_TARGET, REFERENCE, choose_variant, serving_version
+from service.router import ANY_TARGET, REFERENCE, serving_version
 from service.sandbox import SandboxError, run_in_child
 
 router = APIRouter(tags=["models"])
@@ -239,7 +239,7 @@ def model_out(view: ModelView, svc: Services) -> ModelOut:
     active = None
     try:
         version, variants = serving_version(view.versions, svc.runtime.targets)
-        chosen = choose_variant(variants, svc.runtime.targets, batch=1)
+        chosen = svc.runtime.choose(variants, batch=1)
         active = ActiveOut(
             version=version.version,
             variant_id=chosen.id,

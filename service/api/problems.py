@@ -37,11 +37,12 @@ STATUS_OF: dict[type[Exception], tuple[int, str]] = {
 }
 
 
-def problem(status: int, title: str, detail: str) -> JSONResponse:
+def problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(
         Problem(title=title, status=status, detail=detail).model_dump(),
         status_code=status,
         media_type=PROBLEM_MEDIA_TYPE,
+        headers=headers,
     )
 
 
@@ -77,7 +78,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(KilnError)
     async def kiln_error(request: Request, exc: KilnError) -> JSONResponse:
-        return problem(exc.status_code, exc.title, str(exc))
+        return problem(exc.status_code, exc.title, str(exc), exc.headers)
 
     for exc_type, (status, title) in STATUS_OF.items():
 

@@ -11,7 +11,7 @@ from starlette.concurrency import run_in_threadpool
 from service.api.schemas import V2Error, error_responses
 from service.api.v2 import ServicesDep, V2Route, infer_scope, version_number
 from service.errors import NotFoundError
-from service.router import choose_variant, serving_version
+from service.router import serving_version
 
 router = APIRouter(
     tags=["v2"],
@@ -46,8 +46,7 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
 )
 async def load_model(name: str, svc: ServicesDep) -> Response:
     route = await svc.runtime.aroute(name, None)
-    variant = choose_variant(route.variants, svc.runtime.targets, batch=1)
-    await run_in_threadpool(svc.runtime.load, route.version, variant)
+    await run_in_threadpool(svc.runtime.runner, route, 1)
     return Response()
 
 

@@ -153,7 +153,8 @@ ERROR_DESCRIPTIONS = {
     404: "No such model, version or job.",
     413: "The upload is larger than KILN_MAX_UPLOAD_MB.",
     422: "An invalid config or request field, named in the message.",
-    503: "The store (Redis) is unavailable.",
+    503: "The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry "
+    "after the Retry-After header's seconds.",
 }
 
 

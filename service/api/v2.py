@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 from compiler.spec import DTYPES, InputSpec
 from service.api.auth import Scope, require
 from service.api.deps import Services, services
+from service.api.health import readiness
 from service.api.problems import STATUS_OF, validation_detail
 from service.api.schemas import V2Error, error_responses
 from service.errors import BadRequestError, KilnError, NotFoundError
@@ -64,7 +65,8 @@ def guarded(handler: Handler) -> Handler:
                 log.exception("unhandled error on %s %s", request.method, request.url.path)
                 found = 500, f"{type(exc).__name__}; see the server log"
             status, message = found
-            return JSONResponse({"error": message}, status_code=status)
+            headers = exc.headers if isinstance(exc, KilnError) else None
+            return JSONResponse({"error": message}, status_code=status, headers=headers)
 
     return guarded_handler
 
@@ -114,10 +116,14 @@ def live() -> Response:
     return Response()
 
 
-@router.get("/v2/health/ready", operation_id="v2_ready", summary="200 when the store answers.")
-def ready(svc: ServicesDep) -> Response:
+@router.get(
+    "/v2/health/ready",
+    operation_id="v2_ready",
+    summary="200 when the store answers, or loaded models serve without it.",
+)
+async def ready(svc: ServicesDep) -> Response:
     try:
-        svc.registry.store.ping()
+        await readiness(svc)
     except StoreUnavailableError as exc:
         # The protocol answers "not ready" with a 4xx, and Triton uses 400.
         raise BadRequestError(f"not ready: {exc}") from exc

@@ -24,7 +24,7 @@ export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends 
 export const healthz = <ThrowOnError extends boolean = false>(options?: Options<HealthzData, ThrowOnError>) => (options?.client ?? client).get<HealthzResponses, unknown, ThrowOnError>({ url: '/healthz', ...options });
 
 /**
- * The store answers; 503 otherwise.
+ * The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.
  */
 export const readyz = <ThrowOnError extends boolean = false>(options?: Options<ReadyzData, ThrowOnError>) => (options?.client ?? client).get<ReadyzResponses, unknown, ThrowOnError>({ url: '/readyz', ...options });
 
@@ -125,7 +125,7 @@ export const v2ServerMetadata = <ThrowOnError extends boolean = false>(options?:
 export const v2Live = <ThrowOnError extends boolean = false>(options?: Options<V2LiveData, ThrowOnError>) => (options?.client ?? client).get<V2LiveResponses, unknown, ThrowOnError>({ url: '/v2/health/live', ...options });
 
 /**
- * 200 when the store answers.
+ * 200 when the store answers, or loaded models serve without it.
  */
 export const v2Ready = <ThrowOnError extends boolean = false>(options?: Options<V2ReadyData, ThrowOnError>) => (options?.client ?? client).get<V2ReadyResponses, unknown, ThrowOnError>({ url: '/v2/health/ready', ...options });
 

@@ -492,7 +492,7 @@ export type GetJobErrors = {
      */
     422: Problem;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: Problem;
     /**
@@ -542,7 +542,7 @@ export type JobEventsErrors = {
      */
     422: Problem;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: Problem;
     /**
@@ -577,7 +577,7 @@ export type ListModelsErrors = {
      */
     403: Problem;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: Problem;
     /**
@@ -626,7 +626,7 @@ export type UploadModelErrors = {
      */
     422: Problem;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: Problem;
     /**
@@ -682,7 +682,7 @@ export type DeleteModelErrors = {
      */
     422: Problem;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: Problem;
     /**
@@ -732,7 +732,7 @@ export type GetModelErrors = {
      */
     422: Problem;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: Problem;
     /**
@@ -793,7 +793,7 @@ export type PredictErrors = {
      */
     422: Problem;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: Problem;
     /**
@@ -847,7 +847,7 @@ export type DeleteModelVersionErrors = {
      */
     422: Problem;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: Problem;
     /**
@@ -901,7 +901,7 @@ export type GetModelVersionErrors = {
      */
     422: Problem;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: Problem;
     /**
@@ -966,7 +966,7 @@ export type PredictVersionErrors = {
      */
     422: Problem;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: Problem;
     /**
@@ -1059,7 +1059,7 @@ export type V2AllStatsErrors = {
      */
     404: V2Error;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
     /**
@@ -1163,7 +1163,7 @@ export type V2InferErrors = {
      */
     404: V2Error;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
     /**
@@ -1255,7 +1255,7 @@ export type V2ModelStatsErrors = {
      */
     404: V2Error;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
     /**
@@ -1367,7 +1367,7 @@ export type V2InferVersionErrors = {
      */
     404: V2Error;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
     /**
@@ -1467,7 +1467,7 @@ export type V2ModelVersionStatsErrors = {
      */
     404: V2Error;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
     /**
@@ -1519,7 +1519,7 @@ export type V2RepositoryIndexErrors = {
      */
     404: V2Error;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
     /**
@@ -1573,7 +1573,7 @@ export type V2RepositoryLoadErrors = {
      */
     404: V2Error;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
     /**
@@ -1621,7 +1621,7 @@ export type V2RepositoryUnloadErrors = {
      */
     404: V2Error;
     /**
-     * The store (Redis) is unavailable.
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
     /**

@@ -46,7 +46,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[ReadyzResponseReadyz]:
-    """The store answers; 503 otherwise.
+    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -69,7 +69,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
 ) -> ReadyzResponseReadyz | None:
-    """The store answers; 503 otherwise.
+    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -88,7 +88,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[ReadyzResponseReadyz]:
-    """The store answers; 503 otherwise.
+    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -109,7 +109,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
 ) -> ReadyzResponseReadyz | None:
-    """The store answers; 503 otherwise.
+    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
