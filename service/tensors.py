@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,13 +195,18 @@ class InferRequest:
     outputs: dict[str, bool] | None
     binary_output: bool
 
+    def check_outputs(self, names: Iterable[str]) -> None:
+        """An unknown requested output is an error: checked before inference, not after."""
+        known = list(names)
+        unknown = [name for name in self.outputs or () if name not in known]
+        if unknown:
+            raise BadRequestError(f"unknown output(s) {unknown}; the model outputs {known}")
+
     def select(self, available: Mapping[str, np.ndarray]) -> list[tuple[str, np.ndarray, bool]]:
         """The outputs to send, each with its binary flag; an unknown requested name is an error."""
         if self.outputs is None:
             return [(name, array, self.binary_output) for name, array in available.items()]
-        unknown = [name for name in self.outputs if name not in available]
-        if unknown:
-            raise BadRequestError(f"unknown output(s) {unknown}; the model outputs {list(available)}")
+        self.check_outputs(available)
         return [(name, available[name], binary) for name, binary in self.outputs.items()]
 
 

@@ -97,6 +97,21 @@ def test_tritonclient_conversation(client: triton.InferenceServerClient) -> None
         "outputs": [{"name": "output0", "datatype": "FP32", "shape": [-1, 10]}],
     }
     assert client.get_model_metadata("mlp", "1", headers=auth()) == metadata
+    config = client.get_model_config("mlp", headers=auth())
+    assert config == {
+        "name": "mlp",
+        "platform": "pytorch_libtorch",
+        "max_batch_size": 8,  # the server default: batched, so dims leave out the batch
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [64]}],
+        "output": [{"name": "output0", "data_type": "TYPE_FP32", "dims": [10]}],
+        "dynamic_batching": {
+            "preferred_batch_size": [],
+            "max_queue_delay_microseconds": 0,
+            "default_queue_policy": {"max_queue_size": 1024},
+        },
+    }
+    assert client.get_model_config("mlp", "1", headers=auth()) == config
+    assert "model_configuration" in client.get_server_metadata()["extensions"]
 
     x = sample(MLP, 3)
     want = expected(MLP, x)
@@ -266,10 +281,17 @@ MALFORMED = {
 }
 
 
+def executions(http: httpx.Client) -> int:
+    stats = http.get("/v2/models/mlp/stats").json()["model_stats"]
+    return sum(int(s["execution_count"]) for s in stats)
+
+
 @pytest.mark.parametrize("case", list(MALFORMED))
 def test_malformed_json_request(http: httpx.Client, case: str) -> None:
     body, message = MALFORMED[case]
+    before = executions(http)
     assert message in error(post(http, body), 400)
+    assert executions(http) == before  # refused before the model ran, not after
 
 
 def binary_request(header_length: int | None, size: int, payload: bytes) -> tuple[bytes, dict[str, str]]:

@@ -26,7 +26,10 @@ from service.api.health import readiness
 from service.api.problems import STATUS_OF, validation_detail
 from service.api.schemas import V2Error, error_responses
 from service.errors import BadRequestError, KilnError, NotFoundError
+from service.records import VersionRecord
+from service.registry import ModelView
 from service.router import servable, serving_version
+from service.runtime import batch_policy
 from service.store import StoreUnavailableError
 from service.tensors import datatype_of, decode_request, encode_response
 
@@ -34,6 +37,8 @@ log = logging.getLogger("kiln.api")
 
 PLATFORM = "pytorch_libtorch"  # Triton's platform name for TorchScript models
 HEADER_LENGTH = "Inference-Header-Content-Length"
+# Triton's names for the protocol extensions Kiln implements.
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
 
 
 def error_of(exc: Exception) -> tuple[int, str] | None:
@@ -108,7 +113,7 @@ def version_number(version: str) -> int:
 
 @router.get("/v2", operation_id="v2_server_metadata", summary="Server name, version and extensions.")
 def server_metadata(request: Request) -> dict[str, Any]:
-    return {"name": "kiln", "version": request.app.version, "extensions": ["binary_tensor_data"]}
+    return {"name": "kiln", "version": request.app.version, "extensions": EXTENSIONS}
 
 
 @router.get("/v2/health/live", operation_id="v2_live", summary="200 while the process is up.")
@@ -130,30 +135,67 @@ async def ready(svc: ServicesDep) -> Response:
     return Response()
 
 
-def _metadata(svc: Services, name: str, version: int | None) -> dict[str, Any]:
+def _described(svc: Services, name: str, version: int | None) -> tuple[ModelView, VersionRecord]:
+    """The version a metadata or config request describes: the one asked for, else the one
+    serving here, else the newest."""
     view = svc.registry.get_model(name)
     if version is not None:
         record = next((v for v, _ in view.versions if v.version == version), None)
         if record is None:
             raise NotFoundError(f"model {name!r} has no version {version}")
-    else:
-        try:
-            record, _ = serving_version(view.versions, svc.runtime.targets)
-        except NotFoundError:
-            record = view.versions[-1][0]  # nothing serves here yet: describe the newest
+        return view, record
+    try:
+        record, _ = serving_version(view.versions, svc.runtime.targets)
+    except NotFoundError:
+        record = view.versions[-1][0]  # nothing serves here yet: describe the newest
+    return view, record
+
+
+def _tensors(
+    record: VersionRecord,
+) -> tuple[list[tuple[str, str, list[int]]], list[tuple[str, str, list[int]]]]:
+    inputs = [(t.name, datatype_of(DTYPES[t.dtype], t.name), t.shape) for t in record.config.inputs]
+    outputs = [(o.name, datatype_of(np.dtype(o.dtype), o.name), o.shape) for o in record.outputs]
+    return inputs, outputs
+
+
+def _metadata(svc: Services, name: str, version: int | None) -> dict[str, Any]:
+    view, record = _described(svc, name, version)
+    inputs, outputs = _tensors(record)
     return {
         "name": name,
         "versions": [str(v.version) for v, _ in view.versions],
         "platform": PLATFORM,
-        "inputs": [
-            {"name": t.name, "datatype": datatype_of(DTYPES[t.dtype], t.name), "shape": t.shape}
-            for t in record.config.inputs
-        ],
-        "outputs": [
-            {"name": o.name, "datatype": datatype_of(np.dtype(o.dtype), o.name), "shape": o.shape}
-            for o in record.outputs
-        ],
+        "inputs": [{"name": n, "datatype": d, "shape": shape} for n, d, shape in inputs],
+        "outputs": [{"name": n, "datatype": d, "shape": shape} for n, d, shape in outputs],
     }
+
+
+def _config(svc: Services, name: str, version: int | None) -> dict[str, Any]:
+    """The version's configuration in the shape of Triton's model configuration (what
+    tritonclient's get_model_config returns): a batching model's dims leave out the batch."""
+    _, record = _described(svc, name, version)
+    policy = batch_policy(record, svc.runtime.settings)
+    batching = policy.max_batch_size > 1
+    inputs, outputs = _tensors(record)
+
+    def tensor(n: str, datatype: str, shape: list[int]) -> dict[str, Any]:
+        return {"name": n, "data_type": f"TYPE_{datatype}", "dims": shape[1:] if batching else shape}
+
+    config: dict[str, Any] = {
+        "name": name,
+        "platform": PLATFORM,
+        "max_batch_size": policy.max_batch_size if batching else 0,
+        "input": [tensor(*t) for t in inputs],
+        "output": [tensor(*t) for t in outputs],
+    }
+    if batching:
+        config["dynamic_batching"] = {
+            "preferred_batch_size": list(policy.preferred_batch_sizes),
+            "max_queue_delay_microseconds": policy.max_queue_delay_us,
+            "default_queue_policy": {"max_queue_size": policy.max_queue_size},
+        }
+    return config
 
 
 @router.get(
@@ -171,6 +213,28 @@ def model_metadata(name: str, svc: ServicesDep) -> dict[str, Any]:
 )
 def model_version_metadata(name: str, version: str, svc: ServicesDep) -> dict[str, Any]:
     return _metadata(svc, name, version_number(version))
+
+
+@router.get(
+    "/v2/models/{name}/config",
+    operation_id="v2_model_config",
+    summary="The model's configuration, as Triton's model configuration extension has it.",
+    dependencies=infer_scope,
+    responses=MODEL_ERRORS,
+)
+def model_config(name: str, svc: ServicesDep) -> dict[str, Any]:
+    return _config(svc, name, None)
+
+
+@router.get(
+    "/v2/models/{name}/versions/{version}/config",
+    operation_id="v2_model_version_config",
+    summary="One version's configuration, as Triton's model configuration extension has it.",
+    dependencies=infer_scope,
+    responses=MODEL_ERRORS,
+)
+def model_version_config(name: str, version: str, svc: ServicesDep) -> dict[str, Any]:
+    return _config(svc, name, version_number(version))
 
 
 def _model_ready(svc: Services, name: str, version: int | None) -> Response:
@@ -243,6 +307,7 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
         infer = await run_in_threadpool(decode_request, body, header_length)
     route = await svc.runtime.aroute(name, version)  # in the threadpool only when it asks the store
     check_datatypes(route.spec, infer.inputs)
+    infer.check_outputs(o.name for o in route.version.outputs)
     # Pin the version just checked against, so a newer upload cannot slip in between.
     result = await svc.runtime.predict(name, route.version.version, infer.inputs)
     header: dict[str, Any] = {"model_name": name, "model_version": str(result.version)}

@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import { type Client, formDataBodySerializer, type Options as Options2, type TDataShape } from './client/index.js';
-import type { DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses } from './types.gen.js';
+import type { DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -140,6 +140,11 @@ export const v2AllStats = <ThrowOnError extends boolean = false>(options?: Optio
 export const v2ModelMetadata = <ThrowOnError extends boolean = false>(options: Options<V2ModelMetadataData, ThrowOnError>) => (options.client ?? client).get<V2ModelMetadataResponses, V2ModelMetadataErrors, ThrowOnError>({ url: '/v2/models/{name}', ...options });
 
 /**
+ * The model's configuration, as Triton's model configuration extension has it.
+ */
+export const v2ModelConfig = <ThrowOnError extends boolean = false>(options: Options<V2ModelConfigData, ThrowOnError>) => (options.client ?? client).get<V2ModelConfigResponses, V2ModelConfigErrors, ThrowOnError>({ url: '/v2/models/{name}/config', ...options });
+
+/**
  * Infer
  */
 export const v2Infer = <ThrowOnError extends boolean = false>(options: Options<V2InferData, ThrowOnError>) => (options.client ?? client).post<V2InferResponses, V2InferErrors, ThrowOnError>({ url: '/v2/models/{name}/infer', ...options });
@@ -158,6 +163,11 @@ export const v2ModelStats = <ThrowOnError extends boolean = false>(options: Opti
  * Model Version Metadata
  */
 export const v2ModelVersionMetadata = <ThrowOnError extends boolean = false>(options: Options<V2ModelVersionMetadataData, ThrowOnError>) => (options.client ?? client).get<V2ModelVersionMetadataResponses, V2ModelVersionMetadataErrors, ThrowOnError>({ url: '/v2/models/{name}/versions/{version}', ...options });
+
+/**
+ * One version's configuration, as Triton's model configuration extension has it.
+ */
+export const v2ModelVersionConfig = <ThrowOnError extends boolean = false>(options: Options<V2ModelVersionConfigData, ThrowOnError>) => (options.client ?? client).get<V2ModelVersionConfigResponses, V2ModelVersionConfigErrors, ThrowOnError>({ url: '/v2/models/{name}/versions/{version}/config', ...options });
 
 /**
  * Infer Version

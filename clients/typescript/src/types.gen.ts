@@ -1133,6 +1133,56 @@ export type V2ModelMetadataResponses = {
 
 export type V2ModelMetadataResponse = V2ModelMetadataResponses[keyof V2ModelMetadataResponses];
 
+export type V2ModelConfigData = {
+    body?: never;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+    };
+    query?: never;
+    url: '/v2/models/{name}/config';
+};
+
+export type V2ModelConfigErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V2ModelConfigError = V2ModelConfigErrors[keyof V2ModelConfigErrors];
+
+export type V2ModelConfigResponses = {
+    /**
+     * Response V2 Model Config
+     *
+     * Successful Response
+     */
+    200: {
+        [key: string]: unknown;
+    };
+};
+
+export type V2ModelConfigResponse = V2ModelConfigResponses[keyof V2ModelConfigResponses];
+
 export type V2InferData = {
     body?: never;
     path: {
@@ -1332,6 +1382,60 @@ export type V2ModelVersionMetadataResponses = {
 };
 
 export type V2ModelVersionMetadataResponse = V2ModelVersionMetadataResponses[keyof V2ModelVersionMetadataResponses];
+
+export type V2ModelVersionConfigData = {
+    body?: never;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+        /**
+         * Version
+         */
+        version: string;
+    };
+    query?: never;
+    url: '/v2/models/{name}/versions/{version}/config';
+};
+
+export type V2ModelVersionConfigErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V2ModelVersionConfigError = V2ModelVersionConfigErrors[keyof V2ModelVersionConfigErrors];
+
+export type V2ModelVersionConfigResponses = {
+    /**
+     * Response V2 Model Version Config
+     *
+     * Successful Response
+     */
+    200: {
+        [key: string]: unknown;
+    };
+};
+
+export type V2ModelVersionConfigResponse = V2ModelVersionConfigResponses[keyof V2ModelVersionConfigResponses];
 
 export type V2InferVersionData = {
     body?: never;

@@ -22,8 +22,10 @@ from .tensor_config_dtype import TensorConfigDtype
 from .upload_out import UploadOut
 from .v2_all_stats_response_v2_all_stats import V2AllStatsResponseV2AllStats
 from .v2_error import V2Error
+from .v2_model_config_response_v2_model_config import V2ModelConfigResponseV2ModelConfig
 from .v2_model_metadata_response_v2_model_metadata import V2ModelMetadataResponseV2ModelMetadata
 from .v2_model_stats_response_v2_model_stats import V2ModelStatsResponseV2ModelStats
+from .v2_model_version_config_response_v2_model_version_config import V2ModelVersionConfigResponseV2ModelVersionConfig
 from .v2_model_version_metadata_response_v2_model_version_metadata import (
     V2ModelVersionMetadataResponseV2ModelVersionMetadata,
 )
@@ -61,8 +63,10 @@ __all__ = (
     "UploadOut",
     "V2AllStatsResponseV2AllStats",
     "V2Error",
+    "V2ModelConfigResponseV2ModelConfig",
     "V2ModelMetadataResponseV2ModelMetadata",
     "V2ModelStatsResponseV2ModelStats",
+    "V2ModelVersionConfigResponseV2ModelVersionConfig",
     "V2ModelVersionMetadataResponseV2ModelVersionMetadata",
     "V2ModelVersionStatsResponseV2ModelVersionStats",
     "V2RepositoryIndexResponse200Item",
