@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from service.errors import QueueFullError, UnavailableError
+from service.errors import KilnError, QueueFullError, UnavailableError
 
 Arrays = dict[str, np.ndarray]
 T = TypeVar("T")  # what `run` returns beside the outputs
@@ -182,12 +182,13 @@ class Batcher(Generic[T]):
             outputs, tag = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, merged)
             parts = split(outputs, [r.batch for r in requests])
         except Exception as exc:
-            if len(requests) == 1:
-                if not requests[0].future.done():
-                    requests[0].future.set_exception(exc)
+            waiting = [r for r in requests if not r.future.done()]
+            if len(waiting) <= 1 or isinstance(exc, KilnError):  # the service's fault, not an input's
+                for r in waiting:
+                    r.future.set_exception(exc)
                 return
             log.warning("a batch of %d requests failed (%s); running them one at a time", len(requests), exc)
-            for r in requests:
+            for r in waiting:
                 await self._execute([r])
             return
         for r, part in zip(requests, parts, strict=True):

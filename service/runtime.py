@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -97,9 +97,13 @@ class Runtime:
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
         self._refreshing: dict[tuple[str, int | None], Future[Route]] = {}
+        # Per model, how many times it was unloaded: a refresh started before one is stale.
+        self._unloads: defaultdict[str, int] = defaultdict(int)
         # Variant id -> when to try loading it again.
         self._unloadable: dict[str, float] = {}
-        self._route_pool = ThreadPoolExecutor(2, thread_name_prefix="kiln-route")
+        # Refreshes run here: with a hung store each takes its socket timeout, so enough threads
+        # that one model's wait does not queue another's first route behind it.
+        self._route_pool = ThreadPoolExecutor(8, thread_name_prefix="kiln-route")
         # Per model version, and per backend for requests that pin one.
         self._batchers: dict[tuple[str, int, str | None], Batcher[VariantRecord]] = {}
         # Batches of different models run side by side; each batcher runs one at a time.
@@ -140,11 +144,14 @@ class Runtime:
             refresh = self._refreshing.get(key)
             if refresh is not None:
                 return refresh, False
-            refresh = self._refreshing[key] = self._route_pool.submit(self._fetch_route, key)
+            generation = self._unloads[key[0]]
+            refresh = self._refreshing[key] = self._route_pool.submit(self._fetch_route, key, generation)
         refresh.add_done_callback(lambda _: self._refreshing.pop(key, None))
         return refresh, True
 
-    def _fetch_route(self, key: tuple[str, int | None]) -> Route:
+    def _fetch_route(self, key: tuple[str, int | None], generation: int) -> Route:
+        """Read a route from the store; keep it unless the model was unloaded meanwhile: a
+        refresh that read a version before its deletion must not put it back."""
         name, version = key
         try:
             if version is None:
@@ -155,16 +162,22 @@ class Runtime:
         except StoreUnavailableError:
             cached = self._routes.get(key)
             if cached is not None:  # tried again a TTL from now, and not waited for
-                self._routes[key] = replace(cached, fetched_at=time.monotonic(), store_failed=True)
+                self._keep_routes(
+                    name, generation, {key: replace(cached, fetched_at=time.monotonic(), store_failed=True)}
+                )
             raise
         except NotFoundError:
             self._routes.pop(key, None)
             raise
         route = Route(chosen, chosen.spec(), variants, time.monotonic())
-        self._routes[key] = route
         # Under its number too: that is how a batch, in the executor, finds its variants.
-        self._routes[(name, chosen.version)] = route
+        self._keep_routes(name, generation, {key: route, (name, chosen.version): route})
         return route
+
+    def _keep_routes(self, name: str, generation: int, routes: dict[tuple[str, int | None], Route]) -> None:
+        with self._lock:
+            if self._unloads[name] == generation:
+                self._routes.update(routes)
 
     async def aroute(self, name: str, version: int | None) -> Route:
         fresh = self._fresh_route((name, version))
@@ -316,6 +329,8 @@ class Runtime:
         def gone(model: str, number: int) -> bool:
             return model == name and version in (None, number)
 
+        with self._lock:
+            self._unloads[name] += 1  # refreshes in flight now keep nothing they read
         # Copies: requests on the event loop may add entries meanwhile.
         for route_key, route in list(self._routes.items()):
             if gone(route_key[0], route.version.version):

@@ -22,6 +22,7 @@ class Recorder:
 
     def __init__(self, delay_s: float = 0.0) -> None:
         self.calls: list[int] = []
+        self.started: list[float] = []  # time.monotonic() at each call
         self.delay_s = delay_s
         self.lock = threading.Lock()
 
@@ -29,6 +30,7 @@ class Recorder:
         size = int(inputs["x"].shape[0])
         with self.lock:
             self.calls.append(size)
+            self.started.append(time.monotonic())
         if self.delay_s:
             threading.Event().wait(self.delay_s)
         x = inputs["x"]
@@ -165,7 +167,7 @@ def test_a_failing_merged_batch_fails_only_the_request_that_broke_it() -> None:
 
 
 def test_the_queue_delay_counts_from_a_requests_arrival() -> None:
-    """A request that arrived while a batch ran has waited already: it leaves once its own
+    """A request that arrived while a batch ran has waited already: its batch starts once its own
     arrival is a delay old, not a whole delay after the running batch ends."""
     recorder = Recorder(delay_s=0.3)
     delay_s = 0.3
@@ -177,16 +179,15 @@ def test_the_queue_delay_counts_from_a_requests_arrival() -> None:
             await asyncio.sleep(delay_s + 0.05)  # the first request's batch is running now
             arrived = time.monotonic()
             await batcher.submit({"x": requests(1)[0]}, 1)
-            waited = time.monotonic() - arrived
             await first
             batcher.close()
-            return waited
+            return arrived
 
-    waited = asyncio.run(main())
-    # Arrived 0.05 s into the first batch: it runs at arrival + delay (0.3 s) and takes 0.3 s,
-    # 0.6 s in all; counting the delay from the first batch's end made it 0.85 s.
+    arrived = asyncio.run(main())
     assert recorder.calls == [1, 1]
-    assert waited < 0.75, waited
+    # Arrived 0.05 s into the first batch (0.3 s long): its own starts at arrival + 0.3 s; counted
+    # from the first batch's end, the delay made that arrival + 0.55 s.
+    assert recorder.started[1] - arrived < 0.45, recorder.started[1] - arrived
 
 
 @pytest.mark.parametrize("max_batch_size", [1, 4])

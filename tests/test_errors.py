@@ -189,7 +189,9 @@ def test_a_hung_redis_holds_up_no_prediction_of_a_loaded_model(tmp_path: Path) -
         redis_server.pause()
         try:
             took = []
-            for _ in range(8):  # over 3 s: the route goes stale (1 s) several times
+            # Over 7 s: the route goes stale (1 s) again and again, and the refresh that waited
+            # for the store fails after its 5 s socket timeout, after which none waits at all.
+            for _ in range(16):
                 begun = time.monotonic()
                 during = predict(http, "mlp", x)
                 took.append(time.monotonic() - begun)
@@ -198,6 +200,6 @@ def test_a_hung_redis_holds_up_no_prediction_of_a_loaded_model(tmp_path: Path) -
                 time.sleep(0.4)
         finally:
             redis_server.resume()
-    # At most one request waits for the store, for at most 0.5 s.
-    assert max(took) < 1.5, took
+    # One request, the one that started the refresh, waited for the store, and for 0.5 s.
+    assert 0.4 < max(took) < 1.5, took
     assert sorted(took)[-2] < 0.3, took

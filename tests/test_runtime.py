@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from compiler.backends import get_backend
+from compiler.errors import CompilerError
 from compiler.spec import InputSpec
 from service.memory import freeze_heap, release_memory
 from service.registry import Registry
@@ -99,7 +100,9 @@ def test_released_memory_includes_cycles_frozen_out_of_the_collector() -> None:
     assert gc.get_freeze_count() > 0  # and what is still alive is frozen again
 
 
-def test_a_variant_that_fails_to_load_gives_way_to_the_next_best(tmp_path: Path) -> None:
+def test_a_variant_that_fails_to_load_gives_way_to_the_next_best(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """ONNX Runtime is measured fastest, but its artifact does not load here: TorchScript serves,
     and the broken variant is left out instead of failing every request."""
     registry = Registry(LocalStore(tmp_path / "store"))
@@ -112,7 +115,7 @@ def test_a_variant_that_fails_to_load_gives_way_to_the_next_best(tmp_path: Path)
     async def main() -> list[Prediction]:
         # The second request skips the broken variant without trying it again.
         served = [await rt.predict("mlp", None, {"x": x}) for _ in range(2)]
-        with pytest.raises(Exception, match="artifact"):  # pinned: nothing else may answer
+        with pytest.raises(CompilerError, match="not a Kiln artifact"):  # pinned: nothing else may answer
             await rt.predict("mlp", None, {"x": x}, backend="onnxruntime")
         return served
 
@@ -121,5 +124,21 @@ def test_a_variant_that_fails_to_load_gives_way_to_the_next_best(tmp_path: Path)
             assert served.variant.backend == "torchscript"
             np.testing.assert_allclose(served.outputs["output0"], expected(x), rtol=1e-5, atol=1e-6)
         assert rt.choose(rt.route("mlp", None).variants, batch=1).backend == "torchscript"
+        # One try for the two requests: the second skipped the variant that had failed.
+        failures = [r for r in caplog.records if "failed to load" in r.getMessage()]
+        assert len(failures) == 1, failures
     finally:
         rt.close()
+
+
+def test_a_refresh_that_read_a_model_before_it_was_unloaded_keeps_nothing(runtime: Runtime) -> None:
+    """A deletion unloads the model while a refresh may be reading it from the store: that read
+    must not put the deleted model's route back."""
+    key = ("mlp", None)
+    before_unload = runtime._unloads["mlp"]  # what a refresh started now would carry
+    runtime.unload("mlp")
+    route = runtime._fetch_route(key, before_unload)  # the store still had it when it read
+    assert route.version.version == 1
+    assert key not in runtime._routes and ("mlp", 1) not in runtime._routes
+    assert runtime.route("mlp", None).version.version == 1  # a fresh read is kept
+    assert key in runtime._routes
