@@ -1,12 +1,13 @@
 """Dynamic batching: concurrent requests for one runner are merged, run once and split back.
 
-Like Triton's dynamic batcher: a batch closes when it reaches `max_batch_size` or a preferred
-size, or when its oldest request has waited `max_queue_delay_us` since it arrived. Requests keep
-arriving while a batch runs, so under load batches grow even with no delay at all. `run` sees the
-merged batch, so it can pick what runs it by the batch's size; what it returns beside the outputs
-(the variant that ran) reaches every request of the batch. Past `max_queue_size` requests
-waiting or running, new ones are refused at once with a 503, as Triton's queue policy and
-TorchServe's job queue refuse them, rather than queued behind work their clients gave up on.
+Like Triton's dynamic batcher: a batch closes when it reaches `max_batch_size`, or the largest
+preferred size that the requests already queued can form, or when its oldest request has waited
+`max_queue_delay_us` since it arrived. Requests keep arriving while a batch runs, so under load
+batches grow even with no delay at all. `run` sees the merged batch, so it can pick what runs it
+by the batch's size; what it returns beside the outputs (the variant that ran) reaches every
+request of the batch. Past `max_queue_size` requests waiting or running, new ones are refused at
+once with a 503, as Triton's queue policy and TorchServe's job queue refuse them, rather than
+queued behind work their clients gave up on.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -68,8 +70,10 @@ class Batcher(Generic[T]):
         self.executor = executor
         self.on_batch = on_batch
         self.on_pending = on_pending
-        self._queue: asyncio.Queue[_Request[T]] = asyncio.Queue()
-        self._carry: _Request[T] | None = None
+        # A deque rather than an asyncio.Queue: the collector looks at what is queued to pick a
+        # preferred size, and puts back a request that starts the next batch.
+        self._queue: deque[_Request[T]] = deque()
+        self._arrived = asyncio.Event()
         self._batch: list[_Request[T]] = []  # being collected or run
         self._task: asyncio.Task[None] | None = None
         self._pending = 0  # submitted and not yet answered; only touched on the event loop
@@ -88,7 +92,8 @@ class Batcher(Generic[T]):
             if self._task is None or self._task.done():
                 self._task = asyncio.get_running_loop().create_task(self._loop())
             future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
-            await self._queue.put(_Request(inputs, batch, future))
+            self._queue.append(_Request(inputs, batch, future))
+            self._arrived.set()
             return await future
         finally:
             self._count(-1)
@@ -117,17 +122,29 @@ class Batcher(Generic[T]):
             task.get_loop().call_soon_threadsafe(task.cancel)
 
     async def _next(self, timeout: float | None) -> _Request[T] | None:
-        if self._carry is not None:
-            request, self._carry = self._carry, None
-            return request
-        if timeout is None:
-            return await self._queue.get()
-        if timeout <= 0:
-            return self._queue.get_nowait() if not self._queue.empty() else None
-        try:
-            return await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            return None
+        while not self._queue:
+            if timeout is not None and timeout <= 0:
+                return None
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), timeout)
+            except TimeoutError:
+                return None
+        return self._queue.popleft()
+
+    def _fits(self, request: _Request[T], first: _Request[T], size: int) -> bool:
+        return request.signature == first.signature and size + request.batch <= self.policy.max_batch_size
+
+    def _queued_grow_to_preferred(self, first: _Request[T], size: int) -> bool:
+        """Whether the requests queued now, taken in order, would grow the batch to a larger
+        preferred size: Triton runs the largest preferred batch it can form, not the first."""
+        for request in self._queue:
+            if not self._fits(request, first, size):
+                return False
+            size += request.batch
+            if size in self.policy.preferred_batch_sizes:
+                return True
+        return False
 
     async def _collect(self) -> list[_Request[T]]:
         first = await self._next(None)
@@ -137,12 +154,15 @@ class Batcher(Generic[T]):
         # From its arrival, as in Triton: under load the oldest request has often waited for the
         # batch before this one already, and should not wait a whole delay more.
         deadline = first.arrived + self.policy.max_queue_delay_us / 1e6
-        while size < self.policy.max_batch_size and size not in self.policy.preferred_batch_sizes:
+        preferred = self.policy.preferred_batch_sizes
+        while size < self.policy.max_batch_size:
+            if size in preferred and not self._queued_grow_to_preferred(first, size):
+                break
             request = await self._next(deadline - time.monotonic())
             if request is None:
                 break
-            if request.signature != first.signature or size + request.batch > self.policy.max_batch_size:
-                self._carry = request  # starts the next batch
+            if not self._fits(request, first, size):
+                self._queue.appendleft(request)  # starts the next batch
                 break
             batch.append(request)
             size += request.batch
@@ -163,10 +183,9 @@ class Batcher(Generic[T]):
 
     def _fail_waiting(self) -> None:
         """Closed: every request still waiting gets an answer instead of hanging."""
-        waiting = [*self._batch, *([self._carry] if self._carry else [])]
-        while not self._queue.empty():
-            waiting.append(self._queue.get_nowait())
-        self._batch, self._carry = [], None
+        waiting = [*self._batch, *self._queue]
+        self._batch = []
+        self._queue.clear()
         error = UnavailableError("the model was unloaded while this request waited for it; send it again")
         for r in waiting:
             if not r.future.done():
