@@ -148,6 +148,11 @@ def test_api_key_scopes(server: KilnServer) -> None:
             data={"config": json.dumps(MLP.config())},
         )
         assert problem(upload_response, 403)
+        for action in ("load", "unload"):  # management, as the v1 upload and delete are
+            response = anon.post(f"/v2/repository/models/mlp/{action}", headers=infer)
+            assert response.status_code == 403 and "admin" in response.json()["error"], response.text
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        assert anon.post("/v2/repository/models/mlp/load", headers=admin).status_code == 200
         assert anon.get("/healthz").status_code == 200  # probes need no key
 
 

@@ -1,13 +1,15 @@
-"""Triton's model-repository and statistics extensions, under /v2."""
+"""Triton's model-repository and statistics extensions, under /v2. Loading and unloading are
+management calls, as on TorchServe's management API: they need the admin scope."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
+from service.api.auth import Scope, require
 from service.api.schemas import V2Error, error_responses
 from service.api.v2 import ServicesDep, V2Route, infer_scope, version_number
 from service.errors import NotFoundError
@@ -19,6 +21,7 @@ router = APIRouter(
     dependencies=infer_scope,
     responses=error_responses(V2Error, 400, 401, 403, 404, 503),
 )
+admin_scope = [Depends(require(Scope.admin))]
 
 
 class IndexRequest(BaseModel):
@@ -42,6 +45,7 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
 @router.post(
     "/v2/repository/models/{name}/load",
     operation_id="v2_repository_load",
+    dependencies=admin_scope,
     summary="Load the serving variant of a model into memory now.",
 )
 async def load_model(name: str, svc: ServicesDep) -> Response:
@@ -53,6 +57,7 @@ async def load_model(name: str, svc: ServicesDep) -> Response:
 @router.post(
     "/v2/repository/models/{name}/unload",
     operation_id="v2_repository_unload",
+    dependencies=admin_scope,
     summary="Free a model's loaded runners; the next request loads it again.",
 )
 def unload_model(name: str, svc: ServicesDep) -> Response:
