@@ -170,6 +170,12 @@ def _compile(
         tuning.save_records(registry.store, job.target, settings.threads, report["new_tuning_records"])
     if report["tuning"]:
         registry.update_job(job.id, tuning=report["tuning"])
+    if registry.get_variant(job.variant_id) is None:
+        # Its model was deleted while it compiled: stored now, the artifact would belong to
+        # nothing, and no deletion would ever collect it. (Tuning records are kept: any model
+        # may reuse them.)
+        log.info("job %s: its model was deleted while it compiled; dropping the artifact", job.id)
+        return False
     registry.put_artifact(record, packed)
     _mark_ready(registry, job, key, record, cache_hit=False)
     return True
@@ -209,7 +215,10 @@ def _mark_ready(
 
 def _record_baseline(registry: Registry, job: JobRecord, record: ArtifactRecord) -> None:
     """Give the version's TorchScript variant the latency its worker measured, for display."""
-    version = registry.get_version(job.model, job.version)
+    try:
+        version = registry.get_version(job.model, job.version)
+    except NotFoundError:
+        return  # deleted since the job began
     for variant in registry.variants_of(version):
         if variant.backend == "torchscript" and not variant.latency_ms_by_batch:
             baseline = record.baseline_latency_ms_by_batch

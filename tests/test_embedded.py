@@ -12,7 +12,7 @@ import pytest
 
 from tests.client import by_backend, expected, predict, sample, upload, wait_settled
 from tests.models import MODELS, UNCONVERTIBLE
-from tests.servers import KilnServer, embedded_server
+from tests.servers import KilnServer, embedded_server, wait_until
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -174,6 +174,36 @@ def test_deleting_a_version_rolls_back_to_the_one_before(
     assert http.get(f"/v1/models/{name}").status_code == 404
     again = upload(http, MODELS["mlp"], name=name, max_batch_size=8, backends=[])
     assert again.status_code == 202 and again.json()["version"] == 3
+
+
+def test_a_model_deleted_mid_compile_leaves_no_artifact(
+    http: httpx.Client, server: KilnServer, uploaded: dict[str, list[dict[str, object]]]
+) -> None:
+    """The compile outlives its model: it stores no artifact that nothing references and no
+    deletion would collect, and ends quietly rather than as an error."""
+    blobs = Path(server.env["KILN_DATA_DIR"]) / "blobs"
+    before = {p for p in blobs.rglob("*") if p.is_file()}
+    # max_batch_size 5: a spec no earlier upload compiled, so this is no artifact-cache hit
+    response = upload(http, MODELS["mlp"], name="mlp-doomed", max_batch_size=5, backends=["tvm"])
+    job_id = by_backend(response.json()["variants"], "tvm")["job_id"]
+
+    stages: list[str] = []
+
+    def started() -> bool:
+        stages.append(http.get(f"/v1/jobs/{job_id}").json()["stage"])
+        return stages[-1] != "queued"
+
+    wait_until(started, 120, "the compile to start", interval=0.02)
+    assert http.delete("/v1/models/mlp-doomed").status_code == 200
+    assert stages[-1] in ("compiling", "verifying", "benchmarking"), f"deleted too late: {stages[-1]}"
+
+    def job_lines() -> list[str]:
+        return [line["message"] for line in server.json_lines() if job_id in line["message"]]
+
+    ends = ("dropping the artifact", "unexpectedly", "ready")
+    wait_until(lambda: any(end in m for m in job_lines() for end in ends), 120, "the job to end")
+    assert any("dropping the artifact" in m for m in job_lines()), job_lines()
+    assert {p for p in blobs.rglob("*") if p.is_file()} == before
 
 
 def test_failed_conversion_keeps_torchscript_serving(http: httpx.Client, server: KilnServer) -> None:
