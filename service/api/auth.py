@@ -1,4 +1,5 @@
-"""Optional API keys in two scopes: `admin` (upload, delete, and all of `infer`) and `infer`."""
+"""Optional API keys in two scopes: `admin` (upload, delete, v2 repository load and unload, and
+all of `infer`) and `infer`."""
 
 from __future__ import annotations
 
