@@ -219,6 +219,7 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
     table = Table(*columns)
     for model in body["models"]:
         active = model["active"] or {}
+        name = f"{model['name']} (unloaded)" if model["unloaded"] else model["name"]
         for version in model["versions"]:
             for v in version["variants"]:
                 ms = v["latency_ms"]
@@ -227,7 +228,7 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
                 speedup = f"{base / ms:.2f}x" if ms and base and v["backend"] != "torchscript" else ""
                 timed = "" if ms is None else ("race" if v["raced_at"] else "compile")
                 table.add_row(
-                    model["name"],
+                    name,
                     str(version["version"]),
                     label(v),
                     v["target"],

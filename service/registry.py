@@ -47,6 +47,8 @@ class NewVersion:
 class ModelView:
     name: str
     versions: list[tuple[VersionRecord, list[VariantRecord]]]
+    # Unloaded through the repository API: no replica serves it until it is loaded again.
+    unloaded: bool = False
 
 
 class Registry:
@@ -117,7 +119,18 @@ class Registry:
             raise NotFoundError(f"no model named {name!r}")
         versions = [VersionRecord.model_validate(d) for d in docs]
         versions.sort(key=lambda v: v.version)
-        return ModelView(name, [(v, self.variants_of(v)) for v in versions])
+        return ModelView(name, [(v, self.variants_of(v)) for v in versions], self.is_unloaded(name))
+
+    def set_unloaded(self, name: str, unloaded: bool) -> None:
+        """Take a model out of service on every replica, or put it back. In the store, not in a
+        process: under several workers or replicas, an unload must reach those that did not
+        receive it, and it outlives their restarts as it would a deploy."""
+        self.get_model(name)  # a 404 for unknown names
+        self.store.update_doc("model", name, {"unloaded": unloaded})
+
+    def is_unloaded(self, name: str) -> bool:
+        doc = self.store.get_doc("model", name)
+        return bool(doc and doc.get("unloaded"))
 
     def list_models(self) -> list[ModelView]:
         names = sorted(doc["name"] for doc in self.store.list_docs("model"))

@@ -26,7 +26,7 @@ from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service import metrics
 from service.batcher import Arrays, Batcher, BatchPolicy
-from service.errors import NotFoundError
+from service.errors import ConflictError, NotFoundError
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
@@ -155,8 +155,11 @@ class Runtime:
         name, version = key
         try:
             if version is None:
-                chosen, variants = serving_version(self.registry.get_model(name).versions, self.targets)
+                view = self.registry.get_model(name)
+                self._check_loaded(name, view.unloaded)
+                chosen, variants = serving_version(view.versions, self.targets)
             else:
+                self._check_loaded(name, self.registry.is_unloaded(name))
                 chosen = self.registry.get_version(name, version)
                 variants = self.registry.variants_of(chosen)
         except StoreUnavailableError:
@@ -173,6 +176,15 @@ class Runtime:
         # Under its number too: that is how a batch, in the executor, finds its variants.
         self._keep_routes(name, generation, {key: route, (name, chosen.version): route})
         return route
+
+    def _check_loaded(self, name: str, unloaded: bool) -> None:
+        """An unload received by another process reaches this one at its next refresh of the
+        model's route, which then frees the runners here too."""
+        if unloaded:
+            self.unload(name)
+            raise ConflictError(
+                f"model {name!r} is unloaded: POST /v2/repository/models/{name}/load serves it again"
+            )
 
     def _keep_routes(self, name: str, generation: int, routes: dict[tuple[str, int | None], Route]) -> None:
         with self._lock:
@@ -323,8 +335,8 @@ class Runtime:
         return evicted
 
     def unload(self, name: str, version: int | None = None) -> int:
-        """Drop the routes, batchers and runners of a model, or of one of its versions (deleted,
-        or unloaded on request); return how many runners went."""
+        """Drop the routes, batchers and runners of a model, or of one of its versions, in this
+        process (deleted, or unloaded); return how many runners went."""
 
         def gone(model: str, number: int) -> bool:
             return model == name and version in (None, number)

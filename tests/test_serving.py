@@ -143,7 +143,8 @@ def test_lru_evicts_under_budget_and_reloads(http: httpx.Client, server: KilnSer
     assert http.post(f"/v2/repository/models/{first.name}/unload").status_code == 200
     wait_until(lambda: rss_mb(server) < with_second - 20, 10, "RSS to drop after unloading")
     index = {m["name"]: m for m in http.post("/v2/repository/index", json={}).json()}
-    assert index[first.name]["state"] == "READY"
+    unavailable = {"name": first.name, "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert index[first.name] == unavailable
     assert http.post(f"/v2/repository/models/{first.name}/load").status_code == 200
     run(first)
 
@@ -162,6 +163,22 @@ def test_several_uvicorn_workers_share_one_redis(tmp_path: Path, redis_url: str)
                     assert response.status_code == 200, response.text
                     np.testing.assert_allclose(response.json()["outputs"]["output0"], want, rtol=1e-5)
             assert json.loads(http.get("/v1/models").text)["models"][0]["name"] == "mlp"
+
+            def statuses() -> set[int]:
+                """Of predictions over new connections, which spread over both processes."""
+                found = set()
+                for _ in range(10):
+                    with httpx.Client(base_url=srv.url, timeout=60) as fresh:
+                        found.add(predict(fresh, "mlp", x).status_code)
+                return found
+
+            # Received by one process, an unload reaches the other through Redis: once the route
+            # it cached expires, neither serves the model until it is loaded again.
+            assert http.post("/v2/repository/models/mlp/unload").status_code == 200
+            wait_until(lambda: statuses() == {409}, 10, "both processes to refuse the unloaded model")
+            assert http.get("/v1/models/mlp").json()["unloaded"] is True
+            assert http.post("/v2/repository/models/mlp/load").status_code == 200
+            wait_until(lambda: statuses() == {200}, 10, "both processes to serve it again")
     finally:
         srv.stop()
 

@@ -342,6 +342,35 @@ def test_unknown_names_and_versions(http: httpx.Client) -> None:
     assert "no v2 endpoint" in error(http.get("/v2/repository/index"), 404)
 
 
+def test_tritonclient_unloads_and_loads(client: triton.InferenceServerClient) -> None:
+    """As on Triton: an unloaded model is not ready and refuses inference until it is loaded
+    again; its metadata still answers. Both calls need the admin scope."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    with pytest.raises(InferenceServerException, match="admin"):
+        client.unload_model("heads", headers=auth())
+    client.unload_model("heads", headers=admin)
+    assert not client.is_model_ready("heads", headers=auth())
+    assert client.get_model_metadata("heads", headers=auth())["name"] == "heads"
+    k = np.arange(8).reshape(2, 4)
+    inputs = [fp32_input(sample(HEADS, 2), binary=True), triton.InferInput("k", [2, 4], "INT64")]
+    inputs[1].set_data_from_numpy(k)
+    with pytest.raises(
+        InferenceServerException, match=r"unloaded: POST /v2/repository/models/heads/load"
+    ) as caught:
+        client.infer("heads", inputs, headers=auth())
+    assert caught.value.status() == "409"
+    index = {m["name"]: m for m in client.get_model_repository_index(headers=auth())}
+    assert (index["heads"]["state"], index["heads"]["reason"]) == ("UNAVAILABLE", "unloaded")
+    assert index["mlp"]["state"] == "READY"  # only the model unloaded
+    with pytest.raises(InferenceServerException, match="no model named 'nope'"):
+        client.unload_model("nope", headers=admin)
+
+    client.load_model("heads", headers=admin)
+    assert client.is_model_ready("heads", headers=auth())
+    result = client.infer("heads", inputs, headers=auth())
+    np.testing.assert_array_equal(result.as_numpy("output2"), k * 2 + 1)
+
+
 def test_tritonclient_sees_errors(client: triton.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException, match="expected datatype FP32, received FP64") as caught:
         tensor64 = triton.InferInput("x", [1, 64], "FP64")

@@ -235,23 +235,25 @@ def upload_model(
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if created.deduplicated else 202)
 
 
-def model_out(view: ModelView, svc: Services) -> ModelOut:
-    active = None
+def active_of(view: ModelView, svc: Services) -> ActiveOut | None:
+    if view.unloaded:
+        return None
     try:
         version, variants = serving_version(view.versions, svc.runtime.targets)
         chosen = svc.runtime.choose(variants, batch=1)
-        active = ActiveOut(
-            version=version.version,
-            variant_id=chosen.id,
-            backend=chosen.backend,
-            target=chosen.target,
-        )
     except NotFoundError:
-        pass  # nothing ready on this host yet
+        return None  # nothing ready on this host yet
+    return ActiveOut(
+        version=version.version, variant_id=chosen.id, backend=chosen.backend, target=chosen.target
+    )
+
+
+def model_out(view: ModelView, svc: Services) -> ModelOut:
     return ModelOut(
         name=view.name,
         versions=[VersionOut.of(v, variants) for v, variants in view.versions],
-        active=active,
+        active=active_of(view, svc),
+        unloaded=view.unloaded,
     )
 
 

@@ -13,7 +13,7 @@ from service.api.schemas import PredictIn, PredictOut, Problem, VariantRef, erro
 router = APIRouter(
     tags=["inference"],
     dependencies=[Depends(require(Scope.infer))],
-    responses=error_responses(Problem, 400, 401, 403, 404, 422, 503),
+    responses=error_responses(Problem, 400, 401, 403, 404, 409, 422, 503),
 )
 
 BackendQuery = Annotated[

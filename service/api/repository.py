@@ -1,5 +1,7 @@
 """Triton's model-repository and statistics extensions, under /v2. Loading and unloading are
-management calls, as on TorchServe's management API: they need the admin scope."""
+management calls, as on TorchServe's management API: they need the admin scope. An unload is
+recorded in the store, so that every worker process and replica stops serving the model, not
+only the one that received it."""
 
 from __future__ import annotations
 
@@ -34,7 +36,8 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
     for view in svc.registry.list_models():
         try:
             version, _ = serving_version(view.versions, svc.runtime.targets)
-            entry = {"name": view.name, "version": str(version.version), "state": "READY", "reason": ""}
+            state, reason = ("UNAVAILABLE", "unloaded") if view.unloaded else ("READY", "")
+            entry = {"name": view.name, "version": str(version.version), "state": state, "reason": reason}
         except NotFoundError as exc:
             entry = {"name": view.name, "version": "", "state": "UNAVAILABLE", "reason": str(exc)}
         if entry["state"] == "READY" or not (body and body.ready):
@@ -46,9 +49,10 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
     "/v2/repository/models/{name}/load",
     operation_id="v2_repository_load",
     dependencies=admin_scope,
-    summary="Load the serving variant of a model into memory now.",
+    summary="Serve a model again after an unload, and load its serving variant into memory now.",
 )
 async def load_model(name: str, svc: ServicesDep) -> Response:
+    await run_in_threadpool(svc.registry.set_unloaded, name, False)
     route = await svc.runtime.aroute(name, None)
     await run_in_threadpool(svc.runtime.runner, route, 1)
     return Response()
@@ -58,10 +62,11 @@ async def load_model(name: str, svc: ServicesDep) -> Response:
     "/v2/repository/models/{name}/unload",
     operation_id="v2_repository_unload",
     dependencies=admin_scope,
-    summary="Free a model's loaded runners; the next request loads it again.",
+    summary="Take a model out of service, as Triton does: it is not ready and refuses inference "
+    "(409) on every replica until it is loaded again, and its runners are freed.",
 )
 def unload_model(name: str, svc: ServicesDep) -> Response:
-    svc.registry.get_model(name)  # 404 for unknown names
+    svc.registry.set_unloaded(name, True)
     svc.runtime.unload(name)
     return Response()
 

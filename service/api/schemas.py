@@ -78,6 +78,10 @@ class ModelOut(BaseModel):
     name: str
     versions: list[VersionOut]
     active: ActiveOut | None = Field(description="What serves batch-1 requests on this replica now.")
+    unloaded: bool = Field(
+        default=False,
+        description="Unloaded through /v2/repository: it serves nothing until it is loaded again.",
+    )
 
 
 class ModelList(BaseModel):
@@ -151,6 +155,7 @@ ERROR_DESCRIPTIONS = {
     401: "No or unknown API key, when KILN_API_KEYS is set.",
     403: "The API key lacks the scope this needs.",
     404: "No such model, version or job.",
+    409: "The model is unloaded (POST /v2/repository/models/{name}/load serves it again).",
     413: "The upload is larger than KILN_MAX_UPLOAD_MB.",
     422: "An invalid config or request field, named in the message.",
     503: "The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry "

@@ -102,6 +102,7 @@ class InferRoute(APIRoute):
 router = APIRouter(tags=["v2"], route_class=V2Route)
 infer_scope = [Depends(require(Scope.infer))]
 MODEL_ERRORS = error_responses(V2Error, 400, 401, 403, 404)
+READY_ERRORS = error_responses(V2Error, 400, 401, 403, 404, 409)  # 409: unloaded
 ServicesDep = Annotated[Services, Depends(services)]
 
 
@@ -246,7 +247,7 @@ def _model_ready(svc: Services, name: str, version: int | None) -> Response:
 
 
 @router.get(
-    "/v2/models/{name}/ready", operation_id="v2_model_ready", dependencies=infer_scope, responses=MODEL_ERRORS
+    "/v2/models/{name}/ready", operation_id="v2_model_ready", dependencies=infer_scope, responses=READY_ERRORS
 )
 def model_ready(name: str, svc: ServicesDep) -> Response:
     return _model_ready(svc, name, None)
@@ -256,7 +257,7 @@ def model_ready(name: str, svc: ServicesDep) -> Response:
     "/v2/models/{name}/versions/{version}/ready",
     operation_id="v2_model_version_ready",
     dependencies=infer_scope,
-    responses=MODEL_ERRORS,
+    responses=READY_ERRORS,
 )
 def model_version_ready(name: str, version: str, svc: ServicesDep) -> Response:
     return _model_ready(svc, name, version_number(version))
@@ -328,7 +329,7 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
 # and reach the services themselves: FastAPI's dependency solving costs more per request than
 # the rest of the handler's own Python.
 inference = APIRouter(
-    tags=["v2"], route_class=InferRoute, responses=error_responses(V2Error, 400, 401, 403, 404, 503)
+    tags=["v2"], route_class=InferRoute, responses=error_responses(V2Error, 400, 401, 403, 404, 409, 503)
 )
 check_infer = require(Scope.infer)
 

@@ -197,11 +197,11 @@ export const v2RepositoryIndex = <ThrowOnError extends boolean = false>(options?
 });
 
 /**
- * Load the serving variant of a model into memory now.
+ * Serve a model again after an unload, and load its serving variant into memory now.
  */
 export const v2RepositoryLoad = <ThrowOnError extends boolean = false>(options: Options<V2RepositoryLoadData, ThrowOnError>) => (options.client ?? client).post<V2RepositoryLoadResponses, V2RepositoryLoadErrors, ThrowOnError>({ url: '/v2/repository/models/{name}/load', ...options });
 
 /**
- * Free a model's loaded runners; the next request loads it again.
+ * Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every replica until it is loaded again, and its runners are freed.
  */
 export const v2RepositoryUnload = <ThrowOnError extends boolean = false>(options: Options<V2RepositoryUnloadData, ThrowOnError>) => (options.client ?? client).post<V2RepositoryUnloadResponses, V2RepositoryUnloadErrors, ThrowOnError>({ url: '/v2/repository/models/{name}/unload', ...options });

@@ -158,6 +158,12 @@ export type ModelOut = {
      */
     name: string;
     /**
+     * Unloaded
+     *
+     * Unloaded through /v2/repository: it serves nothing until it is loaded again.
+     */
+    unloaded?: boolean;
+    /**
      * Versions
      */
     versions: Array<VersionOut>;
@@ -789,6 +795,10 @@ export type PredictErrors = {
      */
     404: Problem;
     /**
+     * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
+     */
+    409: Problem;
+    /**
      * An invalid config or request field, named in the message.
      */
     422: Problem;
@@ -961,6 +971,10 @@ export type PredictVersionErrors = {
      * No such model, version or job.
      */
     404: Problem;
+    /**
+     * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
+     */
+    409: Problem;
     /**
      * An invalid config or request field, named in the message.
      */
@@ -1213,6 +1227,10 @@ export type V2InferErrors = {
      */
     404: V2Error;
     /**
+     * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
+     */
+    409: V2Error;
+    /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
@@ -1260,6 +1278,10 @@ export type V2ModelReadyErrors = {
      * No such model, version or job.
      */
     404: V2Error;
+    /**
+     * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
+     */
+    409: V2Error;
     /**
      * An unexpected error; the server log has more.
      */
@@ -1471,6 +1493,10 @@ export type V2InferVersionErrors = {
      */
     404: V2Error;
     /**
+     * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
+     */
+    409: V2Error;
+    /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
@@ -1522,6 +1548,10 @@ export type V2ModelVersionReadyErrors = {
      * No such model, version or job.
      */
     404: V2Error;
+    /**
+     * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
+     */
+    409: V2Error;
     /**
      * An unexpected error; the server log has more.
      */

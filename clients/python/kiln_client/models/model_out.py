@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
+from ..types import UNSET, Unset
+
 if TYPE_CHECKING:
     from ..models.active_out import ActiveOut
     from ..models.version_out import VersionOut
@@ -21,11 +23,14 @@ class ModelOut:
         active (ActiveOut | None): What serves batch-1 requests on this replica now.
         name (str):
         versions (list[VersionOut]):
+        unloaded (bool | Unset): Unloaded through /v2/repository: it serves nothing until it is loaded again. Default:
+            False.
     """
 
     active: ActiveOut | None
     name: str
     versions: list[VersionOut]
+    unloaded: bool | Unset = False
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -44,6 +49,8 @@ class ModelOut:
             versions_item = versions_item_data.to_dict()
             versions.append(versions_item)
 
+        unloaded = self.unloaded
+
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update(
@@ -53,6 +60,8 @@ class ModelOut:
                 "versions": versions,
             }
         )
+        if unloaded is not UNSET:
+            field_dict["unloaded"] = unloaded
 
         return field_dict
 
@@ -87,10 +96,13 @@ class ModelOut:
 
             versions.append(versions_item)
 
+        unloaded = d.pop("unloaded", UNSET)
+
         model_out = cls(
             active=active,
             name=name,
             versions=versions,
+            unloaded=unloaded,
         )
 
         model_out.additional_properties = d

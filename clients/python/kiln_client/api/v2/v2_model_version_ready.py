@@ -50,6 +50,11 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
 
         return response_404
 
+    if response.status_code == 409:
+        response_409 = V2Error.from_dict(response.json())
+
+        return response_409
+
     response_default = V2Error.from_dict(response.json())
 
     return response_default

@@ -72,7 +72,8 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[Any | V2Error]:
-    """Free a model's loaded runners; the next request loads it again.
+    """Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every
+    replica until it is loaded again, and its runners are freed.
 
     Args:
         name (str):
@@ -101,7 +102,8 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
 ) -> Any | V2Error | None:
-    """Free a model's loaded runners; the next request loads it again.
+    """Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every
+    replica until it is loaded again, and its runners are freed.
 
     Args:
         name (str):
@@ -125,7 +127,8 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[Any | V2Error]:
-    """Free a model's loaded runners; the next request loads it again.
+    """Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every
+    replica until it is loaded again, and its runners are freed.
 
     Args:
         name (str):
@@ -152,7 +155,8 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
 ) -> Any | V2Error | None:
-    """Free a model's loaded runners; the next request loads it again.
+    """Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every
+    replica until it is loaded again, and its runners are freed.
 
     Args:
         name (str):
