@@ -186,7 +186,10 @@ class Batcher(Generic[T]):
         waiting = [*self._batch, *self._queue]
         self._batch = []
         self._queue.clear()
-        error = UnavailableError("the model was unloaded while this request waited for it; send it again")
+        error = UnavailableError(
+            "the model stopped serving here (unloaded, deleted, or the server is stopping) while "
+            "this request waited for it"
+        )
         for r in waiting:
             if not r.future.done():
                 r.future.set_exception(error)

@@ -219,7 +219,7 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
     table = Table(*columns)
     for model in body["models"]:
         active = model["active"] or {}
-        name = f"{model['name']} (unloaded)" if model["unloaded"] else model["name"]
+        name = f"{model['name']} (unloaded)" if model.get("unloaded") else model["name"]
         for version in model["versions"]:
             for v in version["variants"]:
                 ms = v["latency_ms"]

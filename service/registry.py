@@ -126,6 +126,9 @@ class Registry:
         process: under several workers or replicas, an unload must reach those that did not
         receive it, and it outlives their restarts as it would a deploy."""
         self.get_model(name)  # a 404 for unknown names
+        # Created if missing (an upload racing a deletion can leave versions without it): an
+        # update alone would then do nothing, and the unload would answer 200 for nothing.
+        self.store.create_doc("model", name, {"name": name, "created_at": now()})
         self.store.update_doc("model", name, {"unloaded": unloaded})
 
     def is_unloaded(self, name: str) -> bool:

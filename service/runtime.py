@@ -70,6 +70,12 @@ class Loaded:
     size_bytes: int
 
 
+def _unloaded(name: str) -> ConflictError:
+    return ConflictError(
+        f"model {name!r} is unloaded: POST /v2/repository/models/{name}/load serves it again"
+    )
+
+
 def batch_policy(version: VersionRecord, settings: Settings) -> BatchPolicy:
     """Batch only what can be split back: a batched spec whose outputs all lead with the batch."""
     config = version.config
@@ -97,8 +103,11 @@ class Runtime:
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
         self._refreshing: dict[tuple[str, int | None], Future[Route]] = {}
-        # Per model, how many times it was unloaded: a refresh started before one is stale.
+        # Per model, how many times it was unloaded or loaded: a refresh started before is stale.
         self._unloads: defaultdict[str, int] = defaultdict(int)
+        # Model -> when a refresh last found it unloaded: until a TTL later, its requests are
+        # refused without asking the store, as a ready model's are served from its route.
+        self._unloaded_at: dict[str, float] = {}
         # Variant id -> when to try loading it again.
         self._unloadable: dict[str, float] = {}
         # Refreshes run here: with a hung store each takes its socket timeout, so enough threads
@@ -127,6 +136,7 @@ class Runtime:
         fresh = self._fresh_route(key)
         if fresh is not None:
             return fresh
+        self._refuse_if_unloaded(name)
         cached = self._routes.get(key)
         refresh, started = self._refresh(key)
         if cached is None:
@@ -146,7 +156,13 @@ class Runtime:
                 return refresh, False
             generation = self._unloads[key[0]]
             refresh = self._refreshing[key] = self._route_pool.submit(self._fetch_route, key, generation)
-        refresh.add_done_callback(lambda _: self._refreshing.pop(key, None))
+
+        def done(finished: Future[Route]) -> None:
+            with self._lock:  # a load may have put a newer refresh in its place
+                if self._refreshing.get(key) is finished:
+                    del self._refreshing[key]
+
+        refresh.add_done_callback(done)
         return refresh, True
 
     def _fetch_route(self, key: tuple[str, int | None], generation: int) -> Route:
@@ -156,11 +172,11 @@ class Runtime:
         try:
             if version is None:
                 view = self.registry.get_model(name)
-                self._check_loaded(name, view.unloaded)
+                self._check_loaded(name, view.unloaded, generation)
                 chosen, variants = serving_version(view.versions, self.targets)
             else:
-                self._check_loaded(name, self.registry.is_unloaded(name))
                 chosen = self.registry.get_version(name, version)
+                self._check_loaded(name, self.registry.is_unloaded(name), generation)
                 variants = self.registry.variants_of(chosen)
         except StoreUnavailableError:
             cached = self._routes.get(key)
@@ -177,14 +193,32 @@ class Runtime:
         self._keep_routes(name, generation, {key: route, (name, chosen.version): route})
         return route
 
-    def _check_loaded(self, name: str, unloaded: bool) -> None:
+    def _check_loaded(self, name: str, unloaded: bool, generation: int) -> None:
         """An unload received by another process reaches this one at its next refresh of the
-        model's route, which then frees the runners here too."""
-        if unloaded:
+        model's route, which then frees the runners here too; unless a load came meanwhile."""
+        if not unloaded:
+            return
+        with self._lock:
+            current = self._unloads[name] == generation
+            if current:
+                self._unloaded_at[name] = time.monotonic()
+        if current:
             self.unload(name)
-            raise ConflictError(
-                f"model {name!r} is unloaded: POST /v2/repository/models/{name}/load serves it again"
-            )
+        raise _unloaded(name)
+
+    def _refuse_if_unloaded(self, name: str) -> None:
+        seen = self._unloaded_at.get(name)
+        if seen is not None and time.monotonic() - seen < self.settings.route_ttl_s:
+            raise _unloaded(name)
+
+    def loaded(self, name: str) -> None:
+        """A model was loaded again: its next request reads its route afresh, without joining
+        or keeping a refresh in flight, which may have read the model still unloaded."""
+        with self._lock:
+            self._unloads[name] += 1
+            self._unloaded_at.pop(name, None)
+            for key in [k for k in self._refreshing if k[0] == name]:
+                del self._refreshing[key]
 
     def _keep_routes(self, name: str, generation: int, routes: dict[tuple[str, int | None], Route]) -> None:
         with self._lock:
@@ -193,7 +227,10 @@ class Runtime:
 
     async def aroute(self, name: str, version: int | None) -> Route:
         fresh = self._fresh_route((name, version))
-        return fresh if fresh is not None else await run_in_threadpool(self.route, name, version)
+        if fresh is not None:
+            return fresh
+        self._refuse_if_unloaded(name)
+        return await run_in_threadpool(self.route, name, version)
 
     # Inference ---------------------------------------------------------------------------
 

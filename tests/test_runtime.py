@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import weakref
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +22,9 @@ import torch
 from compiler.backends import get_backend
 from compiler.errors import CompilerError
 from compiler.spec import InputSpec
+from service.errors import ConflictError
 from service.memory import freeze_heap, release_memory
-from service.registry import Registry
+from service.registry import ModelView, Registry
 from service.runtime import Prediction, Runtime
 from service.settings import Settings
 from service.store.local import LocalStore
@@ -142,3 +145,47 @@ def test_a_refresh_that_read_a_model_before_it_was_unloaded_keeps_nothing(runtim
     assert key not in runtime._routes and ("mlp", 1) not in runtime._routes
     assert runtime.route("mlp", None).version.version == 1  # a fresh read is kept
     assert key in runtime._routes
+
+
+def test_a_load_is_neither_joined_nor_undone_by_a_refresh_that_read_the_model_unloaded(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests keep coming while an operator loads a model again: a refresh that read it still
+    unloaded must not answer the load's own route with 409, nor then free the runner it loaded."""
+    registry = runtime.registry
+    registry.set_unloaded("mlp", True)
+    read, release = threading.Event(), threading.Event()
+    get_model = registry.get_model
+
+    def held_after_reading(name: str) -> ModelView:
+        view = get_model(name)
+        if not read.is_set():
+            read.set()
+            release.wait(10)
+        return view
+
+    monkeypatch.setattr(registry, "get_model", held_after_reading)
+    with ThreadPoolExecutor(1) as pool:
+        stale = pool.submit(runtime.route, "mlp", None)
+        assert read.wait(10)
+        registry.set_unloaded("mlp", False)  # what POST .../load does
+        runtime.loaded("mlp")
+        route = runtime.route("mlp", None)
+        runtime.runner(route, 1)
+        release.set()
+        with pytest.raises(ConflictError, match="unloaded"):
+            stale.result(10)  # it read the model unloaded, and says so to its own request
+    assert runtime.loaded_runners == 1
+    assert runtime.route("mlp", None).version.version == 1
+
+
+def test_an_unloaded_model_is_refused_without_asking_the_store_each_time(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime.registry.set_unloaded("mlp", True)
+    with pytest.raises(ConflictError, match=r"POST /v2/repository/models/mlp/load"):
+        runtime.route("mlp", None)
+    monkeypatch.setattr(runtime.registry, "get_model", lambda name: pytest.fail("asked the store"))
+    for version in (None, 1):
+        with pytest.raises(ConflictError):
+            runtime.route("mlp", version)

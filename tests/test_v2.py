@@ -349,23 +349,24 @@ def test_tritonclient_unloads_and_loads(client: triton.InferenceServerClient) ->
     with pytest.raises(InferenceServerException, match="admin"):
         client.unload_model("heads", headers=auth())
     client.unload_model("heads", headers=admin)
-    assert not client.is_model_ready("heads", headers=auth())
-    assert client.get_model_metadata("heads", headers=auth())["name"] == "heads"
-    k = np.arange(8).reshape(2, 4)
-    inputs = [fp32_input(sample(HEADS, 2), binary=True), triton.InferInput("k", [2, 4], "INT64")]
-    inputs[1].set_data_from_numpy(k)
-    with pytest.raises(
-        InferenceServerException, match=r"unloaded: POST /v2/repository/models/heads/load"
-    ) as caught:
-        client.infer("heads", inputs, headers=auth())
-    assert caught.value.status() == "409"
-    index = {m["name"]: m for m in client.get_model_repository_index(headers=auth())}
-    assert (index["heads"]["state"], index["heads"]["reason"]) == ("UNAVAILABLE", "unloaded")
-    assert index["mlp"]["state"] == "READY"  # only the model unloaded
-    with pytest.raises(InferenceServerException, match="no model named 'nope'"):
-        client.unload_model("nope", headers=admin)
-
-    client.load_model("heads", headers=admin)
+    try:
+        assert not client.is_model_ready("heads", headers=auth())
+        assert client.get_model_metadata("heads", headers=auth())["name"] == "heads"
+        k = np.arange(8).reshape(2, 4)
+        inputs = [fp32_input(sample(HEADS, 2), binary=True), triton.InferInput("k", [2, 4], "INT64")]
+        inputs[1].set_data_from_numpy(k)
+        with pytest.raises(
+            InferenceServerException, match=r"unloaded: POST /v2/repository/models/heads/load"
+        ) as caught:
+            client.infer("heads", inputs, headers=auth())
+        assert caught.value.status() == "409"
+        index = {m["name"]: m for m in client.get_model_repository_index(headers=auth())}
+        assert (index["heads"]["state"], index["heads"]["reason"]) == ("UNAVAILABLE", "unloaded")
+        assert index["mlp"]["state"] == "READY"  # only the model unloaded
+        with pytest.raises(InferenceServerException, match="no model named 'nope'"):
+            client.unload_model("nope", headers=admin)
+    finally:
+        client.load_model("heads", headers=admin)  # the module's other tests use it
     assert client.is_model_ready("heads", headers=auth())
     result = client.infer("heads", inputs, headers=auth())
     np.testing.assert_array_equal(result.as_numpy("output2"), k * 2 + 1)

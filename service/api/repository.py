@@ -36,10 +36,12 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
     for view in svc.registry.list_models():
         try:
             version, _ = serving_version(view.versions, svc.runtime.targets)
-            state, reason = ("UNAVAILABLE", "unloaded") if view.unloaded else ("READY", "")
-            entry = {"name": view.name, "version": str(version.version), "state": state, "reason": reason}
+            number, state, reason = str(version.version), "READY", ""
         except NotFoundError as exc:
-            entry = {"name": view.name, "version": "", "state": "UNAVAILABLE", "reason": str(exc)}
+            number, state, reason = "", "UNAVAILABLE", str(exc)
+        if view.unloaded:
+            state, reason = "UNAVAILABLE", "unloaded"
+        entry = {"name": view.name, "version": number, "state": state, "reason": reason}
         if entry["state"] == "READY" or not (body and body.ready):
             index.append(entry)
     return index
@@ -53,6 +55,7 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
 )
 async def load_model(name: str, svc: ServicesDep) -> Response:
     await run_in_threadpool(svc.registry.set_unloaded, name, False)
+    svc.runtime.loaded(name)
     route = await svc.runtime.aroute(name, None)
     await run_in_threadpool(svc.runtime.runner, route, 1)
     return Response()
