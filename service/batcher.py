@@ -39,6 +39,17 @@ class BatchPolicy:
     max_queue_size: int = 0
 
 
+@dataclass(frozen=True)
+class BatchTiming:
+    """Where one execution's time went, in the phases of Triton's statistics extension."""
+
+    batch_size: int
+    queued_s: list[float]  # per request: from its arrival until its batch started to run
+    input_s: float  # merging the requests' inputs into one batch
+    infer_s: float  # running the model
+    output_s: float  # splitting the outputs back
+
+
 @dataclass
 class _Request(Generic[T]):
     inputs: Arrays
@@ -60,11 +71,11 @@ class Batcher(Generic[T]):
         run: Callable[[Arrays], tuple[Arrays, T]],
         policy: BatchPolicy,
         executor: Executor,
-        on_batch: Callable[[int, int, float], None] | None = None,
+        on_batch: Callable[[BatchTiming], None] | None = None,
         on_pending: Callable[[int], None] | None = None,
     ) -> None:
-        """`on_batch(batch_size, requests, seconds)` is called after every execution, and
-        `on_pending(change)` as requests arrive (+1) and are answered (-1)."""
+        """`on_batch` is called after every execution that succeeded, and `on_pending(change)`
+        as requests arrive (+1) and are answered (-1)."""
         self.run = run
         self.policy = policy
         self.executor = executor
@@ -110,10 +121,20 @@ class Batcher(Generic[T]):
         """A model that cannot batch runs its requests side by side in the executor, as Triton
         runs a model's instances, instead of one at a time behind the queue: every runner is
         safe to call from several threads (those that are not hold a lock of their own)."""
-        started = time.perf_counter()
-        result = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, inputs)
-        self._report(batch, 1, started)
+        arrived = time.monotonic()
+        result, began, ended = await self._run_timed(inputs)
+        self._report(BatchTiming(batch, [began - arrived], 0.0, ended - began, 0.0))
         return result
+
+    async def _run_timed(self, inputs: Arrays) -> tuple[tuple[Arrays, T], float, float]:
+        """`run` in the executor, with when it began and ended there: a request waits for an
+        executor thread as it waits for a batch, and both count as its queue time."""
+
+        def timed() -> tuple[tuple[Arrays, T], float, float]:
+            began = time.monotonic()
+            return self.run(inputs), began, time.monotonic()
+
+        return await asyncio.get_running_loop().run_in_executor(self.executor, timed)
 
     def close(self) -> None:
         """Stop the batching task; the requests still waiting get a 503. Safe from any thread."""
@@ -198,11 +219,13 @@ class Batcher(Generic[T]):
         """Run one batch. Whatever fails, fails its own requests: the loop must live on. A merged
         batch that fails runs again one request at a time, so that one request the model cannot
         take (an index out of range, say) fails alone and not the others it was batched with."""
-        started = time.perf_counter()
+        started = time.monotonic()
         try:
             merged = merge([r.inputs for r in requests])
-            outputs, tag = await asyncio.get_running_loop().run_in_executor(self.executor, self.run, merged)
+            merged_at = time.monotonic()
+            (outputs, tag), began, ended = await self._run_timed(merged)
             parts = split(outputs, [r.batch for r in requests])
+            split_at = time.monotonic()
         except Exception as exc:
             waiting = [r for r in requests if not r.future.done()]
             if len(waiting) <= 1 or isinstance(exc, KilnError):  # the service's fault, not an input's
@@ -216,12 +239,14 @@ class Batcher(Generic[T]):
         for r, part in zip(requests, parts, strict=True):
             if not r.future.done():
                 r.future.set_result((part, tag))
-        self._report(sum(r.batch for r in requests), len(requests), started)
+        queued = [began - r.arrived - (merged_at - started) for r in requests]
+        size = sum(r.batch for r in requests)
+        self._report(BatchTiming(size, queued, merged_at - started, ended - began, split_at - ended))
 
-    def _report(self, batch_size: int, requests: int, started: float) -> None:
+    def _report(self, timing: BatchTiming) -> None:
         if self.on_batch is not None:
             try:
-                self.on_batch(batch_size, requests, time.perf_counter() - started)
+                self.on_batch(timing)
             except Exception:
                 log.exception("batch statistics callback failed")
 

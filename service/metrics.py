@@ -38,6 +38,13 @@ REQUEST_SECONDS = Histogram(
     ["model", "version", "backend"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+QUEUE_SECONDS = Histogram(
+    "kiln_queue_duration_seconds",
+    "Time a prediction waited, from reaching its model's batcher until its batch began to run: "
+    "the share of latency that load and the batching delay add, by model.",
+    ["model"],
+    buckets=(0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
 BATCH_SIZE = Histogram(
     "kiln_batch_size",
     "Samples per model execution after dynamic batching merged concurrent requests.",

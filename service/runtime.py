@@ -25,7 +25,7 @@ from compiler.backends import get_backend
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service import metrics
-from service.batcher import Arrays, Batcher, BatchPolicy
+from service.batcher import Arrays, Batcher, BatchPolicy, BatchTiming
 from service.errors import ConflictError, NotFoundError
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
@@ -250,11 +250,15 @@ class Runtime:
         variant = self.choose(route.variants, batch, backend)
         if self._cached(runner_key(route.version, variant)) is None:
             await run_in_threadpool(self.runner, route, batch, backend)
-        started = time.perf_counter()
-        outputs, variant = await self._batcher(route.version, backend).submit(arrays, batch)
-        done = time.perf_counter()
         number = route.version.version
-        self.stats.request(name, number, done - started)
+        started = time.perf_counter()
+        try:
+            outputs, variant = await self._batcher(route.version, backend).submit(arrays, batch)
+        except Exception:
+            self.stats.request(name, number, time.perf_counter() - started, ok=False)
+            raise
+        done = time.perf_counter()
+        self.stats.request(name, number, done - started, ok=True)
         metrics.REQUEST_SECONDS.labels(name, str(number), variant.backend).observe(done - begun)
         return Prediction(outputs, number, variant)
 
@@ -267,9 +271,13 @@ class Runtime:
             def run(arrays: Arrays) -> tuple[Arrays, VariantRecord]:
                 return self._run(name, number, backend, arrays)
 
-            def on_batch(size: int, requests: int, seconds: float) -> None:
-                self.stats.execution(name, number, size, seconds)
-                metrics.BATCH_SIZE.labels(name).observe(size)
+            queue_seconds = metrics.QUEUE_SECONDS.labels(name)
+
+            def on_batch(timing: BatchTiming) -> None:
+                self.stats.execution(name, number, timing)
+                metrics.BATCH_SIZE.labels(name).observe(timing.batch_size)
+                for seconds in timing.queued_s:
+                    queue_seconds.observe(seconds)
 
             policy = batch_policy(version, self.settings)
             pending = metrics.PENDING_REQUESTS.labels(name)

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from service.batcher import Arrays, Batcher, BatchPolicy
+from service.batcher import Arrays, Batcher, BatchPolicy, BatchTiming
 from service.errors import QueueFullError, UnavailableError
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
@@ -134,7 +134,7 @@ def test_different_shapes_never_merge() -> None:
                 lambda a: ({"z": a["x"] * 2}, None),
                 BatchPolicy(8, 20_000),
                 pool,
-                on_batch=lambda size, n, seconds: recorder.calls.append(size),
+                on_batch=lambda timing: recorder.calls.append(timing.batch_size),
             )
             a = np.ones((1, 4), np.float32)
             b = np.ones((1, 5), np.float32)
@@ -144,6 +144,37 @@ def test_different_shapes_never_merge() -> None:
 
     asyncio.run(main())
     assert recorder.calls == [1, 1]
+
+
+def test_timings_split_queue_from_compute() -> None:
+    """What Triton's statistics extension reports, per batch: each request's wait apart from
+    the run. Three requests behind a 100 ms delay, on a run that takes 50 ms; then, with no
+    delay, one that waits behind a running batch of 100 ms; then one on a model that cannot
+    batch."""
+    timings: list[BatchTiming] = []
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            delayed = Batcher(Recorder(0.05), BatchPolicy(8, 100_000), pool, timings.append)
+            await asyncio.gather(*(delayed.submit({"x": x}, 1) for x in requests(3)))
+            delayed.close()
+            eager = Batcher(Recorder(0.1), BatchPolicy(8), pool, timings.append)
+            running = asyncio.ensure_future(eager.submit({"x": requests(1)[0]}, 1))
+            await asyncio.sleep(0.01)  # it runs, 90 ms to go
+            await asyncio.gather(running, eager.submit({"x": requests(1, batch=2)[0]}, 2))
+            eager.close()
+            alone = Batcher(Recorder(0.05), BatchPolicy(1), pool, timings.append)
+            await alone.submit({"x": requests(1)[0]}, 1)
+
+    asyncio.run(main())
+    merged, first, behind, alone = timings
+    assert (merged.batch_size, len(merged.queued_s)) == (3, 3)
+    assert 0.09 < max(merged.queued_s) < 0.2  # the oldest waited out the delay
+    assert all(0.045 < t.infer_s < 0.3 for t in timings)
+    assert 0 <= merged.input_s < 0.01 and 0 <= merged.output_s < 0.01
+    assert first.batch_size == 1 and first.queued_s[0] < 0.03
+    assert behind.batch_size == 2 and 0.03 < behind.queued_s[0] < 0.2
+    assert alone.batch_size == 1 and alone.queued_s[0] < 0.03 and alone.input_s == 0
 
 
 def test_a_failing_batch_fails_only_its_requests() -> None:

@@ -161,6 +161,7 @@ def test_metrics_cover_every_series(http: httpx.Client) -> None:
     assert value(samples, "kiln_request_duration_seconds_count", model="mlp", version="1") >= 1
     assert value(samples, "kiln_batch_size_count", model="mlp") >= 1
     assert value(samples, "kiln_batch_size_sum", model="mlp") >= 3
+    assert value(samples, "kiln_queue_duration_seconds_count", model="mlp") >= 1
     assert value(samples, "kiln_http_errors_total", code="404", route="/v1/models/{name}") >= 1
     assert value(samples, "kiln_loaded_runners") >= 1
     assert value(samples, "kiln_loaded_runner_bytes") > 0

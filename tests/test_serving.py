@@ -93,6 +93,17 @@ def test_concurrent_requests_are_batched_and_split_back_exactly(
     assert inferred == 32
     assert executions < 32
     assert max(b["batch_size"] for b in after["batch_stats"]) > 1  # type: ignore[attr-defined]
+    # Triton's statistics: per request, its queue time apart from its batch's compute.
+    phases = {"success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit"}
+    infer_before: dict[str, dict[str, int]] = before["inference_stats"]  # type: ignore[assignment]
+    infer_after: dict[str, dict[str, int]] = after["inference_stats"]  # type: ignore[assignment]
+    assert set(infer_after) == phases
+    grew = {k: (infer_after[k]["count"] - infer_before[k]["count"]) for k in phases}
+    assert grew == {**dict.fromkeys(phases, 32), "fail": 0, "cache_hit": 0}
+    queued_ns = infer_after["queue"]["ns"] - infer_before["queue"]["ns"]
+    assert queued_ns > 20_000_000  # the first of a batch waits up to 20 ms for the rest
+    batch_stats: list[dict[str, dict[str, int]]] = after["batch_stats"]  # type: ignore[assignment]
+    assert sum(b["compute_infer"]["count"] for b in batch_stats) == after["execution_count"]
     for x, r in zip(xs, responses, strict=True):
         assert r.status_code == 200, r.text
         # Equal to the model run alone at batch 1, up to float summation order.
@@ -228,3 +239,5 @@ def test_a_full_queue_answers_503_with_retry_after_in_each_protocol(
     np.testing.assert_allclose(got, expected(SLOW, big), rtol=1e-4, atol=1e-5)
     assert pending(http, SLOW.name) == 0
     assert predict(http, SLOW.name, small).status_code == 200
+    counts = {k: v["count"] for k, v in stats(http, SLOW.name)["inference_stats"].items()}  # type: ignore[attr-defined]
+    assert (counts["success"], counts["fail"]) == (3, 2)  # the statistics extension counts the refusals
