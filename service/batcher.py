@@ -41,7 +41,9 @@ class BatchPolicy:
 
 @dataclass(frozen=True)
 class BatchTiming:
-    """Where one execution's time went, in the phases of Triton's statistics extension."""
+    """Where one execution's time went, in the phases of Triton's statistics extension. Only
+    executions that succeeded report one: a merged batch that failed is not an execution, and
+    its time falls in the queue time of its requests, which then run again one at a time."""
 
     batch_size: int
     queued_s: list[float]  # per request: from its arrival until its batch started to run
@@ -224,6 +226,7 @@ class Batcher(Generic[T]):
             merged = merge([r.inputs for r in requests])
             merged_at = time.monotonic()
             (outputs, tag), began, ended = await self._run_timed(merged)
+            handed_back = time.monotonic()  # the wait for the event loop is no phase's
             parts = split(outputs, [r.batch for r in requests])
             split_at = time.monotonic()
         except Exception as exc:
@@ -241,7 +244,7 @@ class Batcher(Generic[T]):
                 r.future.set_result((part, tag))
         queued = [began - r.arrived - (merged_at - started) for r in requests]
         size = sum(r.batch for r in requests)
-        self._report(BatchTiming(size, queued, merged_at - started, ended - began, split_at - ended))
+        self._report(BatchTiming(size, queued, merged_at - started, ended - began, split_at - handed_back))
 
     def _report(self, timing: BatchTiming) -> None:
         if self.on_batch is not None:

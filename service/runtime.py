@@ -248,13 +248,13 @@ class Runtime:
         # The variant for this request alone is loaded here, in the request's context (its log
         # lines carry its id) and off the inference threads; a batch may still pick another.
         variant = self.choose(route.variants, batch, backend)
-        if self._cached(runner_key(route.version, variant)) is None:
-            await run_in_threadpool(self.runner, route, batch, backend)
         number = route.version.version
         started = time.perf_counter()
         try:
+            if self._cached(runner_key(route.version, variant)) is None:
+                await run_in_threadpool(self.runner, route, batch, backend)
             outputs, variant = await self._batcher(route.version, backend).submit(arrays, batch)
-        except Exception:
+        except BaseException:  # a client that hung up (cancelled) is a failed request too
             self.stats.request(name, number, time.perf_counter() - started, ok=False)
             raise
         done = time.perf_counter()
