@@ -8,7 +8,7 @@ from collections.abc import Callable, Coroutine
 from enum import StrEnum
 from typing import Any
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from service.errors import ForbiddenError, InvalidConfigError, UnauthorizedError
 
@@ -55,3 +55,8 @@ def require(scope: Scope) -> Callable[[Request], Coroutine[Any, Any, None]]:
             raise ForbiddenError("this API key has the infer scope; this call needs admin")
 
     return check
+
+
+# What a route declares in `dependencies=`, for the scope it needs.
+infer_scope = [Depends(require(Scope.infer))]
+admin_scope = [Depends(require(Scope.admin))]

@@ -15,7 +15,7 @@ from fastapi.sse import EventSourceResponse, ServerSentEvent
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from service.api.auth import Scope, require
+from service.api.auth import infer_scope
 from service.api.deps import Services, services
 from service.api.schemas import Problem, error_responses
 from service.errors import NotFoundError
@@ -24,7 +24,7 @@ from service.store import StoreUnavailableError
 
 router = APIRouter(
     tags=["jobs"],
-    dependencies=[Depends(require(Scope.infer))],
+    dependencies=infer_scope,
     responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )
 

@@ -6,13 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends
 
-from service.api.auth import Scope, require
+from service.api.auth import infer_scope
 from service.api.deps import Services, services
 from service.api.schemas import JobOut, Problem, error_responses
 
 router = APIRouter(
     tags=["jobs"],
-    dependencies=[Depends(require(Scope.infer))],
+    dependencies=infer_scope,
     responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )
 

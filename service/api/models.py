@@ -18,7 +18,7 @@ from compiler.backends import family_reason, get_backend
 from compiler.errors import CompilerError, InvalidModelError
 from compiler.inspect import inspect_model
 from compiler.spec import InputSpec
-from service.api.auth import Scope, require
+from service.api.auth import admin_scope, infer_scope
 from service.api.deps import Services, services
 from service.api.schemas import (
     ActiveOut,
@@ -192,7 +192,7 @@ def plan_variants(
         200: {"model": UploadOut, "description": "Identical bytes and config: nothing new."},
         **error_responses(Problem, 400, 401, 403, 413, 422, 503),
     },
-    dependencies=[Depends(require(Scope.admin))],
+    dependencies=admin_scope,
 )
 def upload_model(
     file: Annotated[UploadFile, File(description="A TorchScript archive (torch.jit.save).")],
@@ -261,7 +261,7 @@ def model_out(view: ModelView, svc: Services) -> ModelOut:
     "/v1/models",
     operation_id="list_models",
     summary="Every model, its versions and variants.",
-    dependencies=[Depends(require(Scope.infer))],
+    dependencies=infer_scope,
     responses=error_responses(Problem, 401, 403, 503),
 )
 def list_models(svc: Annotated[Services, Depends(services)]) -> ModelList:
@@ -272,7 +272,7 @@ def list_models(svc: Annotated[Services, Depends(services)]) -> ModelList:
     "/v1/models/{name}",
     operation_id="get_model",
     summary="One model: versions, variants with status and latency, and what serves now.",
-    dependencies=[Depends(require(Scope.infer))],
+    dependencies=infer_scope,
     responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )
 def get_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOut:
@@ -283,7 +283,7 @@ def get_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOu
     "/v1/models/{name}/versions/{version}",
     operation_id="get_model_version",
     summary="One version of a model.",
-    dependencies=[Depends(require(Scope.infer))],
+    dependencies=infer_scope,
     responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )
 def get_model_version(name: str, version: int, svc: Annotated[Services, Depends(services)]) -> VersionOut:
@@ -295,7 +295,7 @@ def get_model_version(name: str, version: int, svc: Annotated[Services, Depends(
     "/v1/models/{name}",
     operation_id="delete_model",
     summary="Delete a model's metadata and every artifact nothing else references.",
-    dependencies=[Depends(require(Scope.admin))],
+    dependencies=admin_scope,
     responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )
 def delete_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOut:
@@ -309,7 +309,7 @@ def delete_model(name: str, svc: Annotated[Services, Depends(services)]) -> Mode
     operation_id="delete_model_version",
     summary="Delete one version, and its artifacts nothing else references: the newest other "
     "ready version serves (a rollback).",
-    dependencies=[Depends(require(Scope.admin))],
+    dependencies=admin_scope,
     responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )
 def delete_model_version(name: str, version: int, svc: Annotated[Services, Depends(services)]) -> VersionOut:

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from service.api.auth import Scope, require
+from service.api.auth import admin_scope, infer_scope
 from service.api.schemas import V2Error, error_responses
-from service.api.v2 import ServicesDep, V2Route, infer_scope, version_number
+from service.api.v2 import ServicesDep, V2Route, version_number
 from service.errors import NotFoundError
 from service.router import serving_version
 
@@ -23,7 +23,6 @@ router = APIRouter(
     dependencies=infer_scope,
     responses=error_responses(V2Error, 400, 401, 403, 404, 503),
 )
-admin_scope = [Depends(require(Scope.admin))]
 
 
 class IndexRequest(BaseModel):

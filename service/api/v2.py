@@ -20,7 +20,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from compiler.spec import DTYPES, InputSpec
-from service.api.auth import Scope, require
+from service.api.auth import Scope, infer_scope, require
 from service.api.deps import Services, services
 from service.api.health import readiness
 from service.api.problems import STATUS_OF, validation_detail
@@ -100,7 +100,6 @@ class InferRoute(APIRoute):
 
 
 router = APIRouter(tags=["v2"], route_class=V2Route)
-infer_scope = [Depends(require(Scope.infer))]
 MODEL_ERRORS = error_responses(V2Error, 400, 401, 403, 404)
 READY_ERRORS = error_responses(V2Error, 400, 401, 403, 404, 409)  # 409: unloaded
 ServicesDep = Annotated[Services, Depends(services)]
