@@ -51,13 +51,20 @@ def choose_variant(
         raise NotFoundError("no ready variant for this host")
     best, best_ratio = reference[0], 1.0
     for variant in ready:
-        ms = latency_at(variant.latency_ms_by_batch, batch)
-        base = latency_at(variant.baseline_latency_ms_by_batch, batch)
-        if variant.backend == REFERENCE or ms is None or not base:
-            continue
-        if ms / base < best_ratio:
-            best, best_ratio = variant, ms / base
+        ratio = cost_ratio(variant, batch)
+        if variant.backend != REFERENCE and ratio is not None and ratio < best_ratio:
+            best, best_ratio = variant, ratio
     return best
+
+
+def cost_ratio(variant: VariantRecord, batch: int) -> float | None:
+    """Latency at this batch size over TorchScript's timed in the same run: 1.0 for TorchScript
+    itself, None when not measured."""
+    if variant.backend == REFERENCE:
+        return 1.0
+    ms = latency_at(variant.latency_ms_by_batch, batch)
+    base = latency_at(variant.baseline_latency_ms_by_batch, batch)
+    return None if ms is None or not base else ms / base
 
 
 def serving_version(

@@ -30,7 +30,7 @@ from service.errors import ConflictError, NotFoundError
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
-from service.router import ANY_TARGET, REFERENCE, choose_variant, serving_version
+from service.router import ANY_TARGET, REFERENCE, choose_variant, cost_ratio, servable, serving_version
 from service.settings import Settings
 from service.stats import Stats
 from service.store import StoreUnavailableError
@@ -113,6 +113,9 @@ class Runtime:
         # Refreshes run here: with a hung store each takes its socket timeout, so enough threads
         # that one model's wait does not queue another's first route behind it.
         self._route_pool = ThreadPoolExecutor(8, thread_name_prefix="kiln-route")
+        # Variants loaded while another of their version serves (runner keys in flight here).
+        self._load_pool = ThreadPoolExecutor(2, thread_name_prefix="kiln-load")
+        self._loading_behind: set[str] = set()
         # Per model version, and per backend for requests that pin one.
         self._batchers: dict[tuple[str, int, str | None], Batcher[VariantRecord]] = {}
         # Batches of different models run side by side; each batcher runs one at a time.
@@ -301,22 +304,78 @@ class Runtime:
         return choose_variant(usable, self.targets, batch, backend)
 
     def runner(self, route: Route, batch: int, backend: str | None = None) -> tuple[VariantRecord, Loaded]:
-        """Blocking: the chosen variant, loaded. A compiled variant that fails to load (its
-        artifact gone, a runtime this host lacks) is left out for UNLOADABLE_RETRY_S and the next
-        best serves, down to TorchScript: one bad artifact must not take its model down."""
+        """Blocking: the chosen variant, loaded. When another variant of the version is loaded
+        already (a faster one just became ready), that one serves while the chosen one loads in
+        the background, as Triton keeps a version serving until its successor has loaded: a swap
+        never holds up a request. A compiled variant that fails to load (its artifact gone, a
+        runtime this host lacks) is left out for UNLOADABLE_RETRY_S and the next best serves,
+        down to TorchScript: one bad artifact must not take its model down."""
         while True:
             variant = self.choose(route.variants, batch, backend)
+            loaded = self._cached(runner_key(route.version, variant))
+            if loaded is not None:
+                return variant, loaded
+            if backend is not None:
+                return variant, self.load(route.version, variant)  # pinned: nothing else may answer
+            stand_in = self._stand_in(route, batch)
+            if stand_in is not None:
+                self._load_behind(route.version, variant)
+                return stand_in
             try:
-                return variant, self._cached(runner_key(route.version, variant)) or self.load(
-                    route.version, variant
-                )
+                return variant, self._load_or_leave_out(route.version, variant)
             except StoreUnavailableError:
                 raise  # the store's fault, not the variant's
-            except Exception as exc:
-                if variant.backend == REFERENCE or backend is not None:
+            except Exception:
+                if variant.backend == REFERENCE:
                     raise
+
+    def _load_or_leave_out(self, version: VersionRecord, variant: VariantRecord) -> Loaded:
+        try:
+            return self.load(version, variant)
+        except StoreUnavailableError:
+            raise
+        except Exception as exc:
+            if variant.backend != REFERENCE:
                 log.error("variant %s failed to load; serving without it: %s", variant.id, exc)
                 self._unloadable[variant.id] = time.monotonic() + UNLOADABLE_RETRY_S
+            raise
+
+    def _stand_in(self, route: Route, batch: int) -> tuple[VariantRecord, Loaded] | None:
+        """The fastest variant of the route's version that is loaded already and no slower than
+        TorchScript at this batch size (a stand-in never serves slower than the upload), if any."""
+        loaded = []
+        for v in servable(route.variants, self.targets):
+            ratio = cost_ratio(v, batch)
+            runner = None if ratio is None or ratio > 1 else self._cached(runner_key(route.version, v))
+            if ratio is not None and runner is not None:
+                loaded.append((ratio, v, runner))
+        if not loaded:
+            return None
+        _, variant, runner = min(loaded, key=lambda candidate: candidate[0])
+        return variant, runner
+
+    def _load_behind(self, version: VersionRecord, variant: VariantRecord) -> None:
+        key = runner_key(version, variant)
+        with self._lock:
+            if key in self._loading_behind:
+                return
+            self._loading_behind.add(key)
+            generation = self._unloads[version.name]
+
+        def load() -> None:
+            try:
+                self._load_or_leave_out(version, variant)
+            except Exception as exc:  # a compiled variant's failure is logged where it is left out
+                if variant.backend == REFERENCE or isinstance(exc, StoreUnavailableError):
+                    log.warning("background load of variant %s failed: %s", variant.id, exc)
+            finally:
+                with self._lock:
+                    self._loading_behind.discard(key)
+                    if self._unloads[version.name] != generation:  # unloaded while it loaded
+                        self._loaded.pop(key, None)
+                        self._publish_loaded()
+
+        self._load_pool.submit(load)
 
     def _cached(self, key: str) -> Loaded | None:
         with self._lock:
@@ -424,6 +483,7 @@ class Runtime:
             self._publish_loaded()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._route_pool.shutdown(wait=False, cancel_futures=True)
+        self._load_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def runner_key(version: VersionRecord, variant: VariantRecord) -> str:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -19,8 +20,10 @@ import numpy as np
 import pytest
 import torch
 
+from compiler.artifact import Artifact
 from compiler.backends import get_backend
 from compiler.errors import CompilerError
+from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service.errors import ConflictError
 from service.memory import freeze_heap, release_memory
@@ -58,6 +61,9 @@ def expected(x: np.ndarray) -> np.ndarray:
 
 def test_each_batch_runs_on_the_variant_fastest_at_its_size(runtime: Runtime) -> None:
     xs = [np.random.default_rng(i).standard_normal((1, 64)).astype(np.float32) for i in range(8)]
+    route = runtime.route("mlp", None)
+    for variant in route.variants:  # loaded beforehand: until then, a loaded one stands in
+        runtime.load(route.version, variant)
 
     async def main() -> tuple[list[Prediction], Prediction]:
         merged = await asyncio.gather(*(runtime.predict("mlp", None, {"x": x}) for x in xs))
@@ -189,3 +195,71 @@ def test_an_unloaded_model_is_refused_without_asking_the_store_each_time(
     for version in (None, 1):
         with pytest.raises(ConflictError):
             runtime.route("mlp", version)
+
+
+class SlowToLoad:
+    """A backend that takes `seconds` to load, and counts the batch sizes its runners are
+    called with."""
+
+    def __init__(self, name: str, seconds: float) -> None:
+        self.backend = get_backend(name)
+        self.seconds = seconds
+        self.calls: list[int] = []
+
+    def load(self, artifact: Artifact) -> Runner:
+        time.sleep(self.seconds)
+        runner = self.backend.load(artifact)
+        real_run = runner.run
+
+        def run(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            self.calls.append(len(inputs["x"]))
+            return real_run(inputs)
+
+        runner.run = run  # type: ignore[method-assign]
+        return runner
+
+
+def test_a_faster_variant_loads_behind_the_one_serving(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ONNX Runtime is the faster at batch 8 but is not loaded yet: TorchScript, loaded, answers
+    at once while ONNX Runtime loads in the background, and serves once it has loaded."""
+    slow = SlowToLoad("onnxruntime", 1.0)
+    real = get_backend
+
+    def backend(name: str) -> object:
+        return slow if name == "onnxruntime" else real(name)
+
+    monkeypatch.setattr("service.runtime.get_backend", backend)
+    x8 = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+
+    async def main() -> tuple[Prediction, Prediction, float, Prediction]:
+        first = await runtime.predict("mlp", None, {"x": x8[:1]})  # loads TorchScript
+        began = time.monotonic()
+        stood_in = await runtime.predict("mlp", None, {"x": x8})
+        waited = time.monotonic() - began
+        deadline = time.monotonic() + 30
+        while runtime.loaded_runners < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return first, stood_in, waited, await runtime.predict("mlp", None, {"x": x8})
+
+    first, stood_in, waited, swapped = asyncio.run(main())
+    assert first.variant.backend == "torchscript"
+    assert waited < 0.5  # it did not wait for the 1 s load
+    assert stood_in.variant.backend == "torchscript"
+    np.testing.assert_allclose(stood_in.outputs["output0"], expected(x8), rtol=1e-4, atol=1e-5)
+    assert swapped.variant.backend == "onnxruntime"  # once loaded in the background
+    np.testing.assert_allclose(swapped.outputs["output0"], expected(x8), rtol=1e-4, atol=1e-5)
+    assert slow.calls == [8]  # it ran nothing before it was loaded: the swapped-in batch only
+
+
+def test_a_variant_slower_than_torchscript_never_stands_in(runtime: Runtime) -> None:
+    """ONNX Runtime is loaded and TorchScript is not, but at batch 1 ONNX Runtime was measured
+    slower: TorchScript loads and serves, the upload's own speed being the floor."""
+    route = runtime.route("mlp", None)
+    [ort] = [v for v in route.variants if v.backend == "onnxruntime"]
+    runtime.load(route.version, ort)
+    x = np.ones((1, 64), np.float32)
+    served = asyncio.run(runtime.predict("mlp", None, {"x": x}))
+    assert served.variant.backend == "torchscript"
+    assert runtime.loaded_runners == 2
