@@ -8,6 +8,8 @@ evicting one never drops a request in flight.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import threading
 import time
@@ -42,6 +44,9 @@ MB = 1024 * 1024
 ROUTE_WAIT_S = 0.5
 # How long a variant that failed to load is left out before a request tries it again.
 UNLOADABLE_RETRY_S = 60.0
+# At most one background load of a runner this often: when the budget holds only one of a
+# version's runners, each load would evict the stand-in and the next batch size load it back.
+LOAD_BEHIND_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -115,7 +120,7 @@ class Runtime:
         self._route_pool = ThreadPoolExecutor(8, thread_name_prefix="kiln-route")
         # Variants loaded while another of their version serves (runner keys in flight here).
         self._load_pool = ThreadPoolExecutor(2, thread_name_prefix="kiln-load")
-        self._loading_behind: set[str] = set()
+        self._loaded_behind_at: dict[str, float] = {}  # runner key -> when its load began
         # Per model version, and per backend for requests that pin one.
         self._batchers: dict[tuple[str, int, str | None], Batcher[VariantRecord]] = {}
         # Batches of different models run side by side; each batcher runs one at a time.
@@ -343,23 +348,26 @@ class Runtime:
     def _stand_in(self, route: Route, batch: int) -> tuple[VariantRecord, Loaded] | None:
         """The fastest variant of the route's version that is loaded already and no slower than
         TorchScript at this batch size (a stand-in never serves slower than the upload), if any."""
-        loaded = []
+        candidates = []
         for v in servable(route.variants, self.targets):
             ratio = cost_ratio(v, batch)
-            runner = None if ratio is None or ratio > 1 else self._cached(runner_key(route.version, v))
-            if ratio is not None and runner is not None:
-                loaded.append((ratio, v, runner))
-        if not loaded:
+            if ratio is not None and ratio <= 1:
+                with self._lock:  # looked at, not touched: only the one that serves is used
+                    if runner_key(route.version, v) in self._loaded:
+                        candidates.append((ratio, v))
+        if not candidates:
             return None
-        _, variant, runner = min(loaded, key=lambda candidate: candidate[0])
-        return variant, runner
+        _, variant = min(candidates, key=lambda candidate: candidate[0])
+        loaded = self._cached(runner_key(route.version, variant))
+        return None if loaded is None else (variant, loaded)
 
     def _load_behind(self, version: VersionRecord, variant: VariantRecord) -> None:
         key = runner_key(version, variant)
+        now = time.monotonic()
         with self._lock:
-            if key in self._loading_behind:
-                return
-            self._loading_behind.add(key)
+            if now - self._loaded_behind_at.get(key, -LOAD_BEHIND_EVERY_S) < LOAD_BEHIND_EVERY_S:
+                return  # loading, or loaded a while ago and evicted since: the stand-in serves
+            self._loaded_behind_at[key] = now
             generation = self._unloads[version.name]
 
         def load() -> None:
@@ -368,14 +376,17 @@ class Runtime:
             except Exception as exc:  # a compiled variant's failure is logged where it is left out
                 if variant.backend == REFERENCE or isinstance(exc, StoreUnavailableError):
                     log.warning("background load of variant %s failed: %s", variant.id, exc)
-            finally:
-                with self._lock:
-                    self._loading_behind.discard(key)
-                    if self._unloads[version.name] != generation:  # unloaded while it loaded
-                        self._loaded.pop(key, None)
-                        self._publish_loaded()
+                return
+            with self._lock:
+                dropped = self._unloads[version.name] != generation and key in self._loaded
+                if dropped:  # the model was unloaded while it loaded
+                    del self._loaded[key]
+                    self._publish_loaded()
+            if dropped:
+                release_memory()
 
-        self._load_pool.submit(load)
+        with contextlib.suppress(RuntimeError):  # the runtime is closing: the stand-in serves
+            self._load_pool.submit(contextvars.copy_context().run, load)  # log lines keep the request id
 
     def _cached(self, key: str) -> Loaded | None:
         with self._lock:
