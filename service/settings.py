@@ -50,7 +50,8 @@ class Settings(BaseSettings):
     route_ttl_s: float = 1.0
     # Memory budget of loaded runners; the least recently used are evicted past it.
     runtime_max_mb: int = 4096
-    # Threads that run batches; each model's batcher runs one batch at a time.
+    # Threads that run batches: as many lanes, each batching model on one of them, one batch at
+    # a time; and a pool of as many for the requests of models that cannot batch.
     inference_workers: int = 4
     # FastAPI's OpenTelemetry spans and metrics, for an OTel provider or exporter configured in
     # this process. Off by default: Kiln's metrics are Prometheus, and FastAPI looks up its

@@ -268,3 +268,40 @@ def test_a_variant_slower_than_torchscript_never_stands_in(runtime: Runtime) -> 
     served = asyncio.run(runtime.predict("mlp", None, {"x": x}))
     assert served.variant.backend == "torchscript"
     assert runtime.loaded_runners == 2
+
+
+def test_each_batching_model_runs_its_batches_on_one_thread(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two batchers of one version (unpinned, and ONNX Runtime pinned) with requests in flight
+    at once: each runs every batch on one thread of its own, where torch keeps its thread team."""
+    threads: dict[str, set[int]] = {"torchscript": set(), "onnxruntime": set()}
+    real = get_backend
+
+    class Tracing:
+        def __init__(self, name: str) -> None:
+            self.backend = real(name)
+
+        def load(self, artifact: Artifact) -> Runner:
+            runner = self.backend.load(artifact)
+            run, name = runner.run, runner.backend
+
+            def traced(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                threads[name].add(threading.get_ident())
+                return run(inputs)
+
+            runner.run = traced  # type: ignore[method-assign]
+            return runner
+
+    monkeypatch.setattr("service.runtime.get_backend", Tracing)
+    x = np.ones((1, 64), np.float32)
+
+    async def main() -> None:
+        for _ in range(20):
+            await asyncio.gather(
+                runtime.predict("mlp", None, {"x": x}), runtime.predict("mlp", None, {"x": x}, "onnxruntime")
+            )
+
+    asyncio.run(main())
+    assert len(threads["torchscript"]) == 1 and len(threads["onnxruntime"]) == 1, threads
+    assert threads["torchscript"] != threads["onnxruntime"]
