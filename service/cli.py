@@ -1,4 +1,4 @@
-"""`kiln`: serve, worker, upload, models, predict, and offline compile."""
+"""`kiln`: serve, worker, upload, models, default, predict, and offline compile."""
 
 from __future__ import annotations
 
@@ -220,7 +220,9 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
     for model in body["models"]:
         active = model["active"] or {}
         name = f"{model['name']} (unloaded)" if model.get("unloaded") else model["name"]
+        default = model.get("default_version")
         for version in model["versions"]:
+            number = str(version["version"]) + (" (default)" if version["version"] == default else "")
             for v in version["variants"]:
                 ms = v["latency_ms"]
                 base = v["baseline_latency_ms_by_batch"].get("1")
@@ -229,7 +231,7 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
                 timed = "" if ms is None else ("race" if v["raced_at"] else "compile")
                 table.add_row(
                     name,
-                    str(version["version"]),
+                    number,
                     label(v),
                     v["target"],
                     v["status"],
@@ -239,6 +241,21 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
                     "*" if v["id"] == active.get("variant_id") else "",
                 )
     console.print(table)
+
+
+@app.command()
+def default(
+    name: str,
+    version: Annotated[int | None, typer.Argument(help="Omit it to serve the newest ready one.")] = None,
+    url: UrlOption = "http://127.0.0.1:8000",
+    api_key: KeyOption = None,
+) -> None:
+    """Choose the version that serves requests naming none: a rollback that keeps the newer ones."""
+    with client(url, api_key) as http:
+        body = check(http.put(f"/v1/models/{name}/default-version", json={"version": version}))
+    default = body["default_version"] or "the newest ready one"
+    serving = f"v{body['active']['version']}" if body["active"] else "nothing on this host yet"
+    console.print(f"{name}: default version {default}; serving {serving}")
 
 
 @app.command()

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from service.errors import NotFoundError
+from service.errors import ConflictError, NotFoundError
 from service.records import (
     ArtifactRecord,
     JobRecord,
@@ -49,6 +49,8 @@ class ModelView:
     versions: list[tuple[VersionRecord, list[VariantRecord]]]
     # Unloaded through the repository API: no replica serves it until it is loaded again.
     unloaded: bool = False
+    # The version that serves requests naming none; None: the newest ready one.
+    default_version: int | None = None
 
 
 class Registry:
@@ -109,38 +111,56 @@ class Registry:
     def get_version(self, name: str, version: int) -> VersionRecord:
         record = self._get("version", version_id(name, version), VersionRecord)
         if record is None:
-            self.get_model(name)  # a 404 that names the model when it is the model that's missing
+            self._versions(name)  # a 404 that names the model when it is the model that's missing
             raise NotFoundError(f"model {name!r} has no version {version}")
         return record
 
     def get_model(self, name: str) -> ModelView:
+        return self._view(name, self.store.get_doc("model", name))
+
+    def _view(self, name: str, doc: dict[str, Any] | None) -> ModelView:
+        """A model's versions with the settings of its document, which may be missing."""
+        versions = [(v, self.variants_of(v)) for v in self._versions(name)]
+        doc = doc or {}
+        return ModelView(name, versions, bool(doc.get("unloaded")), doc.get("default_version"))
+
+    def _versions(self, name: str) -> list[VersionRecord]:
         docs = self.store.list_docs("version", prefix=f"{name}/")
         if not docs:
             raise NotFoundError(f"no model named {name!r}")
-        versions = [VersionRecord.model_validate(d) for d in docs]
-        versions.sort(key=lambda v: v.version)
-        return ModelView(name, [(v, self.variants_of(v)) for v in versions], self.is_unloaded(name))
+        return sorted((VersionRecord.model_validate(d) for d in docs), key=lambda v: v.version)
 
     def set_unloaded(self, name: str, unloaded: bool) -> None:
         """Take a model out of service on every replica, or put it back. In the store, not in a
         process: under several workers or replicas, an unload must reach those that did not
         receive it, and it outlives their restarts as it would a deploy."""
-        self.get_model(name)  # a 404 for unknown names
+        self._versions(name)  # a 404 for unknown names
+        self._update_model(name, {"unloaded": unloaded})
+
+    def set_default_version(self, name: str, version: int | None) -> None:
+        """Serve `version` to requests that name none, on every replica, until it is set again;
+        None: the newest ready version, as before. A rollback that keeps the newer version."""
+        if version is None:
+            self._versions(name)
+        else:
+            self.get_version(name, version)  # a 404 that names what is missing
+        self._update_model(name, {"default_version": version})
+
+    def _update_model(self, name: str, fields: dict[str, Any]) -> None:
         # Created if missing (an upload racing a deletion can leave versions without it): an
-        # update alone would then do nothing, and the unload would answer 200 for nothing.
+        # update alone would then do nothing, and the request would answer 200 for nothing.
         self.store.create_doc("model", name, {"name": name, "created_at": now()})
-        self.store.update_doc("model", name, {"unloaded": unloaded})
+        self.store.update_doc("model", name, fields)
 
     def is_unloaded(self, name: str) -> bool:
         doc = self.store.get_doc("model", name)
         return bool(doc and doc.get("unloaded"))
 
     def list_models(self) -> list[ModelView]:
-        names = sorted(doc["name"] for doc in self.store.list_docs("model"))
         views = []
-        for name in names:
+        for doc in self.store.list_docs("model"):  # in name order
             try:
-                views.append(self.get_model(name))
+                views.append(self._view(doc["name"], doc))
             except NotFoundError:  # deleted between the two reads
                 continue
         return views
@@ -207,6 +227,12 @@ class Registry:
         """Remove one version (the model too, if it was the last), then those of its blobs
         that nothing else references. Returns what went."""
         version = self.get_version(name, number)
+        doc = self.store.get_doc("model", name) or {}
+        if doc.get("default_version") == number and len(self._versions(name)) > 1:
+            raise ConflictError(
+                f"version {number} is the default version of {name!r}: set another, or null for "
+                f"the newest, with PUT /v1/models/{name}/default-version first"
+            )
         deleted = ModelView(name, [(version, self.variants_of(version))])
         self._delete(deleted)
         return deleted

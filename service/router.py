@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from service.errors import NotFoundError
 from service.records import VariantRecord, VariantStatus, VersionRecord
+from service.registry import ModelView
 
 REFERENCE = "torchscript"
 ANY_TARGET = "any"
@@ -67,11 +68,11 @@ def cost_ratio(variant: VariantRecord, batch: int) -> float | None:
     return None if ms is None or not base else ms / base
 
 
-def serving_version(
-    versions: list[tuple[VersionRecord, list[VariantRecord]]], targets: set[str]
-) -> tuple[VersionRecord, list[VariantRecord]]:
-    """The newest version that has a ready variant for this host."""
-    for version, variants in sorted(versions, key=lambda pair: -pair[0].version):
+def serving_version(view: ModelView, targets: set[str]) -> tuple[VersionRecord, list[VariantRecord]]:
+    """The model's default version, else the newest, that has a ready variant for this host.
+    A default version deleted meanwhile leaves the newest serving, not nothing."""
+    default_first = sorted(view.versions, key=lambda p: (p[0].version != view.default_version, -p[0].version))
+    for version, variants in default_first:
         if servable(variants, targets):
             return version, variants
     raise NotFoundError("no version of this model is ready to serve on this host")

@@ -109,8 +109,8 @@ class Runtime:
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
         self._refreshing: dict[tuple[str, int | None], Future[Route]] = {}
-        # Per model, how many times it was unloaded or loaded: a refresh started before is stale.
-        self._unloads: defaultdict[str, int] = defaultdict(int)
+        # Per model, how many times it was unloaded or rerouted: a refresh started before is stale.
+        self._generations: defaultdict[str, int] = defaultdict(int)
         # Model -> when a refresh last found it unloaded: until a TTL later, its requests are
         # refused without asking the store, as a ready model's are served from its route.
         self._unloaded_at: dict[str, float] = {}
@@ -171,7 +171,7 @@ class Runtime:
             refresh = self._refreshing.get(key)
             if refresh is not None:
                 return refresh, False
-            generation = self._unloads[key[0]]
+            generation = self._generations[key[0]]
             refresh = self._refreshing[key] = self._route_pool.submit(self._fetch_route, key, generation)
 
         def done(finished: Future[Route]) -> None:
@@ -190,7 +190,7 @@ class Runtime:
             if version is None:
                 view = self.registry.get_model(name)
                 self._check_loaded(name, view.unloaded, generation)
-                chosen, variants = serving_version(view.versions, self.targets)
+                chosen, variants = serving_version(view, self.targets)
             else:
                 chosen = self.registry.get_version(name, version)
                 self._check_loaded(name, self.registry.is_unloaded(name), generation)
@@ -216,7 +216,7 @@ class Runtime:
         if not unloaded:
             return
         with self._lock:
-            current = self._unloads[name] == generation
+            current = self._generations[name] == generation
             if current:
                 self._unloaded_at[name] = time.monotonic()
         if current:
@@ -228,18 +228,20 @@ class Runtime:
         if seen is not None and time.monotonic() - seen < self.settings.route_ttl_s:
             raise _unloaded(name)
 
-    def loaded(self, name: str) -> None:
-        """A model was loaded again: its next request reads its route afresh, without joining
-        or keeping a refresh in flight, which may have read the model still unloaded."""
+    def reroute(self, name: str) -> None:
+        """A model was loaded again, or given another default version: its next request reads
+        its route afresh, without joining or keeping a refresh in flight, which may have read
+        the model still unloaded or the old default."""
         with self._lock:
-            self._unloads[name] += 1
+            self._generations[name] += 1
             self._unloaded_at.pop(name, None)
+            self._routes.pop((name, None), None)
             for key in [k for k in self._refreshing if k[0] == name]:
                 del self._refreshing[key]
 
     def _keep_routes(self, name: str, generation: int, routes: dict[tuple[str, int | None], Route]) -> None:
         with self._lock:
-            if self._unloads[name] == generation:
+            if self._generations[name] == generation:
                 self._routes.update(routes)
 
     async def aroute(self, name: str, version: int | None) -> Route:
@@ -382,7 +384,7 @@ class Runtime:
             if now - self._loaded_behind_at.get(key, -LOAD_BEHIND_EVERY_S) < LOAD_BEHIND_EVERY_S:
                 return  # loading, or loaded a while ago and evicted since: the stand-in serves
             self._loaded_behind_at[key] = now
-            generation = self._unloads[version.name]
+            generation = self._generations[version.name]
 
         def load() -> None:
             try:
@@ -392,8 +394,8 @@ class Runtime:
                     log.warning("background load of variant %s failed: %s", variant.id, exc)
                 return
             with self._lock:
-                dropped = self._unloads[version.name] != generation and key in self._loaded
-                if dropped:  # the model was unloaded while it loaded
+                dropped = self._generations[version.name] != generation and key in self._loaded
+                if dropped:  # unloaded or rerouted while it loaded: it may serve nothing now
                     del self._loaded[key]
                     self._publish_loaded()
             if dropped:
@@ -471,7 +473,7 @@ class Runtime:
             return model == name and version in (None, number)
 
         with self._lock:
-            self._unloads[name] += 1  # refreshes in flight now keep nothing they read
+            self._generations[name] += 1  # refreshes in flight now keep nothing they read
         # Copies: requests on the event loop may add entries meanwhile.
         for route_key, route in list(self._routes.items()):
             if gone(route_key[0], route.version.version):

@@ -36,10 +36,12 @@ from kiln_client.api.models import (
     get_model,
     get_model_version,
     list_models,
+    set_default_version,
     upload_model,
 )
 from kiln_client.models import (
     BodyUploadModel,
+    DefaultVersionIn,
     PredictIn,
     PredictInInputs,
     Problem,
@@ -140,6 +142,10 @@ def test_python_sdk_flow(server: KilnServer) -> None:
 
         listed = list_models.sync(client=client)
         assert listed is not None and name in [m.name for m in listed.models]
+        pinned = set_default_version.sync(
+            client=client, name=name, body=DefaultVersionIn(version=uploaded.version)
+        )
+        assert pinned is not None and pinned.default_version == uploaded.version
 
         deleted = delete_model.sync(client=client, name=name)
         assert deleted is not None and deleted.name == name

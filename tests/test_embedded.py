@@ -151,16 +151,19 @@ def test_new_upload_is_a_new_version(
     assert predict(http, "mlp-versions", x, version=1).json()["model_version"] == 1
 
 
+def two_versions(http: httpx.Client, name: str, x: np.ndarray) -> None:
+    """Versions 1 and 2 of the MLP under `name` (they differ in max_batch_size); 2 serves."""
+    for max_batch_size in (8, 4):
+        response = upload(http, MODELS["mlp"], name=name, max_batch_size=max_batch_size, backends=[])
+        assert response.status_code == 202, response.text
+    assert predict(http, name, x).json()["model_version"] == 2
+
+
 def test_deleting_a_version_rolls_back_to_the_one_before(
     http: httpx.Client, uploaded: dict[str, list[dict[str, object]]]
 ) -> None:
     name, x = "mlp-rollback", sample(MODELS["mlp"], 2)
-    for max_batch_size in (8, 4):
-        assert (
-            upload(http, MODELS["mlp"], name=name, max_batch_size=max_batch_size, backends=[]).status_code
-            == 202
-        )
-    assert predict(http, name, x).json()["model_version"] == 2
+    two_versions(http, name, x)
     deleted = http.delete(f"/v1/models/{name}/versions/2")
     assert deleted.status_code == 200 and deleted.json()["version"] == 2
     body = predict(http, name, x).json()
@@ -174,6 +177,50 @@ def test_deleting_a_version_rolls_back_to_the_one_before(
     assert http.get(f"/v1/models/{name}").status_code == 404
     again = upload(http, MODELS["mlp"], name=name, max_batch_size=8, backends=[])
     assert again.status_code == 202 and again.json()["version"] == 3
+
+
+def test_a_default_version_rolls_back_and_keeps_the_newer_one(http: httpx.Client) -> None:
+    name, x = "mlp-default", sample(MODELS["mlp"], 2)
+    two_versions(http, name, x)
+
+    def set_default(version: object) -> httpx.Response:
+        return http.put(f"/v1/models/{name}/default-version", json={"version": version})
+
+    pinned = set_default(1)
+    assert pinned.status_code == 200, pinned.text
+    assert pinned.json()["default_version"] == 1 and pinned.json()["active"]["version"] == 1
+    body = predict(http, name, x).json()
+    assert body["model_version"] == 1
+    np.testing.assert_allclose(body["outputs"]["output0"], expected(MODELS["mlp"], x), rtol=1e-5, atol=1e-6)
+    assert predict(http, name, x, version=2).json()["model_version"] == 2  # still served when asked
+    v2 = http.get(f"/v2/models/{name}").json()
+    assert v2["versions"] == ["1", "2"]
+    tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
+    infer = {"inputs": [tensor]}
+    assert http.post(f"/v2/models/{name}/infer", json=infer).json()["model_version"] == "1"
+    entry = next(e for e in http.post("/v2/repository/index").json() if e["name"] == name)
+    assert entry["version"] == "1" and entry["state"] == "READY"
+    # A third upload does not take over while the default is set.
+    assert upload(http, MODELS["mlp"], name=name, max_batch_size=2, backends=[]).status_code == 202
+    assert predict(http, name, x).json()["model_version"] == 1
+
+    refused = http.delete(f"/v1/models/{name}/versions/1")
+    assert refused.status_code == 409
+    assert f"PUT /v1/models/{name}/default-version" in refused.json()["detail"]
+    assert predict(http, name, x).json()["model_version"] == 1  # nothing was deleted
+
+    unknown = set_default(7)
+    assert unknown.status_code == 404 and "has no version 7" in unknown.json()["detail"]
+    assert http.put("/v1/models/nope/default-version", json={"version": 1}).status_code == 404
+    for bad in ({}, {"version": 0}, {"version": "latest"}):
+        assert http.put(f"/v1/models/{name}/default-version", json=bad).status_code == 422, bad
+    assert http.get(f"/v1/models/{name}").json()["default_version"] == 1  # none of those changed it
+
+    cleared = set_default(None)
+    assert cleared.status_code == 200 and cleared.json()["default_version"] is None
+    assert predict(http, name, x).json()["model_version"] == 3
+    assert http.delete(f"/v1/models/{name}/versions/1").status_code == 200
+    assert http.delete(f"/v1/models/{name}").status_code == 200
 
 
 def test_a_model_deleted_mid_compile_leaves_no_artifact(

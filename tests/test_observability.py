@@ -236,6 +236,15 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
         listed.stdout
     )
 
+    pinned = run_cli("default", "cli-mlp", "1", "--url", server.url)
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    assert "cli-mlp: default version 1; serving v1" in pinned.stdout, pinned.stdout
+    assert re.search(r"cli-mlp\W+1 \(default\)\W+torchscript", run_cli("models", "--url", server.url).stdout)
+    cleared = run_cli("default", "cli-mlp", "--url", server.url)
+    assert "default version the newest ready one; serving v1" in cleared.stdout, cleared.stdout
+    missing = run_cli("default", "cli-mlp", "9", "--url", server.url)
+    assert missing.returncode == 1 and "has no version 9" in missing.stdout, missing.stdout
+
     queued = run_cli("upload", str(model), "--name", "cli-later", "--no-wait", *common)
     assert queued.returncode == 0, queued.stdout + queued.stderr
     assert re.search(r"^tvm\s+cpu-\S+\s+queued", queued.stdout, re.M), queued.stdout

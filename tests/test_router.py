@@ -6,6 +6,7 @@ import pytest
 
 from service.errors import NotFoundError
 from service.records import ModelConfig, TensorConfig, VariantRecord, VariantStatus, VersionRecord
+from service.registry import ModelView
 from service.router import ANY_TARGET, choose_variant, latency_at, serving_version
 
 HOST = "cpu-x86_64-test-avx2"
@@ -92,15 +93,29 @@ def test_pinned_backend() -> None:
         choose_variant([ts, variant("tvm", VariantStatus.failed)], {HOST}, 1, backend="tvm")
 
 
-def test_newest_servable_version() -> None:
+def version(n: int) -> VersionRecord:
     config = ModelConfig(name="m", inputs=[TensorConfig(name="x", dtype="float32", shape=[-1, 2])])
+    return VersionRecord(name="m", version=n, sha256="0" * 64, config=config, outputs=[], variant_ids=[])
 
-    def version(n: int) -> VersionRecord:
-        return VersionRecord(name="m", version=n, sha256="0" * 64, config=config, outputs=[], variant_ids=[])
 
+def test_newest_servable_version() -> None:
     old = (version(1), [variant("torchscript")])
     new = (version(2), [variant("tvm", VariantStatus.queued)])
-    assert serving_version([old, new], {HOST})[0].version == 1
-    assert serving_version([new, (version(3), [variant("torchscript")]), old], {HOST})[0].version == 3
+    assert serving_version(ModelView("m", [old, new]), {HOST})[0].version == 1
+    newest = (version(3), [variant("torchscript")])
+    assert serving_version(ModelView("m", [new, newest, old]), {HOST})[0].version == 3
     with pytest.raises(NotFoundError):
-        serving_version([new], {HOST})
+        serving_version(ModelView("m", [new]), {HOST})
+
+
+def test_the_default_version_serves_before_newer_ones() -> None:
+    versions = [(version(n), [variant("torchscript")]) for n in (1, 2, 3)]
+    assert serving_version(ModelView("m", versions, default_version=2), {HOST})[0].version == 2
+    # Deleted between the read of the model and of its versions: the newest serves, not nothing.
+    assert (
+        serving_version(ModelView("m", versions[:1] + versions[2:], default_version=2), {HOST})[0].version
+        == 3
+    )
+    # Nothing of it serves on this host: neither does anything else answer for it wrongly.
+    unservable = [(version(2), [variant("tvm", VariantStatus.queued)]), versions[0]]
+    assert serving_version(ModelView("m", unservable, default_version=2), {HOST})[0].version == 1

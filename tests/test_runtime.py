@@ -144,7 +144,7 @@ def test_a_refresh_that_read_a_model_before_it_was_unloaded_keeps_nothing(runtim
     """A deletion unloads the model while a refresh may be reading it from the store: that read
     must not put the deleted model's route back."""
     key = ("mlp", None)
-    before_unload = runtime._unloads["mlp"]  # what a refresh started now would carry
+    before_unload = runtime._generations["mlp"]  # what a refresh started now would carry
     runtime.unload("mlp")
     route = runtime._fetch_route(key, before_unload)  # the store still had it when it read
     assert route.version.version == 1
@@ -175,7 +175,7 @@ def test_a_load_is_neither_joined_nor_undone_by_a_refresh_that_read_the_model_un
         stale = pool.submit(runtime.route, "mlp", None)
         assert read.wait(10)
         registry.set_unloaded("mlp", False)  # what POST .../load does
-        runtime.loaded("mlp")
+        runtime.reroute("mlp")
         route = runtime.route("mlp", None)
         runtime.runner(route, 1)
         release.set()

@@ -175,21 +175,30 @@ def test_several_uvicorn_workers_share_one_redis(tmp_path: Path, redis_url: str)
                     np.testing.assert_allclose(response.json()["outputs"]["output0"], want, rtol=1e-5)
             assert json.loads(http.get("/v1/models").text)["models"][0]["name"] == "mlp"
 
-            def statuses() -> set[int]:
-                """Of predictions over new connections, which spread over both processes."""
+            def answers() -> set[tuple[int, int | None]]:
+                """Status and version of predictions over new connections, which spread over
+                both processes."""
                 found = set()
                 for _ in range(10):
                     with httpx.Client(base_url=srv.url, timeout=60) as fresh:
-                        found.add(predict(fresh, "mlp", x).status_code)
+                        response = predict(fresh, "mlp", x)
+                        found.add((response.status_code, response.json().get("model_version")))
                 return found
 
             # Received by one process, an unload reaches the other through Redis: once the route
             # it cached expires, neither serves the model until it is loaded again.
             assert http.post("/v2/repository/models/mlp/unload").status_code == 200
-            wait_until(lambda: statuses() == {409}, 10, "both processes to refuse the unloaded model")
+            wait_until(lambda: answers() == {(409, None)}, 10, "both processes to refuse the unloaded model")
             assert http.get("/v1/models/mlp").json()["unloaded"] is True
             assert http.post("/v2/repository/models/mlp/load").status_code == 200
-            wait_until(lambda: statuses() == {200}, 10, "both processes to serve it again")
+            wait_until(lambda: answers() == {(200, 1)}, 10, "both processes to serve it again")
+
+            # So does a default version: a rollback holds on both once the newer version serves.
+            assert upload(http, MLP, max_batch_size=4, backends=[]).status_code == 202
+            wait_until(lambda: answers() == {(200, 2)}, 10, "both processes to serve version 2")
+            pinned = http.put("/v1/models/mlp/default-version", json={"version": 1})
+            assert pinned.status_code == 200, pinned.text
+            wait_until(lambda: answers() == {(200, 1)}, 10, "both processes to roll back to version 1")
     finally:
         srv.stop()
 

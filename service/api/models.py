@@ -22,6 +22,7 @@ from service.api.auth import admin_scope, infer_scope
 from service.api.deps import Services, services
 from service.api.schemas import (
     ActiveOut,
+    DefaultVersionIn,
     ModelList,
     ModelOut,
     Problem,
@@ -239,7 +240,7 @@ def active_of(view: ModelView, svc: Services) -> ActiveOut | None:
     if view.unloaded:
         return None
     try:
-        version, variants = serving_version(view.versions, svc.runtime.targets)
+        version, variants = serving_version(view, svc.runtime.targets)
         chosen = svc.runtime.choose(variants, batch=1)
     except NotFoundError:
         return None  # nothing ready on this host yet
@@ -254,6 +255,7 @@ def model_out(view: ModelView, svc: Services) -> ModelOut:
         versions=[VersionOut.of(v, variants) for v, variants in view.versions],
         active=active_of(view, svc),
         unloaded=view.unloaded,
+        default_version=view.default_version,
     )
 
 
@@ -276,6 +278,22 @@ def list_models(svc: Annotated[Services, Depends(services)]) -> ModelList:
     responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )
 def get_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOut:
+    return model_out(svc.registry.get_model(name), svc)
+
+
+@router.put(
+    "/v1/models/{name}/default-version",
+    operation_id="set_default_version",
+    summary="Choose the version that serves requests naming none (a rollback that keeps the "
+    "newer versions), or null for the newest ready one; every replica follows within a second.",
+    dependencies=admin_scope,
+    responses=error_responses(Problem, 401, 403, 404, 422, 503),
+)
+def set_default_version(
+    name: str, body: DefaultVersionIn, svc: Annotated[Services, Depends(services)]
+) -> ModelOut:
+    svc.registry.set_default_version(name, body.version)
+    svc.runtime.reroute(name)
     return model_out(svc.registry.get_model(name), svc)
 
 
@@ -308,9 +326,9 @@ def delete_model(name: str, svc: Annotated[Services, Depends(services)]) -> Mode
     "/v1/models/{name}/versions/{version}",
     operation_id="delete_model_version",
     summary="Delete one version, and its artifacts nothing else references: the newest other "
-    "ready version serves (a rollback).",
+    "ready version serves (a rollback). The default version goes only with the model's last (409).",
     dependencies=admin_scope,
-    responses=error_responses(Problem, 401, 403, 404, 422, 503),
+    responses=error_responses(Problem, 401, 403, 404, 409, 422, 503),
 )
 def delete_model_version(name: str, version: int, svc: Annotated[Services, Depends(services)]) -> VersionOut:
     [(record, variants)] = svc.registry.delete_version(name, version).versions

@@ -34,7 +34,7 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
     index = []
     for view in svc.registry.list_models():
         try:
-            version, _ = serving_version(view.versions, svc.runtime.targets)
+            version, _ = serving_version(view, svc.runtime.targets)
             number, state, reason = str(version.version), "READY", ""
         except NotFoundError as exc:
             number, state, reason = "", "UNAVAILABLE", str(exc)
@@ -54,7 +54,7 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
 )
 async def load_model(name: str, svc: ServicesDep) -> Response:
     await run_in_threadpool(svc.registry.set_unloaded, name, False)
-    svc.runtime.loaded(name)
+    svc.runtime.reroute(name)
     route = await svc.runtime.aroute(name, None)
     await run_in_threadpool(svc.runtime.runner, route, 1)
     return Response()

@@ -82,6 +82,18 @@ class ModelOut(BaseModel):
         default=False,
         description="Unloaded through /v2/repository: it serves nothing until it is loaded again.",
     )
+    default_version: int | None = Field(
+        default=None,
+        description="The version that serves requests naming none; null: the newest ready one.",
+    )
+
+
+class DefaultVersionIn(BaseModel):
+    version: int | None = Field(
+        ge=1,
+        description="The version to serve to requests that name none, on every replica; null: "
+        "the newest ready one again.",
+    )
 
 
 class ModelList(BaseModel):

@@ -145,7 +145,7 @@ def _described(svc: Services, name: str, version: int | None) -> tuple[ModelView
             raise NotFoundError(f"model {name!r} has no version {version}")
         return view, record
     try:
-        record, _ = serving_version(view.versions, svc.runtime.targets)
+        record, _ = serving_version(view, svc.runtime.targets)
     except NotFoundError:
         record = view.versions[-1][0]  # nothing serves here yet: describe the newest
     return view, record

@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import { type Client, formDataBodySerializer, type Options as Options2, type TDataShape } from './client/index.js';
-import type { DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses } from './types.gen.js';
+import type { DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, SetDefaultVersionData, SetDefaultVersionErrors, SetDefaultVersionResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -81,6 +81,18 @@ export const deleteModel = <ThrowOnError extends boolean = false>(options: Optio
 export const getModel = <ThrowOnError extends boolean = false>(options: Options<GetModelData, ThrowOnError>) => (options.client ?? client).get<GetModelResponses, GetModelErrors, ThrowOnError>({ url: '/v1/models/{name}', ...options });
 
 /**
+ * Choose the version that serves requests naming none (a rollback that keeps the newer versions), or null for the newest ready one; every replica follows within a second.
+ */
+export const setDefaultVersion = <ThrowOnError extends boolean = false>(options: Options<SetDefaultVersionData, ThrowOnError>) => (options.client ?? client).put<SetDefaultVersionResponses, SetDefaultVersionErrors, ThrowOnError>({
+    url: '/v1/models/{name}/default-version',
+    ...options,
+    headers: {
+        'Content-Type': 'application/json',
+        ...options.headers
+    }
+});
+
+/**
  * Run the newest ready version with its fastest verified variant.
  */
 export const predict = <ThrowOnError extends boolean = false>(options: Options<PredictData, ThrowOnError>) => (options.client ?? client).post<PredictResponses, PredictErrors, ThrowOnError>({
@@ -93,7 +105,7 @@ export const predict = <ThrowOnError extends boolean = false>(options: Options<P
 });
 
 /**
- * Delete one version, and its artifacts nothing else references: the newest other ready version serves (a rollback).
+ * Delete one version, and its artifacts nothing else references: the newest other ready version serves (a rollback). The default version goes only with the model's last (409).
  */
 export const deleteModelVersion = <ThrowOnError extends boolean = false>(options: Options<DeleteModelVersionData, ThrowOnError>) => (options.client ?? client).delete<DeleteModelVersionResponses, DeleteModelVersionErrors, ThrowOnError>({ url: '/v1/models/{name}/versions/{version}', ...options });
 

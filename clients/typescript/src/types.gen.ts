@@ -45,6 +45,18 @@ export type BodyUploadModel = {
 };
 
 /**
+ * DefaultVersionIn
+ */
+export type DefaultVersionIn = {
+    /**
+     * Version
+     *
+     * The version to serve to requests that name none, on every replica; null: the newest ready one again.
+     */
+    version: number | null;
+};
+
+/**
  * IndexRequest
  */
 export type IndexRequest = {
@@ -153,6 +165,12 @@ export type ModelOut = {
      * What serves batch-1 requests on this replica now.
      */
     active: ActiveOut | null;
+    /**
+     * Default Version
+     *
+     * The version that serves requests naming none; null: the newest ready one.
+     */
+    default_version?: number | null;
     /**
      * Name
      */
@@ -758,6 +776,56 @@ export type GetModelResponses = {
 
 export type GetModelResponse = GetModelResponses[keyof GetModelResponses];
 
+export type SetDefaultVersionData = {
+    body: DefaultVersionIn;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+    };
+    query?: never;
+    url: '/v1/models/{name}/default-version';
+};
+
+export type SetDefaultVersionErrors = {
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
+};
+
+export type SetDefaultVersionError = SetDefaultVersionErrors[keyof SetDefaultVersionErrors];
+
+export type SetDefaultVersionResponses = {
+    /**
+     * Successful Response
+     */
+    200: ModelOut;
+};
+
+export type SetDefaultVersionResponse = SetDefaultVersionResponses[keyof SetDefaultVersionResponses];
+
 export type PredictData = {
     body: PredictIn;
     path: {
@@ -852,6 +920,10 @@ export type DeleteModelVersionErrors = {
      * No such model, version or job.
      */
     404: Problem;
+    /**
+     * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
+     */
+    409: Problem;
     /**
      * An invalid config or request field, named in the message.
      */

@@ -2,6 +2,7 @@
 
 from .active_out import ActiveOut
 from .body_upload_model import BodyUploadModel
+from .default_version_in import DefaultVersionIn
 from .healthz_response_healthz import HealthzResponseHealthz
 from .index_request import IndexRequest
 from .job_out import JobOut
@@ -43,6 +44,7 @@ from .version_out import VersionOut
 __all__ = (
     "ActiveOut",
     "BodyUploadModel",
+    "DefaultVersionIn",
     "HealthzResponseHealthz",
     "IndexRequest",
     "JobOut",

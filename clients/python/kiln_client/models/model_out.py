@@ -23,6 +23,7 @@ class ModelOut:
         active (ActiveOut | None): What serves batch-1 requests on this replica now.
         name (str):
         versions (list[VersionOut]):
+        default_version (int | None | Unset): The version that serves requests naming none; null: the newest ready one.
         unloaded (bool | Unset): Unloaded through /v2/repository: it serves nothing until it is loaded again. Default:
             False.
     """
@@ -30,6 +31,7 @@ class ModelOut:
     active: ActiveOut | None
     name: str
     versions: list[VersionOut]
+    default_version: int | None | Unset = UNSET
     unloaded: bool | Unset = False
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
@@ -49,6 +51,12 @@ class ModelOut:
             versions_item = versions_item_data.to_dict()
             versions.append(versions_item)
 
+        default_version: int | None | Unset
+        if isinstance(self.default_version, Unset):
+            default_version = UNSET
+        else:
+            default_version = self.default_version
+
         unloaded = self.unloaded
 
         field_dict: dict[str, Any] = {}
@@ -60,6 +68,8 @@ class ModelOut:
                 "versions": versions,
             }
         )
+        if default_version is not UNSET:
+            field_dict["default_version"] = default_version
         if unloaded is not UNSET:
             field_dict["unloaded"] = unloaded
 
@@ -96,12 +106,22 @@ class ModelOut:
 
             versions.append(versions_item)
 
+        def _parse_default_version(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        default_version = _parse_default_version(d.pop("default_version", UNSET))
+
         unloaded = d.pop("unloaded", UNSET)
 
         model_out = cls(
             active=active,
             name=name,
             versions=versions,
+            default_version=default_version,
             unloaded=unloaded,
         )
 

@@ -47,6 +47,11 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
 
         return response_404
 
+    if response.status_code == 409:
+        response_409 = Problem.from_dict(response.json())
+
+        return response_409
+
     if response.status_code == 422:
         response_422 = Problem.from_dict(response.json())
 
@@ -80,7 +85,7 @@ def sync_detailed(
     client: AuthenticatedClient | Client,
 ) -> Response[Problem | VersionOut]:
     """Delete one version, and its artifacts nothing else references: the newest other ready version serves
-    (a rollback).
+    (a rollback). The default version goes only with the model's last (409).
 
     Args:
         name (str):
@@ -113,7 +118,7 @@ def sync(
     client: AuthenticatedClient | Client,
 ) -> Problem | VersionOut | None:
     """Delete one version, and its artifacts nothing else references: the newest other ready version serves
-    (a rollback).
+    (a rollback). The default version goes only with the model's last (409).
 
     Args:
         name (str):
@@ -141,7 +146,7 @@ async def asyncio_detailed(
     client: AuthenticatedClient | Client,
 ) -> Response[Problem | VersionOut]:
     """Delete one version, and its artifacts nothing else references: the newest other ready version serves
-    (a rollback).
+    (a rollback). The default version goes only with the model's last (409).
 
     Args:
         name (str):
@@ -172,7 +177,7 @@ async def asyncio(
     client: AuthenticatedClient | Client,
 ) -> Problem | VersionOut | None:
     """Delete one version, and its artifacts nothing else references: the newest other ready version serves
-    (a rollback).
+    (a rollback). The default version goes only with the model's last (409).
 
     Args:
         name (str):
