@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # Kiln, CPU image. One image runs both roles:
-#   docker run kiln                      -> `kiln serve --host 0.0.0.0 --port 8000` (the API)
+#   docker run kiln                      -> `kiln serve --host 0.0.0.0 --port 8000` (the API; gRPC on 8001)
 #   docker run kiln worker               -> `kiln worker` (compile jobs; needs KILN_REDIS_URL)
 
 ARG PYTHON_IMAGE=python:3.11-slim
@@ -54,7 +54,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 # Numeric, so Kubernetes' runAsNonRoot can check it without reading /etc/passwd.
 USER 10001:10001
 WORKDIR /home/kiln
-EXPOSE 8000
+EXPOSE 8000 8001
 
 # No curl in the slim image; python's urllib does the probe. Only meaningful for `serve`:
 # compose turns it off for the worker, and Kubernetes ignores HEALTHCHECK (it has its probes).

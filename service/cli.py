@@ -61,6 +61,11 @@ def serve(
     from service.logs import logging_config
     from service.settings import get_settings
 
+    # The gRPC server listens where HTTP does; uvicorn's worker processes each start their own,
+    # and the kernel spreads connections over them.
+    os.environ.setdefault("KILN_GRPC_HOST", host)
+    if workers > 1:
+        os.environ.setdefault("KILN_GRPC_REUSE_PORT", "true")
     settings = get_settings()
     # uvicorn applies it here and again in each worker process it spawns.
     log_config = logging_config(settings.log_format)

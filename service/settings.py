@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     queue_heartbeat_timeout_s: float = 60.0
     queue_namespace: str = "kiln"
 
+    # The Open Inference Protocol over gRPC, beside HTTP, on Triton's port (0: off). `kiln serve`
+    # binds it on its own --host, and under --workers N lets the N processes share it.
+    grpc_port: int = Field(default=8001, ge=0, le=65535)
+    grpc_host: str = "127.0.0.1"
+    grpc_reuse_port: bool = False
+
     # How long a replica trusts its cached routing decision before asking the store again.
     route_ttl_s: float = 1.0
     # Memory budget of loaded runners; the least recently used are evicted past it.

@@ -151,11 +151,16 @@ class KilnServer(KilnProcess):
     def __init__(self, env: Mapping[str, str], log: Path, workers: int = 1) -> None:
         self.port = free_port()
         args = ["serve", "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(workers)]
-        super().__init__(args, env, log)
+        # Its own gRPC port: two servers on Triton's default 8001 would fail to start.
+        super().__init__(args, {"KILN_GRPC_PORT": str(free_port()), **env}, log)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.env['KILN_GRPC_PORT']}"
 
     def start(self) -> None:
         super().start()

@@ -313,7 +313,7 @@ def test_compose_renders_without_env_file(compose_dir: Path) -> None:
     api, worker = services["api"], services["worker-cpu"]
     assert api["command"] == ["serve", "--host", "0.0.0.0", "--port", "8000"]
     assert worker["command"] == ["worker"]
-    assert [(p["target"], p["published"]) for p in api["ports"]] == [(8000, "8000")]
+    assert [(p["target"], p["published"]) for p in api["ports"]] == [(8000, "8000"), (8001, "8001")]
     for name, service in (("api", api), ("worker-cpu", worker)):
         assert service["build"]["dockerfile"] == "Dockerfile", name
         assert service["environment"]["KILN_REDIS_URL"] == "redis://redis:6379/0", name
@@ -543,6 +543,7 @@ def test_api_probes_and_resources(path: Path) -> None:
     served = {route.path for route in health_router.routes}  # type: ignore[attr-defined]
     assert {"/readyz", "/healthz"} <= served
     ports = {p["name"]: p["containerPort"] for p in api["ports"]}
+    assert ports["grpc"] == Settings.model_fields["grpc_port"].default  # what `kiln serve` listens on
     for probe in ("readinessProbe", "livenessProbe"):
         assert ports[api[probe]["httpGet"]["port"]] == 8000
     assert api["args"][:1] == ["serve"]
@@ -628,7 +629,7 @@ def test_dockerfile_entrypoint_and_cmd_are_kiln_commands() -> None:
     cmd = json.loads(by_name["CMD"])
     assert cmd == ["serve", "--host", "0.0.0.0", "--port", "8000"]
     assert_cli_accepts(cmd)
-    assert by_name["EXPOSE"] == "8000"
+    assert by_name["EXPOSE"] == "8000 8001"  # HTTP, and the v2 protocol over gRPC
     assert "/healthz" in by_name["HEALTHCHECK"]
     assert "curl" not in by_name["HEALTHCHECK"]
     assert "KILN_DATA_DIR=/data" in " ".join(i.args for i in final if i.name == "ENV")

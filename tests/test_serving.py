@@ -13,6 +13,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+import tritonclient.grpc as triton_grpc
 from torch import nn
 
 from tests.client import expected, predict, sample, upload
@@ -174,6 +175,15 @@ def test_several_uvicorn_workers_share_one_redis(tmp_path: Path, redis_url: str)
                     assert response.status_code == 200, response.text
                     np.testing.assert_allclose(response.json()["outputs"]["output0"], want, rtol=1e-5)
             assert json.loads(http.get("/v1/models").text)["models"][0]["name"] == "mlp"
+            # Both processes listen for gRPC on the one port: new channels reach either.
+            for _ in range(10):
+                grpc_client = triton_grpc.InferenceServerClient(srv.grpc_address)
+                tensor = triton_grpc.InferInput("x", list(x.shape), "FP32")
+                tensor.set_data_from_numpy(x)
+                got = grpc_client.infer("mlp", [tensor]).as_numpy("output0")
+                np.testing.assert_allclose(got, want, rtol=1e-5)
+                grpc_client.close()
+            assert "Errno" not in srv.log.read_text() and "cannot listen" not in srv.log.read_text()
 
             def answers() -> set[tuple[int, int | None]]:
                 """Status and version of predictions over new connections, which spread over

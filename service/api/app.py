@@ -18,6 +18,7 @@ from service.api import events, health, jobs, models, predict, problems, reposit
 from service.api.auth import parse_keys
 from service.api.deps import Services
 from service.api.middleware import RequestContext
+from service.api.v2_grpc import start_grpc
 from service.memory import freeze_heap
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
 from service.records import JobRecord, JobStatus
@@ -29,6 +30,8 @@ from service.store import open_store
 log = logging.getLogger("kiln.api")
 
 MB = 1024 * 1024
+# Seconds that calls in flight get to finish at shutdown, as uvicorn gives HTTP requests theirs.
+GRPC_GRACE_S = 5.0
 RESUME_LOCK = "resume.lock"
 
 
@@ -71,11 +74,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
         resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
+        grpc_server = await start_grpc(app.state.services, settings, api_keys, app.version)
         freeze_heap()  # what startup imported stays out of every later full collection
         log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
         try:
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(GRPC_GRACE_S)
             runtime.close()
             queue.close()
             store.close()

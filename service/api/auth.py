@@ -4,7 +4,7 @@ all of `infer`) and `infer`."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from enum import StrEnum
 from typing import Any
 
@@ -31,30 +31,34 @@ def parse_keys(text: str) -> dict[str, Scope]:
     return keys
 
 
-def presented_key(request: Request) -> str | None:
-    auth = request.headers.get("authorization", "")
+def presented_key(headers: Mapping[str, str]) -> str | None:
+    """From HTTP headers or gRPC metadata, whose keys are lower case too."""
+    auth = headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
-    return request.headers.get("x-api-key")
+    return headers.get("x-api-key")
 
 
 def require(scope: Scope) -> Callable[[Request], Coroutine[Any, Any, None]]:
     # Async though it never awaits: FastAPI runs a sync dependency in its threadpool, a thread
     # hop on every request for a dict lookup.
     async def check(request: Request) -> None:
-        keys: dict[str, Scope] = request.app.state.api_keys
-        if not keys:
-            return
-        key = presented_key(request)
-        if key is None:
-            raise UnauthorizedError("an API key is required: send `Authorization: Bearer <key>`")
-        granted = keys.get(key)
-        if granted is None:
-            raise UnauthorizedError("the API key is not valid")
-        if scope == Scope.admin and granted != Scope.admin:
-            raise ForbiddenError("this API key has the infer scope; this call needs admin")
+        authorize(request.app.state.api_keys, presented_key(request.headers), scope)
 
     return check
+
+
+def authorize(keys: Mapping[str, Scope], key: str | None, scope: Scope) -> None:
+    """Raise unless `key` grants `scope`; with no keys configured, everything is open."""
+    if not keys:
+        return
+    if key is None:
+        raise UnauthorizedError("an API key is required: send `Authorization: Bearer <key>`")
+    granted = keys.get(key)
+    if granted is None:
+        raise UnauthorizedError("the API key is not valid")
+    if scope == Scope.admin and granted != Scope.admin:
+        raise ForbiddenError("this API key has the infer scope; this call needs admin")
 
 
 # What a route declares in `dependencies=`, for the scope it needs.

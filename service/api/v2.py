@@ -29,9 +29,9 @@ from service.errors import BadRequestError, KilnError, NotFoundError
 from service.records import VersionRecord
 from service.registry import ModelView
 from service.router import servable, serving_version
-from service.runtime import batch_policy
+from service.runtime import Prediction, batch_policy
 from service.store import StoreUnavailableError
-from service.tensors import datatype_of, decode_request, encode_response
+from service.tensors import InferRequest, datatype_of, decode_request, encode_response
 
 log = logging.getLogger("kiln.api")
 
@@ -159,7 +159,7 @@ def _tensors(
     return inputs, outputs
 
 
-def _metadata(svc: Services, name: str, version: int | None) -> dict[str, Any]:
+def metadata_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
     view, record = _described(svc, name, version)
     inputs, outputs = _tensors(record)
     return {
@@ -171,7 +171,7 @@ def _metadata(svc: Services, name: str, version: int | None) -> dict[str, Any]:
     }
 
 
-def _config(svc: Services, name: str, version: int | None) -> dict[str, Any]:
+def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
     """The version's configuration in the shape of Triton's model configuration (what
     tritonclient's get_model_config returns): a batching model's dims leave out the batch."""
     _, record = _described(svc, name, version)
@@ -202,7 +202,7 @@ def _config(svc: Services, name: str, version: int | None) -> dict[str, Any]:
     "/v2/models/{name}", operation_id="v2_model_metadata", dependencies=infer_scope, responses=MODEL_ERRORS
 )
 def model_metadata(name: str, svc: ServicesDep) -> dict[str, Any]:
-    return _metadata(svc, name, None)
+    return metadata_doc(svc, name, None)
 
 
 @router.get(
@@ -212,7 +212,7 @@ def model_metadata(name: str, svc: ServicesDep) -> dict[str, Any]:
     responses=MODEL_ERRORS,
 )
 def model_version_metadata(name: str, version: str, svc: ServicesDep) -> dict[str, Any]:
-    return _metadata(svc, name, version_number(version))
+    return metadata_doc(svc, name, version_number(version))
 
 
 @router.get(
@@ -223,7 +223,7 @@ def model_version_metadata(name: str, version: str, svc: ServicesDep) -> dict[st
     responses=MODEL_ERRORS,
 )
 def model_config(name: str, svc: ServicesDep) -> dict[str, Any]:
-    return _config(svc, name, None)
+    return config_doc(svc, name, None)
 
 
 @router.get(
@@ -234,22 +234,22 @@ def model_config(name: str, svc: ServicesDep) -> dict[str, Any]:
     responses=MODEL_ERRORS,
 )
 def model_version_config(name: str, version: str, svc: ServicesDep) -> dict[str, Any]:
-    return _config(svc, name, version_number(version))
+    return config_doc(svc, name, version_number(version))
 
 
-def _model_ready(svc: Services, name: str, version: int | None) -> Response:
+def check_model_ready(svc: Services, name: str, version: int | None) -> None:
     route = svc.runtime.route(name, version)
     if not servable(route.variants, svc.runtime.targets):
         number = route.version.version
         raise BadRequestError(f"model {name!r} version {number} has no variant ready on this host")
-    return Response()
 
 
 @router.get(
     "/v2/models/{name}/ready", operation_id="v2_model_ready", dependencies=infer_scope, responses=READY_ERRORS
 )
 def model_ready(name: str, svc: ServicesDep) -> Response:
-    return _model_ready(svc, name, None)
+    check_model_ready(svc, name, None)
+    return Response()
 
 
 @router.get(
@@ -259,7 +259,8 @@ def model_ready(name: str, svc: ServicesDep) -> Response:
     responses=READY_ERRORS,
 )
 def model_version_ready(name: str, version: str, svc: ServicesDep) -> Response:
-    return _model_ready(svc, name, version_number(version))
+    check_model_ready(svc, name, version_number(version))
+    return Response()
 
 
 def check_datatypes(spec: InputSpec, inputs: dict[str, np.ndarray]) -> None:
@@ -297,6 +298,18 @@ def encodes_inline(outputs: list[tuple[str, np.ndarray, bool]]) -> bool:
     return binary <= INLINE_BINARY_BYTES and elements <= INLINE_JSON_ELEMENTS
 
 
+async def run_infer(
+    svc: Services, name: str, version: int | None, infer: InferRequest
+) -> tuple[Prediction, list[tuple[str, np.ndarray, bool]]]:
+    """A decoded request, checked against its model and run; in either protocol."""
+    route = await svc.runtime.aroute(name, version)  # in the threadpool only when it asks the store
+    check_datatypes(route.spec, infer.inputs)
+    infer.check_outputs(o.name for o in route.version.outputs)
+    # Pin the version just checked against, so a newer upload cannot slip in between.
+    result = await svc.runtime.predict(name, route.version.version, infer.inputs)
+    return result, infer.select(result.outputs)
+
+
 async def _infer(request: Request, name: str, version: int | None) -> Response:
     svc = await services(request)
     body = await request.body()
@@ -305,15 +318,10 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
         infer = decode_request(body, header_length)
     else:
         infer = await run_in_threadpool(decode_request, body, header_length)
-    route = await svc.runtime.aroute(name, version)  # in the threadpool only when it asks the store
-    check_datatypes(route.spec, infer.inputs)
-    infer.check_outputs(o.name for o in route.version.outputs)
-    # Pin the version just checked against, so a newer upload cannot slip in between.
-    result = await svc.runtime.predict(name, route.version.version, infer.inputs)
+    result, outputs = await run_infer(svc, name, version, infer)
     header: dict[str, Any] = {"model_name": name, "model_version": str(result.version)}
     if infer.id is not None:
         header["id"] = infer.id
-    outputs = infer.select(result.outputs)
     if encodes_inline(outputs):
         payload, json_length = encode_response(header, outputs)
     else:

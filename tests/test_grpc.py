@@ -1,0 +1,197 @@
+"""The Open Inference Protocol over gRPC against a real server: the official tritonclient.grpc
+unchanged, typed tensor contents through the protocol's own stub, and each error's status."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+from tritonclient.utils import InferenceServerException
+
+from tests import models
+from tests.client import expected, sample, upload
+from tests.servers import KilnServer, running
+from tests.test_v2 import HEADS
+
+ADMIN, INFER = "admin-secret", "infer-secret"
+MLP = models.MODELS["mlp"]
+INFER_KEY = {"authorization": f"Bearer {INFER}"}
+ADMIN_KEY = {"authorization": f"Bearer {ADMIN}"}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    root = tmp_path_factory.mktemp("grpc")
+    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_API_KEYS": f"{ADMIN}:admin,{INFER}:infer"}
+    srv = KilnServer(env, root / "kiln.log")
+    with running(srv):
+        with httpx.Client(
+            base_url=srv.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN}"}
+        ) as admin:
+            for model in (MLP, HEADS):
+                response = upload(admin, model, backends=[])
+                assert response.status_code == 202, response.text
+        yield srv
+
+
+@pytest.fixture
+def client(server: KilnServer) -> Iterator[triton.InferenceServerClient]:
+    triton_client = triton.InferenceServerClient(url=server.grpc_address)
+    yield triton_client
+    triton_client.close()
+
+
+@pytest.fixture
+def stub(server: KilnServer) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        yield pb_grpc.GRPCInferenceServiceStub(channel)
+
+
+def http_doc(server: KilnServer, path: str) -> object:
+    return httpx.get(f"{server.url}{path}", headers={"Authorization": f"Bearer {INFER}"}).json()
+
+
+def fp32(name: str, x: np.ndarray) -> triton.InferInput:
+    tensor = triton.InferInput(name, list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    return tensor
+
+
+def test_tritonclient_grpc_conversation(client: triton.InferenceServerClient, server: KilnServer) -> None:
+    assert client.is_server_live() and client.is_server_ready()
+    assert client.get_server_metadata(as_json=True)["name"] == "kiln"
+    assert client.is_model_ready("mlp", headers=INFER_KEY)
+    assert client.is_model_ready("mlp", "1", headers=INFER_KEY)
+    assert not client.is_model_ready("nope", headers=INFER_KEY)
+    # The same documents as over HTTP, in the protobuf's JSON (int64 fields print as strings).
+    metadata = client.get_model_metadata("mlp", headers=INFER_KEY, as_json=True)
+    assert metadata == {
+        "name": "mlp",
+        "versions": ["1"],
+        "platform": "pytorch_libtorch",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": ["-1", "64"]}],
+        "outputs": [{"name": "output0", "datatype": "FP32", "shape": ["-1", "10"]}],
+    }
+    config = client.get_model_config("mlp", "1", headers=INFER_KEY).config
+    want_config = http_doc(server, "/v2/models/mlp/config")
+    assert isinstance(want_config, dict)
+    assert config.max_batch_size == want_config["max_batch_size"] == 8
+    assert [(i.name, list(i.dims)) for i in config.input] == [("x", [64])]
+    assert config.dynamic_batching.default_queue_policy.max_queue_size == 1024
+
+    x = sample(MLP, 3)
+    result = client.infer(
+        "mlp",
+        [fp32("x", x)],
+        outputs=[triton.InferRequestedOutput("output0")],
+        request_id="grpc-1",
+        headers=INFER_KEY,
+    )
+    response = result.get_response()
+    assert (response.id, response.model_name, response.model_version) == ("grpc-1", "mlp", "1")
+    np.testing.assert_allclose(result.as_numpy("output0"), expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+    # Two inputs and three outputs of three dtypes, and only the outputs asked for.
+    k = np.arange(8, dtype=np.int64).reshape(2, 4)
+    k_input = triton.InferInput("k", [2, 4], "INT64")
+    k_input.set_data_from_numpy(k)
+    asked = [triton.InferRequestedOutput("output2"), triton.InferRequestedOutput("output1")]
+    result = client.infer("heads", [fp32("x", sample(HEADS, 2)), k_input], outputs=asked, headers=INFER_KEY)
+    assert [o.name for o in result.get_response().outputs] == ["output2", "output1"]
+    np.testing.assert_array_equal(result.as_numpy("output2"), k * 2 + 1)
+    assert result.as_numpy("output1").dtype == np.bool_
+
+    stats = client.get_inference_statistics("mlp", headers=INFER_KEY).model_stats
+    assert stats[0].name == "mlp" and stats[0].inference_stats.success.count >= 1
+    index = {m.name: m.state for m in client.get_model_repository_index(headers=INFER_KEY).models}
+    assert index == {"heads": "READY", "mlp": "READY"}
+
+
+def test_typed_contents_and_raw_contents_agree(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """Clients other than tritonclient (KServe's) send typed contents instead of raw bytes."""
+    x = sample(MLP, 2)
+    tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=list(x.shape))
+    tensor.contents.fp32_contents.extend(x.ravel().tolist())
+    response = stub.ModelInfer(
+        pb.ModelInferRequest(model_name="mlp", inputs=[tensor]), metadata=tuple(INFER_KEY.items())
+    )
+    [output] = response.outputs
+    assert (output.name, output.datatype, list(output.shape)) == ("output0", "FP32", [2, 10])
+    got = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(2, 10)
+    np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
+def status_of(call: object) -> tuple[object, str]:
+    assert isinstance(call, grpc.RpcError)
+    return call.code(), call.details()
+
+
+def test_each_error_has_its_status(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    def infer(
+        request: pb.ModelInferRequest, key: dict[str, str] | None = INFER_KEY
+    ) -> tuple[grpc.StatusCode, str]:
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, metadata=tuple((key or {}).items()))
+        return status_of(caught.value)
+
+    x = sample(MLP, 1)
+    raw = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 64])
+    good = pb.ModelInferRequest(model_name="mlp", inputs=[raw], raw_input_contents=[x.tobytes()])
+
+    code, message = infer(good, key=None)
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "API key is required" in message
+    assert infer(pb.ModelInferRequest(model_name="nope", inputs=[raw], raw_input_contents=[x.tobytes()])) == (
+        grpc.StatusCode.NOT_FOUND,
+        "no model named 'nope'",
+    )
+    fp64 = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP64", shape=[1, 64])
+    code, message = infer(
+        pb.ModelInferRequest(model_name="mlp", inputs=[fp64], raw_input_contents=[bytes(512)])
+    )
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "expected datatype FP32, received FP64" in message
+    code, message = infer(pb.ModelInferRequest(model_name="mlp", inputs=[raw], raw_input_contents=[bytes(8)]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "needs 256" in message
+    code, message = infer(pb.ModelInferRequest(model_name="mlp", inputs=[raw]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "shape [1, 64] holds 64 elements" in message
+    two = pb.ModelInferRequest(model_name="mlp", inputs=[raw, raw], raw_input_contents=[x.tobytes()])
+    code, message = infer(two)
+    assert (
+        code == grpc.StatusCode.INVALID_ARGUMENT
+        and "raw_input_contents has 1 entries for 2 inputs" in message
+    )
+    code, message = infer(pb.ModelInferRequest(model_name="mlp", model_version="x1", inputs=[raw]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "must be an integer" in message
+    unknown_output = pb.ModelInferRequest(
+        model_name="mlp",
+        inputs=[raw],
+        raw_input_contents=[x.tobytes()],
+        outputs=[pb.ModelInferRequest.InferRequestedOutputTensor(name="logits")],
+    )
+    code, message = infer(unknown_output)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "unknown output(s) ['logits']" in message
+    assert stub.ModelInfer(good, metadata=tuple(INFER_KEY.items())).model_name == "mlp"  # nothing stuck
+
+
+def test_unload_and_load_need_admin_and_hold(client: triton.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException, match="needs admin") as caught:
+        client.unload_model("heads", headers=INFER_KEY)
+    assert caught.value.status() == "StatusCode.PERMISSION_DENIED"
+    client.unload_model("heads", headers=ADMIN_KEY)
+    try:
+        assert not client.is_model_ready("heads", headers=INFER_KEY)
+        x = fp32("x", sample(HEADS, 1))
+        k = triton.InferInput("k", [1, 4], "INT64")
+        k.set_data_from_numpy(np.zeros((1, 4), np.int64))
+        with pytest.raises(InferenceServerException, match="heads/load serves it again") as caught:
+            client.infer("heads", [x, k], headers=INFER_KEY)
+        assert caught.value.status() == "StatusCode.FAILED_PRECONDITION"
+    finally:
+        client.load_model("heads", headers=ADMIN_KEY)
+    assert client.is_model_ready("heads", headers=INFER_KEY)
+    assert client.infer("heads", [x, k], headers=INFER_KEY).as_numpy("output2").tolist() == [[1] * 4]
