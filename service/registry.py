@@ -84,7 +84,11 @@ class Registry:
             version = self._get("version", version_id(config.name, existing["version"]), VersionRecord)
             if version is not None:
                 return NewVersion(version, self.variants_of(version), [], deduplicated=True)
-        self.store.create_doc("model", config.name, {"name": config.name, "created_at": now()})
+        doc = {"name": config.name, "created_at": now()}
+        if self.store.list_docs("version", prefix=f"{config.name}/"):
+            self.store.create_doc("model", config.name, doc)
+        else:  # a new name, or one deleted: nothing a call racing its deletion left applies
+            self.store.put_doc("model", config.name, doc)
         number = self.store.next_id(f"version:{config.name}")
         variants, jobs = plan(config.name, number)
         version = VersionRecord(
@@ -122,7 +126,10 @@ class Registry:
         """A model's versions with the settings of its document, which may be missing."""
         versions = [(v, self.variants_of(v)) for v in self._versions(name)]
         doc = doc or {}
-        return ModelView(name, versions, bool(doc.get("unloaded")), doc.get("default_version"))
+        default = doc.get("default_version")
+        if default not in {v.version for v, _ in versions}:
+            default = None  # set while its version was being deleted: the newest serves
+        return ModelView(name, versions, bool(doc.get("unloaded")), default)
 
     def _versions(self, name: str) -> list[VersionRecord]:
         docs = self.store.list_docs("version", prefix=f"{name}/")

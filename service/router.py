@@ -69,10 +69,12 @@ def cost_ratio(variant: VariantRecord, batch: int) -> float | None:
 
 
 def serving_version(view: ModelView, targets: set[str]) -> tuple[VersionRecord, list[VariantRecord]]:
-    """The model's default version, else the newest, that has a ready variant for this host.
-    A default version deleted meanwhile leaves the newest serving, not nothing."""
-    default_first = sorted(view.versions, key=lambda p: (p[0].version != view.default_version, -p[0].version))
-    for version, variants in default_first:
-        if servable(variants, targets):
+    """The model's default version, if it has one, else the newest version, that has a ready
+    variant for this host. A default that has none is an error, not a reason to serve the
+    version it rolled back from."""
+    for version, variants in sorted(view.versions, key=lambda pair: -pair[0].version):
+        if view.default_version in (None, version.version) and servable(variants, targets):
             return version, variants
+    if view.default_version is not None:
+        raise NotFoundError(f"default version {view.default_version} has no variant ready on this host")
     raise NotFoundError("no version of this model is ready to serve on this host")

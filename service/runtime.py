@@ -111,6 +111,8 @@ class Runtime:
         self._refreshing: dict[tuple[str, int | None], Future[Route]] = {}
         # Per model, how many times it was unloaded or rerouted: a refresh started before is stale.
         self._generations: defaultdict[str, int] = defaultdict(int)
+        # Per model, how many times it was unloaded: a runner loaded behind since is not kept.
+        self._unloads: defaultdict[str, int] = defaultdict(int)
         # Model -> when a refresh last found it unloaded: until a TTL later, its requests are
         # refused without asking the store, as a ready model's are served from its route.
         self._unloaded_at: dict[str, float] = {}
@@ -384,7 +386,7 @@ class Runtime:
             if now - self._loaded_behind_at.get(key, -LOAD_BEHIND_EVERY_S) < LOAD_BEHIND_EVERY_S:
                 return  # loading, or loaded a while ago and evicted since: the stand-in serves
             self._loaded_behind_at[key] = now
-            generation = self._generations[version.name]
+            unloads = self._unloads[version.name]
 
         def load() -> None:
             try:
@@ -394,8 +396,8 @@ class Runtime:
                     log.warning("background load of variant %s failed: %s", variant.id, exc)
                 return
             with self._lock:
-                dropped = self._generations[version.name] != generation and key in self._loaded
-                if dropped:  # unloaded or rerouted while it loaded: it may serve nothing now
+                dropped = self._unloads[version.name] != unloads and key in self._loaded
+                if dropped:  # the model was unloaded while it loaded
                     del self._loaded[key]
                     self._publish_loaded()
             if dropped:
@@ -474,6 +476,7 @@ class Runtime:
 
         with self._lock:
             self._generations[name] += 1  # refreshes in flight now keep nothing they read
+            self._unloads[name] += 1
         # Copies: requests on the event loop may add entries meanwhile.
         for route_key, route in list(self._routes.items()):
             if gone(route_key[0], route.version.version):

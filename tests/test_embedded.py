@@ -195,6 +195,7 @@ def test_a_default_version_rolls_back_and_keeps_the_newer_one(http: httpx.Client
     assert predict(http, name, x, version=2).json()["model_version"] == 2  # still served when asked
     v2 = http.get(f"/v2/models/{name}").json()
     assert v2["versions"] == ["1", "2"]
+    assert http.get(f"/v2/models/{name}/config").json()["max_batch_size"] == 8  # version 1's, not 2's
     tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
     infer = {"inputs": [tensor]}
     assert http.post(f"/v2/models/{name}/infer", json=infer).json()["model_version"] == "1"

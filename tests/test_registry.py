@@ -34,3 +34,21 @@ def test_deleting_a_model_removes_its_blobs_and_spares_work_in_flight(tmp_path: 
 
     assert not store.has_blob(own_model) and not store.has_blob(own_artifact)
     assert store.has_blob(uploading) and store.has_blob(compiled)
+
+
+def test_a_default_version_that_outlived_its_version_or_model_does_not_apply(tmp_path: Path) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    mlp = MODELS["mlp"]
+    ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE)
+    registry.set_default_version(mlp.name, 1)
+    assert registry.get_model(mlp.name).default_version == 1
+    # A call that raced the version's deletion left the document naming it.
+    registry.store.update_doc("model", mlp.name, {"default_version": 7})
+    assert registry.get_model(mlp.name).default_version is None
+    # One that raced the model's deletion left the document alone: the name's next upload
+    # starts afresh, neither unloaded nor pinned.
+    registry.delete_model(mlp.name)
+    registry.store.put_doc("model", mlp.name, {"name": mlp.name, "unloaded": True, "default_version": 3})
+    ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE)
+    view = registry.get_model(mlp.name)
+    assert (view.unloaded, view.default_version, [v.version for v, _ in view.versions]) == (False, None, [2])

@@ -111,11 +111,7 @@ def test_newest_servable_version() -> None:
 def test_the_default_version_serves_before_newer_ones() -> None:
     versions = [(version(n), [variant("torchscript")]) for n in (1, 2, 3)]
     assert serving_version(ModelView("m", versions, default_version=2), {HOST})[0].version == 2
-    # Deleted between the read of the model and of its versions: the newest serves, not nothing.
-    assert (
-        serving_version(ModelView("m", versions[:1] + versions[2:], default_version=2), {HOST})[0].version
-        == 3
-    )
-    # Nothing of it serves on this host: neither does anything else answer for it wrongly.
-    unservable = [(version(2), [variant("tvm", VariantStatus.queued)]), versions[0]]
-    assert serving_version(ModelView("m", unservable, default_version=2), {HOST})[0].version == 1
+    # Nothing of it is ready here: an error, not the version it rolled back from.
+    unready = [versions[0], (version(2), [variant("tvm", VariantStatus.queued)]), versions[2]]
+    with pytest.raises(NotFoundError, match="default version 2 has no variant ready"):
+        serving_version(ModelView("m", unready, default_version=2), {HOST})

@@ -285,7 +285,7 @@ def get_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOu
     "/v1/models/{name}/default-version",
     operation_id="set_default_version",
     summary="Choose the version that serves requests naming none (a rollback that keeps the "
-    "newer versions), or null for the newest ready one; every replica follows within a second.",
+    "newer versions), or null for the newest ready one; every replica follows within KILN_ROUTE_TTL_S.",
     dependencies=admin_scope,
     responses=error_responses(Problem, 401, 403, 404, 422, 503),
 )

@@ -137,7 +137,7 @@ async def ready(svc: ServicesDep) -> Response:
 
 def _described(svc: Services, name: str, version: int | None) -> tuple[ModelView, VersionRecord]:
     """The version a metadata or config request describes: the one asked for, else the one
-    serving here, else the newest."""
+    serving here, else the default, else the newest."""
     view = svc.registry.get_model(name)
     if version is not None:
         record = next((v for v, _ in view.versions if v.version == version), None)
@@ -146,8 +146,10 @@ def _described(svc: Services, name: str, version: int | None) -> tuple[ModelView
         return view, record
     try:
         record, _ = serving_version(view, svc.runtime.targets)
-    except NotFoundError:
-        record = view.versions[-1][0]  # nothing serves here yet: describe the newest
+    except NotFoundError:  # nothing serves here yet: describe the default, else the newest
+        record = next(
+            (v for v, _ in view.versions if v.version == view.default_version), view.versions[-1][0]
+        )
     return view, record
 
 

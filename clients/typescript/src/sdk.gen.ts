@@ -81,7 +81,7 @@ export const deleteModel = <ThrowOnError extends boolean = false>(options: Optio
 export const getModel = <ThrowOnError extends boolean = false>(options: Options<GetModelData, ThrowOnError>) => (options.client ?? client).get<GetModelResponses, GetModelErrors, ThrowOnError>({ url: '/v1/models/{name}', ...options });
 
 /**
- * Choose the version that serves requests naming none (a rollback that keeps the newer versions), or null for the newest ready one; every replica follows within a second.
+ * Choose the version that serves requests naming none (a rollback that keeps the newer versions), or null for the newest ready one; every replica follows within KILN_ROUTE_TTL_S.
  */
 export const setDefaultVersion = <ThrowOnError extends boolean = false>(options: Options<SetDefaultVersionData, ThrowOnError>) => (options.client ?? client).put<SetDefaultVersionResponses, SetDefaultVersionErrors, ThrowOnError>({
     url: '/v1/models/{name}/default-version',

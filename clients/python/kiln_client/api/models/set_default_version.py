@@ -85,7 +85,7 @@ def sync_detailed(
     body: DefaultVersionIn,
 ) -> Response[ModelOut | Problem]:
     """Choose the version that serves requests naming none (a rollback that keeps the newer versions), or
-    null for the newest ready one; every replica follows within a second.
+    null for the newest ready one; every replica follows within KILN_ROUTE_TTL_S.
 
     Args:
         name (str):
@@ -118,7 +118,7 @@ def sync(
     body: DefaultVersionIn,
 ) -> ModelOut | Problem | None:
     """Choose the version that serves requests naming none (a rollback that keeps the newer versions), or
-    null for the newest ready one; every replica follows within a second.
+    null for the newest ready one; every replica follows within KILN_ROUTE_TTL_S.
 
     Args:
         name (str):
@@ -146,7 +146,7 @@ async def asyncio_detailed(
     body: DefaultVersionIn,
 ) -> Response[ModelOut | Problem]:
     """Choose the version that serves requests naming none (a rollback that keeps the newer versions), or
-    null for the newest ready one; every replica follows within a second.
+    null for the newest ready one; every replica follows within KILN_ROUTE_TTL_S.
 
     Args:
         name (str):
@@ -177,7 +177,7 @@ async def asyncio(
     body: DefaultVersionIn,
 ) -> ModelOut | Problem | None:
     """Choose the version that serves requests naming none (a rollback that keeps the newer versions), or
-    null for the newest ready one; every replica follows within a second.
+    null for the newest ready one; every replica follows within KILN_ROUTE_TTL_S.
 
     Args:
         name (str):
