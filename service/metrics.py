@@ -99,6 +99,11 @@ HTTP_ERRORS = Counter(
     "Responses with status >= 400, by status code and route template ('unmatched' when no route matched).",
     ["code", "route"],
 )
+GRPC_ERRORS = Counter(
+    "kiln_grpc_errors",
+    "gRPC calls that ended in an error, by status code and method.",
+    ["code", "method"],
+)
 QUEUE_DEPTH_HELP = (
     "Compile jobs queued or running and not yet settled, per target queue of this host; read "
     "at scrape time from the in-process pool (embedded) or from Redis (cluster-wide)."

@@ -28,7 +28,8 @@ ADMIN_KEY = {"authorization": f"Bearer {ADMIN}"}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
     root = tmp_path_factory.mktemp("grpc")
-    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_API_KEYS": f"{ADMIN}:admin,{INFER}:infer"}
+    keys = f"{ADMIN}:admin,{INFER}:infer"
+    env = {"KILN_DATA_DIR": str(root / "data"), "KILN_API_KEYS": keys, "KILN_MAX_UPLOAD_MB": "1"}
     srv = KilnServer(env, root / "kiln.log")
     with running(srv):
         with httpx.Client(
@@ -91,8 +92,11 @@ def test_tritonclient_grpc_conversation(client: triton.InferenceServerClient, se
         [fp32("x", x)],
         outputs=[triton.InferRequestedOutput("output0")],
         request_id="grpc-1",
-        headers=INFER_KEY,
+        headers={**INFER_KEY, "x-request-id": "grpc-first"},
     )
+    # The runner's load, in this call, logs under the call's request id.
+    loads = [line for line in server.json_lines() if line["message"].startswith("loaded torchscript")]
+    assert [line.get("request_id") for line in loads] == ["grpc-first"]
     response = result.get_response()
     assert (response.id, response.model_name, response.model_version) == ("grpc-1", "mlp", "1")
     np.testing.assert_allclose(result.as_numpy("output0"), expected(MLP, x), rtol=1e-5, atol=1e-6)
@@ -114,17 +118,19 @@ def test_tritonclient_grpc_conversation(client: triton.InferenceServerClient, se
 
 
 def test_typed_contents_and_raw_contents_agree(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
-    """Clients other than tritonclient (KServe's) send typed contents instead of raw bytes."""
-    x = sample(MLP, 2)
-    tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=list(x.shape))
-    tensor.contents.fp32_contents.extend(x.ravel().tolist())
-    response = stub.ModelInfer(
-        pb.ModelInferRequest(model_name="mlp", inputs=[tensor]), metadata=tuple(INFER_KEY.items())
-    )
-    [output] = response.outputs
-    assert (output.name, output.datatype, list(output.shape)) == ("output0", "FP32", [2, 10])
-    got = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(2, 10)
-    np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+    """Clients other than tritonclient (KServe's) send typed contents instead of raw bytes;
+    a batch of 8 (512 values) decodes off the event loop, a batch of 2 on it."""
+    for batch in (2, 8):
+        x = sample(MLP, batch)
+        tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=list(x.shape))
+        tensor.contents.fp32_contents.extend(x.ravel().tolist())
+        response = stub.ModelInfer(
+            pb.ModelInferRequest(model_name="mlp", inputs=[tensor]), metadata=tuple(INFER_KEY.items())
+        )
+        [output] = response.outputs
+        assert (output.name, output.datatype, list(output.shape)) == ("output0", "FP32", [batch, 10])
+        got = np.frombuffer(response.raw_output_contents[0], np.float32).reshape(batch, 10)
+        np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
 
 
 def status_of(call: object) -> tuple[object, str]:
@@ -175,7 +181,27 @@ def test_each_error_has_its_status(stub: pb_grpc.GRPCInferenceServiceStub) -> No
     )
     code, message = infer(unknown_output)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "unknown output(s) ['logits']" in message
+    # Past KILN_MAX_UPLOAD_MB (1 here), as an HTTP body past it gets 413.
+    big = pb.ModelInferRequest(model_name="mlp", inputs=[raw], raw_input_contents=[bytes(2 * 1024 * 1024)])
+    code, _ = infer(big)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert stub.ModelInfer(good, metadata=tuple(INFER_KEY.items())).model_name == "mlp"  # nothing stuck
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest())
+    assert status_of(caught.value) == (
+        grpc.StatusCode.UNIMPLEMENTED,
+        "Kiln does not offer SystemSharedMemoryStatus",
+    )
+
+
+def test_grpc_errors_are_counted(server: KilnServer, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    with pytest.raises(grpc.RpcError):
+        stub.ModelMetadata(pb.ModelMetadataRequest(name="nope"), metadata=tuple(INFER_KEY.items()))
+    with pytest.raises(grpc.RpcError):
+        stub.RepositoryModelUnload(pb.RepositoryModelUnloadRequest(model_name="mlp"))
+    text = httpx.get(f"{server.url}/metrics").text
+    assert 'kiln_grpc_errors_total{code="NOT_FOUND",method="ModelMetadata"} 1.0' in text
+    assert 'kiln_grpc_errors_total{code="UNAUTHENTICATED",method="RepositoryModelUnload"} 1.0' in text
 
 
 def test_unload_and_load_need_admin_and_hold(client: triton.InferenceServerClient) -> None:

@@ -14,11 +14,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import psutil
 import pytest
 from httpx_sse import connect_sse
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc.service_pb2 import ModelMetadataRequest
+from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
 from service.records import JobRecord
 from tests.client import by_backend, predict, sample, upload, wait_settled
@@ -154,10 +157,13 @@ def test_cache_hit_streams_and_unknown_job_is_404(server: KilnServer, http: http
     assert missing.status_code == 404 and "no-such-job" in missing.json()["detail"]
 
 
-def test_metrics_cover_every_series(http: httpx.Client) -> None:
+def test_metrics_cover_every_series(server: KilnServer, http: httpx.Client) -> None:
     assert predict(http, MLP.name, sample(MLP, 3)).status_code == 200
     assert http.get("/v1/models/no-such-model").status_code == 404
+    with grpc.insecure_channel(server.grpc_address) as channel, pytest.raises(grpc.RpcError):
+        GRPCInferenceServiceStub(channel).ModelMetadata(ModelMetadataRequest(name="no-such-model"))
     samples = scrape(http)
+    assert value(samples, "kiln_grpc_errors_total", code="NOT_FOUND", method="ModelMetadata") == 1
     assert value(samples, "kiln_request_duration_seconds_count", model="mlp", version="1") >= 1
     assert value(samples, "kiln_batch_size_count", model="mlp") >= 1
     assert value(samples, "kiln_batch_size_sum", model="mlp") >= 3

@@ -61,6 +61,7 @@ NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": Fal
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     api_keys = parse_keys(settings.api_keys)
+    max_bytes = settings.max_upload_mb * MB  # of a request, in either protocol
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -73,11 +74,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.services = Services(settings, registry, queue, runtime)
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
-        resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
-        grpc_server = await start_grpc(app.state.services, settings, api_keys, app.version)
-        freeze_heap()  # what startup imported stays out of every later full collection
-        log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
-        try:
+        grpc_server, resuming = None, None
+        try:  # a port that is taken fails the start, with everything opened so far closed
+            grpc_server = await start_grpc(app.state.services, settings, api_keys, app.version, max_bytes)
+            resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
+            freeze_heap()  # what startup imported stays out of every later full collection
+            log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
             yield
         finally:
             if grpc_server is not None:
@@ -94,7 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="A model server that compiles what it serves.",
         lifespan=lifespan,
-        max_body_size=settings.max_upload_mb * MB,
+        max_body_size=max_bytes,
         telemetry=None if settings.opentelemetry else NO_TELEMETRY,
     )
     app.state.api_keys = api_keys

@@ -1,17 +1,19 @@
 """The Open Inference Protocol (KServe v2) over gRPC, as Triton serves it beside HTTP.
 
 The service is Triton's `inference.GRPCInferenceService`, from the bindings tritonclient ships
-(`tritonclient.grpc.service_pb2`), so that tritonclient.grpc, perf_analyzer and KServe's gRPC
-clients talk to Kiln unchanged. Each method calls the code of its HTTP route (service.api.v2 and
-service.api.repository), and an error leaves with the gRPC status of its HTTP one. Shared memory,
-tracing, logging settings and streaming are not offered: they answer UNIMPLEMENTED.
+(`tritonclient.grpc.service_pb2`), so that tritonclient.grpc talks to Kiln unchanged; KServe's v2
+proto is a subset of it, so its clients call the same methods. Each method calls the code of its
+HTTP route (service.api.v2 and service.api.repository), and an error leaves with the gRPC status
+of its HTTP one. Shared memory, tracing, logging settings and streaming are not offered: they
+answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import numpy as np
@@ -22,19 +24,19 @@ from tritonclient.grpc import model_config_pb2 as config_pb
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from service import metrics
 from service.api import repository, v2
 from service.api.auth import Scope, authorize, presented_key
 from service.api.deps import Services
 from service.api.health import readiness
-from service.errors import BadRequestError, ConflictError, NotFoundError
+from service.api.middleware import incoming_or_new
+from service.errors import BadRequestError, ConflictError, KilnError, NotFoundError
+from service.logs import request_id
 from service.settings import Settings
 from service.store import StoreUnavailableError
 from service.tensors import DATATYPES, InferRequest, decode_tensors, encode_tensor
 
 log = logging.getLogger("kiln.grpc")
-
-MB = 1024 * 1024
-M = TypeVar("M", bound=Message)
 
 # HTTP status -> gRPC status, as Triton maps its errors.
 GRPC_STATUS = {
@@ -47,6 +49,26 @@ GRPC_STATUS = {
     422: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
 }
+# The scope each method needs, as its HTTP route does; the health and server metadata are open.
+SCOPES = {
+    "ServerLive": None,
+    "ServerReady": None,
+    "ServerMetadata": None,
+    "RepositoryModelLoad": Scope.admin,
+    "RepositoryModelUnload": Scope.admin,
+}
+# Triton's methods Kiln does not offer.
+UNOFFERED = [
+    "ModelStreamInfer",
+    "SystemSharedMemoryStatus",
+    "SystemSharedMemoryRegister",
+    "SystemSharedMemoryUnregister",
+    "CudaSharedMemoryStatus",
+    "CudaSharedMemoryRegister",
+    "CudaSharedMemoryUnregister",
+    "TraceSetting",
+    "LogSettings",
+]
 # Datatype -> the InferTensorContents field that carries it; FP16 has none: it travels raw.
 CONTENTS_FIELD = {
     "BOOL": "bool_contents",
@@ -57,6 +79,8 @@ CONTENTS_FIELD = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
 }
+# gRPC takes a signed 32-bit message size.
+MAX_MESSAGE_BYTES = 2**31 - 1
 
 
 def version_of(text: str) -> int | None:
@@ -64,12 +88,23 @@ def version_of(text: str) -> int | None:
     return v2.version_number(text) if text else None
 
 
-def parsed(doc: Mapping[str, Any], message: M) -> M:
+def parsed(doc: Mapping[str, Any], message: Message) -> Any:
     """An HTTP route's JSON document as the protobuf message of its gRPC method."""
     return json_format.ParseDict(doc, message, ignore_unknown_fields=True)
 
 
-def decode(request: pb.ModelInferRequest) -> InferRequest:
+def decodes_inline(request: Any) -> bool:
+    """As for HTTP bodies: small requests decode on the event loop, big ones in the threadpool."""
+    raw = sum(len(r) for r in request.raw_input_contents)
+    typed = sum(
+        len(getattr(t.contents, CONTENTS_FIELD[t.datatype]))
+        for t in request.inputs
+        if t.datatype in CONTENTS_FIELD
+    )
+    return raw <= v2.INLINE_BINARY_BYTES and typed <= v2.INLINE_JSON_ELEMENTS
+
+
+def decode(request: Any) -> InferRequest:
     """The request's tensors through the HTTP codec's checks: raw contents become binary
     tensors, typed contents JSON `data`."""
     raw = list(request.raw_input_contents)
@@ -84,7 +119,7 @@ def decode(request: pb.ModelInferRequest) -> InferRequest:
         if raw:
             doc["parameters"] = {"binary_data_size": len(raw[i])}
         elif tensor.datatype in CONTENTS_FIELD:
-            doc["data"] = list(getattr(tensor.contents, CONTENTS_FIELD[tensor.datatype]))
+            doc["data"] = np.asarray(getattr(tensor.contents, CONTENTS_FIELD[tensor.datatype]))
         elif tensor.datatype in DATATYPES:
             raise BadRequestError(f"tensor {tensor.name!r}: send {tensor.datatype} in raw_input_contents")
         docs.append(doc)
@@ -97,8 +132,8 @@ def decode(request: pb.ModelInferRequest) -> InferRequest:
     )
 
 
-def encode(name: str, version: int, request_id: str, outputs: list[tuple[str, np.ndarray, bool]]) -> Any:
-    response = pb.ModelInferResponse(model_name=name, model_version=str(version), id=request_id)
+def encode(name: str, version: int, rid: str, outputs: list[tuple[str, np.ndarray, bool]]) -> Any:
+    response = pb.ModelInferResponse(model_name=name, model_version=str(version), id=rid)
     for output, array, _ in outputs:
         doc, raw = encode_tensor(output, array, binary=True)
         response.outputs.add(name=output, datatype=doc["datatype"], shape=doc["shape"])
@@ -106,28 +141,69 @@ def encode(name: str, version: int, request_id: str, outputs: list[tuple[str, np
     return response
 
 
-class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, svc: Services, api_keys: Mapping[str, Scope], version: str) -> None:
-        self.svc = svc
-        self.api_keys = api_keys
-        self.version = version
+async def abort(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
+    """End the call with the gRPC status of the error's HTTP status, counted as HTTP's are."""
+    found = v2.error_of(exc)
+    if found is None:
+        log.exception("unhandled error in gRPC %s", method)
+        found = 500, f"{type(exc).__name__}; see the server log"
+    status, message = found
+    code = GRPC_STATUS.get(status, grpc.StatusCode.INTERNAL)
+    metrics.GRPC_ERRORS.labels(code.name, method).inc()
+    await context.abort(code, message)
 
-    async def _call(
-        self, context: grpc.aio.ServicerContext, scope: Scope | None, work: Callable[[], Awaitable[M]]
-    ) -> M:
-        """Run `work` after the scope's key check; an error aborts with its gRPC status."""
+
+Method = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Message]]
+
+
+def answered(method: Method) -> Method:
+    """The method with a request id on its log lines (from `x-request-id` metadata, as over
+    HTTP) and every error it raises answered with its status."""
+
+    @functools.wraps(method)
+    async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Message:
+        metadata = dict(context.invocation_metadata() or ())
+        request_id.set(incoming_or_new(metadata.get("x-request-id")))
         try:
-            if scope is not None:
-                authorize(self.api_keys, presented_key(dict(context.invocation_metadata() or ())), scope)
-            return await work()
+            return await method(self, request, context)
         except Exception as exc:
-            found = v2.error_of(exc)
-            if found is None:
-                log.exception("unhandled error in a gRPC call")
-                found = 500, f"{type(exc).__name__}; see the server log"
-            status, message = found
-            await context.abort(GRPC_STATUS.get(status, grpc.StatusCode.INTERNAL), message)
-            raise  # abort raises; this keeps the type checker sure nothing returns
+            await abort(context, method.__name__, exc)
+            raise  # not reached: abort raises
+
+    return call
+
+
+class KeyCheck(grpc.aio.ServerInterceptor):
+    """The API key, checked before the request message is parsed, as HTTP checks it before
+    reading the body."""
+
+    def __init__(self, api_keys: Mapping[str, Scope]) -> None:
+        self.api_keys = api_keys
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = details.method.rpartition("/")[2]
+        scope = SCOPES.get(method, Scope.infer)
+        if scope is not None and method not in UNOFFERED:
+            try:
+                authorize(self.api_keys, presented_key(dict(details.invocation_metadata or ())), scope)
+            except KilnError as exc:
+                refusal = exc
+
+                async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> None:
+                    await abort(context, method, refusal)
+
+                return grpc.unary_unary_rpc_method_handler(refuse)
+        return await continuation(details)
+
+
+class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, svc: Services, version: str) -> None:
+        self.svc = svc
+        self.version = version
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -142,106 +218,106 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return pb.ServerMetadataResponse(name="kiln", version=self.version, extensions=v2.EXTENSIONS)
 
+    @answered
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
-            version = version_of(request.version)
-            try:
-                await run_in_threadpool(v2.check_model_ready, self.svc, request.name, version)
-            except (BadRequestError, NotFoundError, ConflictError, StoreUnavailableError) as exc:
-                log.debug("model %s is not ready: %s", request.name, exc)
-                return pb.ModelReadyResponse(ready=False)
-            return pb.ModelReadyResponse(ready=True)
+        """A boolean, as Triton's: where HTTP answers "not ready" with 400, 404 or 409."""
+        version = version_of(request.version)
+        try:
+            await run_in_threadpool(v2.check_model_ready, self.svc, request.name, version)
+        except (BadRequestError, NotFoundError, ConflictError, StoreUnavailableError) as exc:
+            log.debug("model %s is not ready: %s", request.name, exc)
+            return pb.ModelReadyResponse(ready=False)
+        return pb.ModelReadyResponse(ready=True)
 
-        return await self._call(context, Scope.infer, work)
-
+    @answered
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
-            doc = await run_in_threadpool(
-                v2.metadata_doc, self.svc, request.name, version_of(request.version)
-            )
-            return parsed(doc, pb.ModelMetadataResponse())
+        version = version_of(request.version)
+        doc = await run_in_threadpool(v2.metadata_doc, self.svc, request.name, version)
+        return parsed(doc, pb.ModelMetadataResponse())
 
-        return await self._call(context, Scope.infer, work)
-
+    @answered
     async def ModelConfig(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
-            version = version_of(request.version)
-            doc = await run_in_threadpool(v2.config_doc, self.svc, request.name, version)
-            return pb.ModelConfigResponse(config=parsed(doc, config_pb.ModelConfig()))
+        version = version_of(request.version)
+        doc = await run_in_threadpool(v2.config_doc, self.svc, request.name, version)
+        return pb.ModelConfigResponse(config=parsed(doc, config_pb.ModelConfig()))
 
-        return await self._call(context, Scope.infer, work)
-
+    @answered
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
-            if not request.name:
-                doc = repository.all_stats(self.svc)
-            elif not request.version:
-                doc = await run_in_threadpool(repository.model_stats, request.name, self.svc)
-            else:
-                doc = await run_in_threadpool(
-                    repository.model_version_stats, request.name, request.version, self.svc
-                )
-            return parsed(doc, pb.ModelStatisticsResponse())
-
-        return await self._call(context, Scope.infer, work)
-
-    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
-            body = repository.IndexRequest(ready=request.ready)
-            index = await run_in_threadpool(repository.repository_index, self.svc, body)
-            return parsed({"models": index}, pb.RepositoryIndexResponse())
-
-        return await self._call(context, Scope.infer, work)
-
-    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
-            await repository.load_model(request.model_name, self.svc)
-            return pb.RepositoryModelLoadResponse()
-
-        return await self._call(context, Scope.admin, work)
-
-    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
-            await run_in_threadpool(repository.unload_model, request.model_name, self.svc)
-            return pb.RepositoryModelUnloadResponse()
-
-        return await self._call(context, Scope.admin, work)
-
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        async def work() -> Any:
-            name = request.model_name
-            result, outputs = await v2.run_infer(
-                self.svc, name, version_of(request.model_version), decode(request)
+        if not request.name:
+            doc = repository.all_stats(self.svc)
+        elif not request.version:
+            doc = await run_in_threadpool(repository.model_stats, request.name, self.svc)
+        else:
+            doc = await run_in_threadpool(
+                repository.model_version_stats, request.name, request.version, self.svc
             )
-            return encode(name, result.version, request.id, outputs)
+        return parsed(doc, pb.ModelStatisticsResponse())
 
-        return await self._call(context, Scope.infer, work)
+    @answered
+    async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        body = repository.IndexRequest(ready=request.ready)
+        index = await run_in_threadpool(repository.repository_index, self.svc, body)
+        return parsed({"models": index}, pb.RepositoryIndexResponse())
+
+    @answered
+    async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await repository.load_model(request.model_name, self.svc)
+        return pb.RepositoryModelLoadResponse()
+
+    @answered
+    async def RepositoryModelUnload(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await run_in_threadpool(repository.unload_model, request.model_name, self.svc)
+        return pb.RepositoryModelUnloadResponse()
+
+    @answered
+    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        name, version = request.model_name, version_of(request.model_version)
+        infer = decode(request) if decodes_inline(request) else await run_in_threadpool(decode, request)
+        result, outputs = await v2.run_infer(self.svc, name, version, infer)
+        if v2.encodes_inline(outputs):
+            return encode(name, result.version, request.id, outputs)
+        return await run_in_threadpool(encode, name, result.version, request.id, outputs)
+
+
+def _unoffered(name: str) -> Callable[..., Awaitable[None]]:
+    async def unoffered(self: Any, request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"Kiln does not offer {name}")
+
+    return unoffered
+
+
+for _name in UNOFFERED:  # in place of the generated servicer's "Method not implemented!"
+    setattr(InferenceService, _name, _unoffered(_name))
+
+
+def grpc_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # an IPv6 host is bracketed
 
 
 async def start_grpc(
-    svc: Services, settings: Settings, api_keys: Mapping[str, Scope], version: str
+    svc: Services, settings: Settings, api_keys: Mapping[str, Scope], version: str, max_bytes: int
 ) -> grpc.aio.Server | None:
-    """The gRPC server, listening on the running event loop beside uvicorn; None when off."""
+    """The gRPC server, listening on the running event loop beside uvicorn; None when off.
+    Requests may be as large as HTTP bodies (`max_bytes`), and responses as large as they come."""
     if not settings.grpc_port:
         return None
-    limit = settings.max_upload_mb * MB  # as the HTTP body limit: a batch of images is megabytes
     server = grpc.aio.server(
+        interceptors=[KeyCheck(api_keys)],
         options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
+            ("grpc.max_receive_message_length", min(max_bytes, MAX_MESSAGE_BYTES)),
+            ("grpc.max_send_message_length", -1),
             # Off unless `kiln serve --workers N` started this process: then its siblings share
             # the port, but another server must not silently take half of this one's clients.
             ("grpc.so_reuseport", int(settings.grpc_reuse_port)),
-        ]
+        ],
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(svc, api_keys, version), server)
-    address = f"{settings.grpc_host}:{settings.grpc_port}"
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(svc, version), server)
+    address = grpc_address(settings.grpc_host, settings.grpc_port)
     try:
         server.add_insecure_port(address)
     except RuntimeError as exc:
-        raise RuntimeError(
-            f"cannot listen for gRPC on {address} ({exc}): set KILN_GRPC_PORT, 0 turns it off"
-        ) from exc
+        reason = f"cannot listen for gRPC on {address} ({exc}): set KILN_GRPC_PORT; 0 turns gRPC off"
+        raise RuntimeError(reason) from exc
     await server.start()
     log.info("gRPC (Open Inference Protocol) on %s", address)
     return server
