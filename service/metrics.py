@@ -99,6 +99,11 @@ HTTP_ERRORS = Counter(
     "Responses with status >= 400, by status code and route template ('unmatched' when no route matched).",
     ["code", "route"],
 )
+RESPONSE_CACHE = Counter(
+    "kiln_response_cache_lookups",
+    "Requests of models with a response cache, by model and result (hit: answered from memory).",
+    ["model", "result"],
+)
 GRPC_ERRORS = Counter(
     "kiln_grpc_errors",
     "gRPC calls that ended in an error, by status code and method.",

@@ -86,6 +86,9 @@ class ModelConfig(BaseModel):
     # Requests of one version that may wait or run at once in one server process; past it, a
     # 503 with Retry-After. None: the server default; 0: no limit.
     max_queue_size: int | None = Field(default=None, ge=0, le=1_000_000)
+    # Triton's response cache: a request whose inputs this version answered before is answered
+    # from memory (KILN_RESPONSE_CACHE_MB per process) without running. For deterministic models.
+    response_cache: bool = False
     # MetaSchedule trials for an extra, tuned `tvm` variant per target, compiled after the
     # others (0: none). Each compiled batch size is tuned; kernels tuned before cost no trials.
     tuning_trials: int = Field(default=0, ge=0, le=20_000)

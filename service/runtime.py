@@ -33,6 +33,7 @@ from service.errors import ConflictError, NotFoundError
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
+from service.response_cache import ResponseCache, response_key
 from service.router import ANY_TARGET, REFERENCE, choose_variant, cost_ratio, servable, serving_version
 from service.settings import Settings
 from service.stats import Stats
@@ -136,6 +137,7 @@ class Runtime:
             for i in range(settings.inference_workers)
         ]
         self._next_lane = itertools.count()
+        self._responses = ResponseCache(settings.response_cache_mb * MB)
 
     # Routing -----------------------------------------------------------------------------
 
@@ -266,10 +268,22 @@ class Runtime:
         route = await self.aroute(name, version)
         arrays = route.spec.coerce(inputs)
         batch = route.spec.check(arrays)
+        number = route.version.version
+        # A pinned backend asks for that backend's answer, which the cache does not know.
+        cache_key = None
+        if route.version.config.response_cache and backend is None and self._responses.max_bytes:
+            cache_key = response_key(name, number, arrays)
+            cached = self._responses.get(cache_key)
+            looked_up = time.perf_counter() - begun
+            self.stats.cache_lookup(name, number, looked_up, hit=cached is not None)
+            metrics.RESPONSE_CACHE.labels(name, "miss" if cached is None else "hit").inc()
+            if cached is not None:
+                self.stats.request(name, number, looked_up, ok=True)
+                metrics.REQUEST_SECONDS.labels(name, str(number), cached.variant.backend).observe(looked_up)
+                return Prediction(cached.outputs, number, cached.variant)
         # The variant for this request alone is loaded here, in the request's context (its log
         # lines carry its id) and off the inference threads; a batch may still pick another.
         variant = self.choose(route.variants, batch, backend)
-        number = route.version.version
         started = time.perf_counter()
         try:
             if self._cached(runner_key(route.version, variant)) is None:
@@ -278,6 +292,8 @@ class Runtime:
         except BaseException:  # a client that hung up (cancelled) is a failed request too
             self.stats.request(name, number, time.perf_counter() - started, ok=False)
             raise
+        if cache_key is not None:
+            self._responses.put(cache_key, outputs, variant)
         done = time.perf_counter()
         self.stats.request(name, number, done - started, ok=True)
         metrics.REQUEST_SECONDS.labels(name, str(number), variant.backend).observe(done - begun)
@@ -477,6 +493,7 @@ class Runtime:
         with self._lock:
             self._generations[name] += 1  # refreshes in flight now keep nothing they read
             self._unloads[name] += 1
+        self._responses.drop(name, version)  # its answers go with its runners
         # Copies: requests on the event loop may add entries meanwhile.
         for route_key, route in list(self._routes.items()):
             if gone(route_key[0], route.version.version):

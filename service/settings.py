@@ -52,6 +52,8 @@ class Settings(BaseSettings):
     grpc_host: str = "127.0.0.1"
     grpc_reuse_port: bool = False
 
+    # Memory of the response cache, per process, for the models that opt in (0: none cached).
+    response_cache_mb: int = Field(default=256, ge=0)
     # How long a replica trusts its cached routing decision before asking the store again.
     route_ttl_s: float = 1.0
     # Memory budget of loaded runners; the least recently used are evicted past it.

@@ -56,6 +56,9 @@ class ModelStats:
     # Per request, as Triton counts them: each request of a batch is charged the batch's times.
     compute: _Compute = field(default_factory=_Compute)
     batches: dict[int, _Compute] = field(default_factory=lambda: defaultdict(_Compute))
+    # Response cache lookups: a hit's time answers the request, a miss's is spent before it runs.
+    cache_hit: _Duration = field(default_factory=_Duration)
+    cache_miss: _Duration = field(default_factory=_Duration)
 
 
 class Stats:
@@ -68,6 +71,11 @@ class Stats:
             stats = self._models[(name, version)]
             (stats.success if ok else stats.fail).add(seconds)
             stats.last_inference_ms = int(time.time() * 1000)
+
+    def cache_lookup(self, name: str, version: int, seconds: float, hit: bool) -> None:
+        with self._lock:
+            stats = self._models[(name, version)]
+            (stats.cache_hit if hit else stats.cache_miss).add(seconds)
 
     def execution(self, name: str, version: int, timing: BatchTiming) -> None:
         with self._lock:
@@ -93,7 +101,8 @@ class Stats:
                         "fail": s.fail.doc(),
                         "queue": s.queue.doc(),
                         **s.compute.doc(),
-                        "cache_hit": _Duration().doc(),  # Kiln has no response cache
+                        "cache_hit": s.cache_hit.doc(),
+                        "cache_miss": s.cache_miss.doc(),
                     },
                     "batch_stats": [{"batch_size": size, **c.doc()} for size, c in sorted(s.batches.items())],
                 }

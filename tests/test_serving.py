@@ -95,12 +95,13 @@ def test_concurrent_requests_are_batched_and_split_back_exactly(
     assert executions < 32
     assert max(b["batch_size"] for b in after["batch_stats"]) > 1  # type: ignore[attr-defined]
     # Triton's statistics: per request, its queue time apart from its batch's compute.
-    phases = {"success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit"}
+    computed = {"success", "fail", "queue", "compute_input", "compute_infer", "compute_output"}
+    phases = {*computed, "cache_hit", "cache_miss"}
     infer_before: dict[str, dict[str, int]] = before["inference_stats"]  # type: ignore[assignment]
     infer_after: dict[str, dict[str, int]] = after["inference_stats"]  # type: ignore[assignment]
     assert set(infer_after) == phases
     grew = {k: (infer_after[k]["count"] - infer_before[k]["count"]) for k in phases}
-    assert grew == {**dict.fromkeys(phases, 32), "fail": 0, "cache_hit": 0}
+    assert grew == {**dict.fromkeys(phases, 32), "fail": 0, "cache_hit": 0, "cache_miss": 0}
     queued_ns = infer_after["queue"]["ns"] - infer_before["queue"]["ns"]
     assert queued_ns > 20_000_000  # 32 requests queue behind each other's batches
     batch_stats: list[dict[str, dict[str, int]]] = after["batch_stats"]  # type: ignore[assignment]
@@ -260,3 +261,44 @@ def test_a_full_queue_answers_503_with_retry_after_in_each_protocol(
     assert predict(http, SLOW.name, small).status_code == 200
     counts = {k: v["count"] for k, v in stats(http, SLOW.name)["inference_stats"].items()}  # type: ignore[attr-defined]
     assert (counts["success"], counts["fail"]) == (3, 2)  # the statistics extension counts the refusals
+
+
+def cache_counts(http: httpx.Client, name: str) -> tuple[int, int, int]:
+    """Response-cache hits and misses, and executions, from the model's v2 statistics."""
+    found = stats(http, name)
+    inference = found["inference_stats"]
+    assert isinstance(inference, dict)
+    executions = int(str(found["execution_count"]))
+    return inference["cache_hit"]["count"], inference["cache_miss"]["count"], executions
+
+
+def test_the_response_cache_answers_repeated_inputs_without_running(
+    http: httpx.Client, server: KilnServer
+) -> None:
+    name = "mlp-cached"
+    assert upload(http, MLP, name=name, response_cache=True, backends=[]).status_code == 202
+    assert http.get(f"/v2/models/{name}/config").json()["response_cache"] == {"enable": True}
+    x, other = sample(MLP, 2), sample(MLP, 2) + 1
+    first = predict(http, name, x).json()
+    assert cache_counts(http, name) == (0, 1, 1)
+    again = predict(http, name, x).json()
+    assert again == first  # the same numbers and the variant that computed them
+    np.testing.assert_allclose(again["outputs"]["output0"], expected(MLP, x), rtol=1e-5, atol=1e-6)
+    assert cache_counts(http, name) == (1, 1, 1)  # answered, not run
+    assert predict(http, name, other).status_code == 200
+    assert predict(http, name, x[:1]).status_code == 200  # another shape is another key
+    assert predict(http, name, x, backend="torchscript").status_code == 200  # pinned: never cached
+    assert cache_counts(http, name) == (1, 3, 4)
+    samples = http.get("/metrics").text
+    assert f'kiln_response_cache_lookups_total{{model="{name}",result="hit"}} 1.0' in samples
+
+    # An unload drops the model's answers with its runners.
+    assert http.post(f"/v2/repository/models/{name}/unload").status_code == 200
+    assert http.post(f"/v2/repository/models/{name}/load").status_code == 200
+    assert predict(http, name, x).status_code == 200
+    assert cache_counts(http, name) == (1, 4, 5)
+    # A model that did not opt in runs every request.
+    assert upload(http, MLP, name="mlp-uncached", backends=[]).status_code == 202
+    for _ in range(2):
+        assert predict(http, "mlp-uncached", x).status_code == 200
+    assert cache_counts(http, "mlp-uncached") == (0, 0, 2)

@@ -191,6 +191,8 @@ def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
         "input": [tensor(*t) for t in inputs],
         "output": [tensor(*t) for t in outputs],
     }
+    if record.config.response_cache:
+        config["response_cache"] = {"enable": True}
     if batching:
         config["dynamic_batching"] = {
             "preferred_batch_size": list(policy.preferred_batch_sizes),
