@@ -33,7 +33,7 @@ from service.errors import ConflictError, NotFoundError
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
-from service.response_cache import ResponseCache, response_key
+from service.response_cache import HASH_INLINE_BYTES, Key, ResponseCache, response_key
 from service.router import ANY_TARGET, REFERENCE, choose_variant, cost_ratio, servable, serving_version
 from service.settings import Settings
 from service.stats import Stats
@@ -269,22 +269,22 @@ class Runtime:
         arrays = route.spec.coerce(inputs)
         batch = route.spec.check(arrays)
         number = route.version.version
+        started = time.perf_counter()
         # A pinned backend asks for that backend's answer, which the cache does not know.
-        cache_key = None
+        cache_key, looked_up, unloads = None, 0.0, self._unloads[name]
         if route.version.config.response_cache and backend is None and self._responses.max_bytes:
-            cache_key = response_key(name, number, arrays)
+            cache_key = await self._response_key(name, number, arrays)
             cached = self._responses.get(cache_key)
-            looked_up = time.perf_counter() - begun
-            self.stats.cache_lookup(name, number, looked_up, hit=cached is not None)
-            metrics.RESPONSE_CACHE.labels(name, "miss" if cached is None else "hit").inc()
+            done = time.perf_counter()
             if cached is not None:
-                self.stats.request(name, number, looked_up, ok=True)
-                metrics.REQUEST_SECONDS.labels(name, str(number), cached.variant.backend).observe(looked_up)
-                return Prediction(cached.outputs, number, cached.variant)
+                self.stats.cache_hit(name, number, done - started)
+                metrics.RESPONSE_CACHE.labels(name, "hit").inc()
+                metrics.REQUEST_SECONDS.labels(name, str(number), "cache").observe(done - begun)
+                return Prediction(dict(cached.outputs), number, cached.variant)
+            looked_up = done - started
         # The variant for this request alone is loaded here, in the request's context (its log
         # lines carry its id) and off the inference threads; a batch may still pick another.
         variant = self.choose(route.variants, batch, backend)
-        started = time.perf_counter()
         try:
             if self._cached(runner_key(route.version, variant)) is None:
                 await run_in_threadpool(self.runner, route, batch, backend)
@@ -293,11 +293,20 @@ class Runtime:
             self.stats.request(name, number, time.perf_counter() - started, ok=False)
             raise
         if cache_key is not None:
-            self._responses.put(cache_key, outputs, variant)
+            inserting = time.perf_counter()
+            if self._unloads[name] == unloads:  # else its answers were dropped meanwhile
+                self._responses.put(cache_key, outputs, variant)
+            self.stats.cache_miss(name, number, looked_up + time.perf_counter() - inserting)
+            metrics.RESPONSE_CACHE.labels(name, "miss").inc()
         done = time.perf_counter()
         self.stats.request(name, number, done - started, ok=True)
         metrics.REQUEST_SECONDS.labels(name, str(number), variant.backend).observe(done - begun)
         return Prediction(outputs, number, variant)
+
+    async def _response_key(self, name: str, number: int, arrays: Arrays) -> Key:
+        if sum(a.nbytes for a in arrays.values()) <= HASH_INLINE_BYTES:
+            return response_key(name, number, arrays)
+        return await run_in_threadpool(response_key, name, number, arrays)  # hashlib frees the GIL
 
     def _batcher(self, version: VersionRecord, backend: str | None) -> Batcher[VariantRecord]:
         name, number = version.name, version.version

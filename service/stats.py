@@ -56,7 +56,7 @@ class ModelStats:
     # Per request, as Triton counts them: each request of a batch is charged the batch's times.
     compute: _Compute = field(default_factory=_Compute)
     batches: dict[int, _Compute] = field(default_factory=lambda: defaultdict(_Compute))
-    # Response cache lookups: a hit's time answers the request, a miss's is spent before it runs.
+    # Response cache: a hit's lookup answers the request; a miss's lookup and insertion.
     cache_hit: _Duration = field(default_factory=_Duration)
     cache_miss: _Duration = field(default_factory=_Duration)
 
@@ -72,10 +72,20 @@ class Stats:
             (stats.success if ok else stats.fail).add(seconds)
             stats.last_inference_ms = int(time.time() * 1000)
 
-    def cache_lookup(self, name: str, version: int, seconds: float, hit: bool) -> None:
+    def cache_hit(self, name: str, version: int, seconds: float) -> None:
+        """A request answered from the response cache: a success that never queued, as Triton
+        counts it, and no inference or execution."""
         with self._lock:
             stats = self._models[(name, version)]
-            (stats.cache_hit if hit else stats.cache_miss).add(seconds)
+            stats.cache_hit.add(seconds)
+            stats.success.add(seconds)
+            stats.queue.add(0.0)
+            stats.last_inference_ms = int(time.time() * 1000)
+
+    def cache_miss(self, name: str, version: int, seconds: float) -> None:
+        """The lookup and the insertion of a request that then ran."""
+        with self._lock:
+            self._models[(name, version)].cache_miss.add(seconds)
 
     def execution(self, name: str, version: int, timing: BatchTiming) -> None:
         with self._lock:

@@ -160,10 +160,14 @@ def test_cache_hit_streams_and_unknown_job_is_404(server: KilnServer, http: http
 def test_metrics_cover_every_series(server: KilnServer, http: httpx.Client) -> None:
     assert predict(http, MLP.name, sample(MLP, 3)).status_code == 200
     assert http.get("/v1/models/no-such-model").status_code == 404
+    assert upload(http, MLP, name="mlp-cached", response_cache=True, backends=[]).status_code == 202
+    for _ in range(2):
+        assert predict(http, "mlp-cached", sample(MLP, 1)).status_code == 200
     with grpc.insecure_channel(server.grpc_address) as channel, pytest.raises(grpc.RpcError):
         GRPCInferenceServiceStub(channel).ModelMetadata(ModelMetadataRequest(name="no-such-model"))
     samples = scrape(http)
     assert value(samples, "kiln_grpc_errors_total", code="NOT_FOUND", method="ModelMetadata") == 1
+    assert value(samples, "kiln_response_cache_lookups_total", model="mlp-cached", result="hit") == 1
     assert value(samples, "kiln_request_duration_seconds_count", model="mlp", version="1") >= 1
     assert value(samples, "kiln_batch_size_count", model="mlp") >= 1
     assert value(samples, "kiln_batch_size_sum", model="mlp") >= 3

@@ -289,14 +289,25 @@ def test_the_response_cache_answers_repeated_inputs_without_running(
     assert predict(http, name, x[:1]).status_code == 200  # another shape is another key
     assert predict(http, name, x, backend="torchscript").status_code == 200  # pinned: never cached
     assert cache_counts(http, name) == (1, 3, 4)
+    # The same answer in every protocol, from the read-only arrays the hits share.
+    binary = v2_binary(server.url, x, name)
+    header_length = int(binary.headers["inference-header-content-length"])
+    got = np.frombuffer(binary.content[header_length:], np.float32).reshape(2, 10)
+    np.testing.assert_array_equal(got, np.asarray(first["outputs"]["output0"], np.float32))
+    grpc_client = triton_grpc.InferenceServerClient(server.grpc_address)
+    tensor = triton_grpc.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    np.testing.assert_array_equal(grpc_client.infer(name, [tensor]).as_numpy("output0"), got)
+    grpc_client.close()
+    assert cache_counts(http, name) == (3, 3, 4)
     samples = http.get("/metrics").text
-    assert f'kiln_response_cache_lookups_total{{model="{name}",result="hit"}} 1.0' in samples
+    assert f'kiln_response_cache_lookups_total{{model="{name}",result="hit"}} 3.0' in samples
 
     # An unload drops the model's answers with its runners.
     assert http.post(f"/v2/repository/models/{name}/unload").status_code == 200
     assert http.post(f"/v2/repository/models/{name}/load").status_code == 200
     assert predict(http, name, x).status_code == 200
-    assert cache_counts(http, name) == (1, 4, 5)
+    assert cache_counts(http, name) == (3, 4, 5)
     # A model that did not opt in runs every request.
     assert upload(http, MLP, name="mlp-uncached", backends=[]).status_code == 202
     for _ in range(2):
