@@ -7,13 +7,15 @@ batches grow even with no delay at all. `run` sees the merged batch, so it can p
 by the batch's size; what it returns beside the outputs (the variant that ran) reaches every
 request of the batch. Past `max_queue_size` requests waiting or running, new ones are refused at
 once with a 503, as Triton's queue policy and TorchServe's job queue refuse them, rather than
-queued behind work their clients gave up on.
+queued behind work their clients gave up on; and a request still waiting at its deadline gets a
+503 then, and never runs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,7 +25,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
-from service.errors import KilnError, QueueFullError, UnavailableError
+from service.errors import KilnError, QueueFullError, TimeoutExpiredError, UnavailableError
 
 Arrays = dict[str, np.ndarray]
 T = TypeVar("T")  # what `run` returns beside the outputs
@@ -57,6 +59,8 @@ class _Request(Generic[T]):
     inputs: Arrays
     batch: int
     future: asyncio.Future[tuple[Arrays, T]]
+    deadline: float | None  # time.monotonic() past which it is not run
+    started: bool = field(init=False, default=False)  # its batch began: it is answered
     # Requests merge only when every non-batch dimension agrees.
     signature: tuple[tuple[str, tuple[int, ...], str], ...] = field(init=False)
     arrived: float = field(init=False, default_factory=time.monotonic)
@@ -91,7 +95,9 @@ class Batcher(Generic[T]):
         self._task: asyncio.Task[None] | None = None
         self._pending = 0  # submitted and not yet answered; only touched on the event loop
 
-    async def submit(self, inputs: Arrays, batch: int) -> tuple[Arrays, T]:
+    async def submit(self, inputs: Arrays, batch: int, deadline: float | None = None) -> tuple[Arrays, T]:
+        """The request's outputs; a TimeoutExpiredError at `deadline` (time.monotonic()) if it
+        has not started to run by then, as Triton's queue policy rejects it: it never runs."""
         limit = self.policy.max_queue_size
         if limit and self._pending >= limit:
             raise QueueFullError(
@@ -101,13 +107,20 @@ class Batcher(Generic[T]):
         self._count(1)
         try:
             if self.policy.max_batch_size == 1:
-                return await self._run_alone(inputs, batch)
+                return await self._run_alone(inputs, batch, deadline)
             if self._task is None or self._task.done():
                 self._task = asyncio.get_running_loop().create_task(self._loop())
             future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
-            self._queue.append(_Request(inputs, batch, future))
+            request = _Request(inputs, batch, future, deadline)
+            self._queue.append(request)
             self._arrived.set()
-            return await future
+            if deadline is None:
+                return await future
+            expiry = asyncio.get_running_loop().call_later(deadline - time.monotonic(), _expire, request)
+            try:
+                return await future
+            finally:
+                expiry.cancel()
         finally:
             self._count(-1)
 
@@ -119,24 +132,45 @@ class Batcher(Generic[T]):
             except Exception:
                 log.exception("pending requests callback failed")
 
-    async def _run_alone(self, inputs: Arrays, batch: int) -> tuple[Arrays, T]:
+    async def _run_alone(self, inputs: Arrays, batch: int, deadline: float | None) -> tuple[Arrays, T]:
         """A model that cannot batch runs its requests side by side in the executor, as Triton
         runs a model's instances, instead of one at a time behind the queue: every runner is
         safe to call from several threads (those that are not hold a lock of their own)."""
         arrived = time.monotonic()
-        result, began, ended = await self._run_timed(inputs)
+        if deadline is None:
+            result, began, ended = await self._run_timed(inputs)
+        else:
+            result, began, ended = await self._run_timed_within(inputs, deadline)
         self._report(BatchTiming(batch, [began - arrived], 0.0, ended - began, 0.0))
         return result
 
-    async def _run_timed(self, inputs: Arrays) -> tuple[tuple[Arrays, T], float, float]:
+    async def _run_timed(
+        self, inputs: Arrays, claim: _Claim | None = None
+    ) -> tuple[tuple[Arrays, T], float, float]:
         """`run` in the executor, with when it began and ended there: a request waits for an
-        executor thread as it waits for a batch, and both count as its queue time."""
+        executor thread as it waits for a batch, and both count as its queue time. Not run if
+        its `claim` expired while it waited for a thread."""
 
         def timed() -> tuple[tuple[Arrays, T], float, float]:
             began = time.monotonic()
+            if claim is not None and not claim.start():
+                raise _expired()
             return self.run(inputs), began, time.monotonic()
 
         return await asyncio.get_running_loop().run_in_executor(self.executor, timed)
+
+    async def _run_timed_within(
+        self, inputs: Arrays, deadline: float
+    ) -> tuple[tuple[Arrays, T], float, float]:
+        """As `_run_timed`, answered at `deadline` if no thread has taken it up by then."""
+        claim = _Claim()
+        running = asyncio.ensure_future(self._run_timed(inputs, claim))
+        try:
+            return await asyncio.wait_for(asyncio.shield(running), max(deadline - time.monotonic(), 0.0))
+        except TimeoutError:
+            if claim.expire():
+                raise _expired() from None
+            return await running  # it started in time: it is answered
 
     def close(self) -> None:
         """Stop the batching task; the requests still waiting get a 503. Safe from any thread."""
@@ -194,7 +228,7 @@ class Batcher(Generic[T]):
     async def _loop(self) -> None:
         try:
             while True:
-                requests = [r for r in await self._collect() if not r.future.cancelled()]
+                requests = [r for r in await self._collect() if self._runnable(r)]
                 if requests:
                     await self._execute(requests)
                 self._batch = []
@@ -203,6 +237,14 @@ class Batcher(Generic[T]):
             # End normally: a stored CancelledError's traceback would keep this frame, and with
             # it the last batch's arrays, alive in a reference cycle after the batcher is dropped.
             return
+
+    @staticmethod
+    def _runnable(request: _Request[T]) -> bool:
+        """Not given up on (expired, or its client hung up), and so started."""
+        if request.deadline is not None and time.monotonic() > request.deadline:
+            _expire(request)  # its timer may not have fired yet
+        request.started = not request.future.done()
+        return request.started
 
     def _fail_waiting(self) -> None:
         """Closed: every request still waiting gets an answer instead of hanging."""
@@ -252,6 +294,33 @@ class Batcher(Generic[T]):
                 self.on_batch(timing)
             except Exception:
                 log.exception("batch statistics callback failed")
+
+
+def _expired() -> TimeoutExpiredError:
+    return TimeoutExpiredError("the request's timeout expired before it started to run; it was not run")
+
+
+def _expire(request: _Request[T]) -> None:
+    if not request.started and not request.future.done():
+        request.future.set_exception(_expired())
+
+
+class _Claim:
+    """Who first takes a request that runs alone: the thread that runs it, or its timeout."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: str | None = None
+
+    def start(self) -> bool:
+        with self._lock:
+            self._state = self._state or "started"
+            return self._state == "started"
+
+    def expire(self) -> bool:
+        with self._lock:
+            self._state = self._state or "expired"
+            return self._state == "expired"
 
 
 def merge(parts: list[Arrays]) -> Arrays:

@@ -57,3 +57,9 @@ class QueueFullError(UnavailableError):
 
     title = "Queue full"
     headers: ClassVar[dict[str, str]] = {"Retry-After": "1"}
+
+
+class TimeoutExpiredError(UnavailableError):
+    """A request's timeout passed before it was answered: it is not run, or not waited for."""
+
+    title = "Request timeout expired"

@@ -263,7 +263,11 @@ class Runtime:
         version: int | None,
         inputs: Mapping[str, object],
         backend: str | None = None,
+        timeout_us: int | None = None,
     ) -> Prediction:
+        """`timeout_us` (else the model's default_timeout_us) bounds the request's wait from
+        now: past it, a TimeoutExpiredError, and it runs only if it started before."""
+        arrived = time.monotonic()
         begun = time.perf_counter()
         route = await self.aroute(name, version)
         arrays = route.spec.coerce(inputs)
@@ -288,7 +292,9 @@ class Runtime:
         try:
             if self._cached(runner_key(route.version, variant)) is None:
                 await run_in_threadpool(self.runner, route, batch, backend)
-            outputs, variant = await self._batcher(route.version, backend).submit(arrays, batch)
+            timeout_us = route.version.config.default_timeout_us if timeout_us is None else timeout_us
+            deadline = None if timeout_us is None else arrived + timeout_us / 1e6
+            outputs, variant = await self._batcher(route.version, backend).submit(arrays, batch, deadline)
         except BaseException:  # a client that hung up (cancelled) is a failed request too
             self.stats.request(name, number, time.perf_counter() - started, ok=False)
             raise

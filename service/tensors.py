@@ -194,6 +194,8 @@ class InferRequest:
     # Requested output -> whether it goes back as binary; None asks for every output.
     outputs: dict[str, bool] | None
     binary_output: bool
+    # The request's `timeout` parameter, in microseconds, as Triton takes it; None: the model's.
+    timeout_us: int | None = None
 
     def check_outputs(self, names: Iterable[str]) -> None:
         """An unknown requested output is an error: checked before inference, not after."""
@@ -260,13 +262,26 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise BadRequestError("`id` must be a string")
-    binary_output = _flag(_parameters(doc, "the request"), "binary_data_output", False)
+    params = _parameters(doc, "the request")
+    binary_output = _flag(params, "binary_data_output", False)
     return InferRequest(
         id=request_id,
         inputs=decode_tensors(doc.get("inputs"), binary),
         outputs=_requested(doc.get("outputs"), binary_output),
         binary_output=binary_output,
+        timeout_us=timeout_parameter(params.get("timeout")),
     )
+
+
+def timeout_parameter(value: object) -> int | None:
+    """The `timeout` request parameter: microseconds, as Triton takes it."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequestError(
+            f"parameter timeout must be a non-negative integer of microseconds; got {_short(value)}"
+        )
+    return value
 
 
 def encode_response(

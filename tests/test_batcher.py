@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from service.batcher import Arrays, Batcher, BatchPolicy, BatchTiming
-from service.errors import QueueFullError, UnavailableError
+from service.errors import QueueFullError, TimeoutExpiredError, UnavailableError
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 
@@ -288,3 +288,33 @@ def test_closing_answers_every_waiting_request() -> None:
     results = asyncio.run(main())
     assert all(isinstance(r, UnavailableError) for r in results), results
     assert "unloaded" in str(results[0])
+
+
+@pytest.mark.parametrize("max_batch_size", [1, 4])
+def test_a_request_past_its_timeout_is_answered_then_and_never_run(max_batch_size: int) -> None:
+    """Triton's queue timeout: a request still waiting at its deadline gets a 503 then, not
+    after the work ahead of it, and is not run when its turn comes."""
+    recorder = Recorder(delay_s=0.4)
+    first, late, patient = requests(3)
+
+    async def main() -> tuple[float, object]:
+        with ThreadPoolExecutor(1) as pool:  # one thread: the late request waits for it too
+            batcher = Batcher(recorder, BatchPolicy(max_batch_size), pool)
+            running = asyncio.ensure_future(batcher.submit({"x": first}, 1))
+            await asyncio.sleep(0.05)  # the first runs; the others wait behind it
+            waited = asyncio.ensure_future(batcher.submit({"x": patient}, 1, time.monotonic() + 10))
+            begun = time.monotonic()
+            with pytest.raises(TimeoutExpiredError, match="timeout expired"):
+                await batcher.submit({"x": late}, 1, time.monotonic() + 0.1)
+            answered_in = time.monotonic() - begun
+            await running
+            result = await waited
+            batcher.close()
+            return answered_in, result
+
+    answered_in, (result, _) = asyncio.run(main())
+    assert 0.09 < answered_in < 0.3  # at its deadline, not after the 0.4 s run ahead of it
+    assert sum(recorder.calls) == 2  # the first and the patient one: the late one never ran
+    alone, _ = recorder({"x": patient})
+    np.testing.assert_allclose(result["y"], alone["y"], rtol=1e-6)
+    assert TimeoutExpiredError.status_code == 503

@@ -14,7 +14,9 @@ import psutil
 import pytest
 import torch
 import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
 from torch import nn
+from tritonclient.utils import InferenceServerException
 
 from tests.client import expected, predict, sample, upload
 from tests.models import MODELS, TestModel
@@ -313,3 +315,49 @@ def test_the_response_cache_answers_repeated_inputs_without_running(
     for _ in range(2):
         assert predict(http, "mlp-uncached", x).status_code == 200
     assert cache_counts(http, "mlp-uncached") == (0, 0, 2)
+
+
+def test_a_request_past_its_timeout_gets_503_in_each_protocol(http: httpx.Client, server: KilnServer) -> None:
+    """Triton's queue policy: behind a long batch, a request past its timeout (the model's
+    default_timeout_us, or its own `timeout` parameter) is answered at once and never run."""
+    name = "slow-timeout"
+    config = {"max_batch_size": 512, "default_timeout_us": 50_000, "backends": []}
+    assert upload(http, SLOW, name=name, **config).status_code == 202
+    policy = http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]["default_queue_policy"]
+    assert policy["default_timeout_microseconds"] == 50_000 and policy["allow_timeout_override"] is True
+    small = sample(SLOW, 1)
+    http_client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+    grpc_client = triton_grpc.InferenceServerClient(server.grpc_address)
+    tensors = [triton_http.InferInput("x", [1, 256], "FP32"), triton_grpc.InferInput("x", [1, 256], "FP32")]
+    for tensor in tensors:
+        tensor.set_data_from_numpy(small)
+
+    def with_timeout(timeout_us: int) -> httpx.Response:
+        tensor = {"name": "x", "shape": [1, 256], "datatype": "FP32", "data": small.ravel().tolist()}
+        body = {"inputs": [tensor], "parameters": {"timeout": timeout_us}}
+        return httpx.post(f"{server.url}/v2/models/{name}/infer", json=body, timeout=120)
+
+    # Counted from arrival, a load included: the first request gives itself time for it.
+    assert with_timeout(60_000_000).status_code == 200
+    with ThreadPoolExecutor(2) as pool:
+        long_request = pool.submit(v2_binary, server.url, sample(SLOW, 512), name)
+        wait_until(lambda: pending(http, name) == 1, 30, "the long request to be in flight")
+        # Its own, longer timeout: it waits for the long batch and then runs.
+        patient = pool.submit(with_timeout, 60_000_000)
+        refused_v1 = predict(http, name, small)  # the model's 50 ms
+        with pytest.raises(InferenceServerException, match="timeout expired") as over_http:
+            http_client.infer(name, [tensors[0]], timeout=1_000)
+        with pytest.raises(InferenceServerException, match="timeout expired") as over_grpc:
+            grpc_client.infer(name, [tensors[1]], timeout=1_000)
+        assert long_request.result().status_code == 200
+        got = np.asarray(patient.result().json()["outputs"][0]["data"], np.float32).reshape(1, 256)
+        np.testing.assert_allclose(got, expected(SLOW, small), rtol=1e-4, atol=1e-5)
+    http_client.close()
+    grpc_client.close()
+    assert refused_v1.status_code == 503 and "timeout expired" in refused_v1.json()["detail"]
+    assert over_http.value.status() == "503"
+    assert over_grpc.value.status() == "StatusCode.UNAVAILABLE"
+    counts = {k: v["count"] for k, v in stats(http, name)["inference_stats"].items()}  # type: ignore[attr-defined]
+    assert (counts["success"], counts["fail"]) == (3, 3)
+    assert stats(http, name)["inference_count"] == 1 + 512 + 1  # the three refused never ran
+    assert with_timeout(-1).json()["error"].startswith("parameter timeout must be a non-negative integer")

@@ -191,13 +191,17 @@ def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
         "input": [tensor(*t) for t in inputs],
         "output": [tensor(*t) for t in outputs],
     }
+    queue_policy: dict[str, Any] = {"max_queue_size": policy.max_queue_size}
+    if record.config.default_timeout_us is not None:
+        queue_policy["default_timeout_microseconds"] = record.config.default_timeout_us
+        queue_policy["allow_timeout_override"] = True
     if record.config.response_cache:
         config["response_cache"] = {"enable": True}
     if batching:
         config["dynamic_batching"] = {
             "preferred_batch_size": list(policy.preferred_batch_sizes),
             "max_queue_delay_microseconds": policy.max_queue_delay_us,
-            "default_queue_policy": {"max_queue_size": policy.max_queue_size},
+            "default_queue_policy": queue_policy,
         }
     return config
 
@@ -310,7 +314,7 @@ async def run_infer(
     check_datatypes(route.spec, infer.inputs)
     infer.check_outputs(o.name for o in route.version.outputs)
     # Pin the version just checked against, so a newer upload cannot slip in between.
-    result = await svc.runtime.predict(name, route.version.version, infer.inputs)
+    result = await svc.runtime.predict(name, route.version.version, infer.inputs, timeout_us=infer.timeout_us)
     return result, infer.select(result.outputs)
 
 

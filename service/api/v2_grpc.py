@@ -34,7 +34,7 @@ from service.errors import BadRequestError, ConflictError, KilnError, NotFoundEr
 from service.logs import request_id
 from service.settings import Settings
 from service.store import StoreUnavailableError
-from service.tensors import DATATYPES, InferRequest, decode_tensors, encode_tensor
+from service.tensors import DATATYPES, InferRequest, decode_tensors, encode_tensor, timeout_parameter
 
 log = logging.getLogger("kiln.grpc")
 
@@ -129,7 +129,16 @@ def decode(request: Any) -> InferRequest:
         inputs=decode_tensors(docs, b"".join(raw)),
         outputs=dict.fromkeys(wanted, True) if wanted else None,
         binary_output=True,
+        timeout_us=timeout_parameter(parameter(request.parameters, "timeout")),
     )
+
+
+def parameter(parameters: Any, key: str) -> object:
+    """A request parameter's value, in whichever of InferParameter's fields it came."""
+    if key not in parameters:
+        return None
+    field = parameters[key].WhichOneof("parameter_choice")
+    return None if field is None else getattr(parameters[key], field)
 
 
 def encode(name: str, version: int, rid: str, outputs: list[tuple[str, np.ndarray, bool]]) -> Any:
