@@ -14,6 +14,7 @@ queued behind work their clients gave up on; and a request still waiting at its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -21,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -116,7 +117,7 @@ class Batcher(Generic[T]):
             self._arrived.set()
             if deadline is None:
                 return await future
-            expiry = asyncio.get_running_loop().call_later(deadline - time.monotonic(), _expire, request)
+            expiry = asyncio.get_running_loop().call_later(deadline - time.monotonic(), self._expire, request)
             try:
                 return await future
             finally:
@@ -163,14 +164,19 @@ class Batcher(Generic[T]):
         self, inputs: Arrays, deadline: float
     ) -> tuple[tuple[Arrays, T], float, float]:
         """As `_run_timed`, answered at `deadline` if no thread has taken it up by then."""
-        claim = _Claim()
+        claim = _Claim(deadline)
         running = asyncio.ensure_future(self._run_timed(inputs, claim))
+        running.add_done_callback(_retrieve)  # read here if no one waits for it any more
         try:
             return await asyncio.wait_for(asyncio.shield(running), max(deadline - time.monotonic(), 0.0))
         except TimeoutError:
             if claim.expire():
                 raise _expired() from None
             return await running  # it started in time: it is answered
+        except asyncio.CancelledError:  # its client hung up: it need not run either
+            if claim.expire():
+                running.cancel()
+            raise
 
     def close(self) -> None:
         """Stop the batching task; the requests still waiting get a 503. Safe from any thread."""
@@ -238,13 +244,21 @@ class Batcher(Generic[T]):
             # it the last batch's arrays, alive in a reference cycle after the batcher is dropped.
             return
 
-    @staticmethod
-    def _runnable(request: _Request[T]) -> bool:
-        """Not given up on (expired, or its client hung up), and so started."""
+    def _runnable(self, request: _Request[T]) -> bool:
+        """Not given up on (expired, or its client hung up), and so started: its batch formed."""
         if request.deadline is not None and time.monotonic() > request.deadline:
-            _expire(request)  # its timer may not have fired yet
+            self._expire(request)  # its timer may not have fired yet
         request.started = not request.future.done()
         return request.started
+
+    def _expire(self, request: _Request[T]) -> None:
+        """Its deadline passed: answered now, and out of the queue, where it would count towards
+        a batch's size and hold its inputs, unless its batch formed already."""
+        if request.started or request.future.done():
+            return
+        request.future.set_exception(_expired())
+        with contextlib.suppress(ValueError):  # collected into the forming batch: skipped there
+            self._queue.remove(request)
 
     def _fail_waiting(self) -> None:
         """Closed: every request still waiting gets an answer instead of hanging."""
@@ -300,21 +314,22 @@ def _expired() -> TimeoutExpiredError:
     return TimeoutExpiredError("the request's timeout expired before it started to run; it was not run")
 
 
-def _expire(request: _Request[T]) -> None:
-    if not request.started and not request.future.done():
-        request.future.set_exception(_expired())
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class _Claim:
     """Who first takes a request that runs alone: the thread that runs it, or its timeout."""
 
-    def __init__(self) -> None:
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
         self._lock = threading.Lock()
         self._state: str | None = None
 
     def start(self) -> bool:
         with self._lock:
-            self._state = self._state or "started"
+            self._state = self._state or ("started" if time.monotonic() <= self.deadline else "expired")
             return self._state == "started"
 
     def expire(self) -> bool:

@@ -87,7 +87,8 @@ class ModelConfig(BaseModel):
     # 503 with Retry-After. None: the server default; 0: no limit.
     max_queue_size: int | None = Field(default=None, ge=0, le=1_000_000)
     # How long a request may wait before it is answered with a 503 instead of run, in
-    # microseconds, unless it sets its own `timeout` parameter (Triton's queue policy). None: no limit.
+    # microseconds; a request's own, shorter `timeout` parameter counts instead (Triton's queue
+    # policy). None: no limit.
     default_timeout_us: int | None = Field(default=None, ge=1, le=3_600_000_000)
     # Triton's response cache: a request whose inputs this version answered before is answered
     # from memory (KILN_RESPONSE_CACHE_MB per process) without running. For deterministic models.

@@ -265,8 +265,8 @@ class Runtime:
         backend: str | None = None,
         timeout_us: int | None = None,
     ) -> Prediction:
-        """`timeout_us` (else the model's default_timeout_us) bounds the request's wait from
-        now: past it, a TimeoutExpiredError, and it runs only if it started before."""
+        """`timeout_us` (see effective_timeout) bounds the request's wait from now: past it, a
+        TimeoutExpiredError, unless its batch formed before."""
         arrived = time.monotonic()
         begun = time.perf_counter()
         route = await self.aroute(name, version)
@@ -292,7 +292,7 @@ class Runtime:
         try:
             if self._cached(runner_key(route.version, variant)) is None:
                 await run_in_threadpool(self.runner, route, batch, backend)
-            timeout_us = route.version.config.default_timeout_us if timeout_us is None else timeout_us
+            timeout_us = effective_timeout(timeout_us, route.version.config.default_timeout_us)
             deadline = None if timeout_us is None else arrived + timeout_us / 1e6
             outputs, variant = await self._batcher(route.version, backend).submit(arrays, batch, deadline)
         except BaseException:  # a client that hung up (cancelled) is a failed request too
@@ -547,6 +547,14 @@ class Runtime:
             executor.shutdown(wait=False, cancel_futures=True)
         self._route_pool.shutdown(wait=False, cancel_futures=True)
         self._load_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def effective_timeout(requested_us: int | None, default_us: int | None) -> int | None:
+    """As Triton's queue policy: a request's own timeout counts when it is set (not 0) and
+    shorter than the model's default; a request cannot wait longer than its model allows."""
+    if not requested_us:
+        return default_us
+    return requested_us if default_us is None else min(requested_us, default_us)
 
 
 def runner_key(version: VersionRecord, variant: VariantRecord) -> str:

@@ -273,13 +273,17 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
     )
 
 
+MAX_TIMEOUT_US = 3_600_000_000  # an hour
+
+
 def timeout_parameter(value: object) -> int | None:
-    """The `timeout` request parameter: microseconds, as Triton takes it."""
+    """The `timeout` request parameter: microseconds, as Triton takes it; 0 sets none."""
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TIMEOUT_US:
         raise BadRequestError(
-            f"parameter timeout must be a non-negative integer of microseconds; got {_short(value)}"
+            f"parameter timeout must be an integer of microseconds from 0 to {MAX_TIMEOUT_US}; "
+            f"got {_short(value)}"
         )
     return value
 

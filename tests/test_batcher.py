@@ -290,14 +290,22 @@ def test_closing_answers_every_waiting_request() -> None:
     assert "unloaded" in str(results[0])
 
 
+def quiet_loop_errors() -> list[dict[str, object]]:
+    """asyncio's reports of errors nobody read ("Task exception was never retrieved"), kept."""
+    errors: list[dict[str, object]] = []
+    asyncio.get_running_loop().set_exception_handler(lambda loop, context: errors.append(context))
+    return errors
+
+
 @pytest.mark.parametrize("max_batch_size", [1, 4])
 def test_a_request_past_its_timeout_is_answered_then_and_never_run(max_batch_size: int) -> None:
-    """Triton's queue timeout: a request still waiting at its deadline gets a 503 then, not
+    """Triton's queue policy: a request still waiting at its deadline gets a 503 then, not
     after the work ahead of it, and is not run when its turn comes."""
     recorder = Recorder(delay_s=0.4)
     first, late, patient = requests(3)
 
-    async def main() -> tuple[float, object]:
+    async def main() -> tuple[float, object, list[dict[str, object]]]:
+        errors = quiet_loop_errors()
         with ThreadPoolExecutor(1) as pool:  # one thread: the late request waits for it too
             batcher = Batcher(recorder, BatchPolicy(max_batch_size), pool)
             running = asyncio.ensure_future(batcher.submit({"x": first}, 1))
@@ -309,12 +317,55 @@ def test_a_request_past_its_timeout_is_answered_then_and_never_run(max_batch_siz
             answered_in = time.monotonic() - begun
             await running
             result = await waited
+            await asyncio.sleep(0.05)  # the late one's turn in the executor has come and gone
             batcher.close()
-            return answered_in, result
+            return answered_in, result, errors
 
-    answered_in, (result, _) = asyncio.run(main())
+    answered_in, (result, _), errors = asyncio.run(main())
     assert 0.09 < answered_in < 0.3  # at its deadline, not after the 0.4 s run ahead of it
     assert sum(recorder.calls) == 2  # the first and the patient one: the late one never ran
     alone, _ = recorder({"x": patient})
     np.testing.assert_allclose(result["y"], alone["y"], rtol=1e-6)
-    assert TimeoutExpiredError.status_code == 503
+    assert errors == []
+
+
+def test_an_expired_request_leaves_the_queue_and_the_next_batch_whole() -> None:
+    recorder = Recorder(delay_s=0.3)
+    first, late, a, b = requests(4)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(2), pool)
+            running = asyncio.ensure_future(batcher.submit({"x": first}, 1))
+            await asyncio.sleep(0.05)
+            expired = asyncio.ensure_future(batcher.submit({"x": late}, 1, time.monotonic() + 0.05))
+            rest = [asyncio.ensure_future(batcher.submit({"x": x}, 1)) for x in (a, b)]
+            with pytest.raises(TimeoutExpiredError):
+                await expired
+            await asyncio.gather(running, *rest)
+            batcher.close()
+
+    asyncio.run(main())
+    assert recorder.calls == [1, 2]  # a and b in one batch: the expired one took no place in it
+
+
+def test_a_client_that_hangs_up_before_its_turn_is_not_run_when_it_has_a_deadline() -> None:
+    recorder = Recorder(delay_s=0.2)
+    first, gone = requests(2)
+
+    async def main() -> list[dict[str, object]]:
+        errors = quiet_loop_errors()
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(1), pool)
+            running = asyncio.ensure_future(batcher.submit({"x": first}, 1))
+            await asyncio.sleep(0.05)
+            hung_up = asyncio.ensure_future(batcher.submit({"x": gone}, 1, time.monotonic() + 10))
+            await asyncio.sleep(0.05)
+            hung_up.cancel()
+            await running
+            await asyncio.sleep(0.1)
+            batcher.close()
+            return errors
+
+    assert asyncio.run(main()) == []
+    assert recorder.calls == [1]

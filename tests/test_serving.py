@@ -318,13 +318,13 @@ def test_the_response_cache_answers_repeated_inputs_without_running(
 
 
 def test_a_request_past_its_timeout_gets_503_in_each_protocol(http: httpx.Client, server: KilnServer) -> None:
-    """Triton's queue policy: behind a long batch, a request past its timeout (the model's
-    default_timeout_us, or its own `timeout` parameter) is answered at once and never run."""
+    """Triton's queue policy: behind a long batch, a request past its timeout (its own `timeout`
+    parameter, or its model's default_timeout_us when shorter) is answered at once, never run."""
     name = "slow-timeout"
-    config = {"max_batch_size": 512, "default_timeout_us": 50_000, "backends": []}
+    config = {"max_batch_size": 512, "default_timeout_us": 60_000_000, "backends": []}
     assert upload(http, SLOW, name=name, **config).status_code == 202
     policy = http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]["default_queue_policy"]
-    assert policy["default_timeout_microseconds"] == 50_000 and policy["allow_timeout_override"] is True
+    assert policy["default_timeout_microseconds"] == 60_000_000 and policy["allow_timeout_override"] is True
     small = sample(SLOW, 1)
     http_client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
     grpc_client = triton_grpc.InferenceServerClient(server.grpc_address)
@@ -337,27 +337,34 @@ def test_a_request_past_its_timeout_gets_503_in_each_protocol(http: httpx.Client
         body = {"inputs": [tensor], "parameters": {"timeout": timeout_us}}
         return httpx.post(f"{server.url}/v2/models/{name}/infer", json=body, timeout=120)
 
-    # Counted from arrival, a load included: the first request gives itself time for it.
-    assert with_timeout(60_000_000).status_code == 200
+    assert predict(http, name, small).status_code == 200  # loaded
     with ThreadPoolExecutor(2) as pool:
         long_request = pool.submit(v2_binary, server.url, sample(SLOW, 512), name)
         wait_until(lambda: pending(http, name) == 1, 30, "the long request to be in flight")
-        # Its own, longer timeout: it waits for the long batch and then runs.
-        patient = pool.submit(with_timeout, 60_000_000)
-        refused_v1 = predict(http, name, small)  # the model's 50 ms
         with pytest.raises(InferenceServerException, match="timeout expired") as over_http:
             http_client.infer(name, [tensors[0]], timeout=1_000)
         with pytest.raises(InferenceServerException, match="timeout expired") as over_grpc:
             grpc_client.infer(name, [tensors[1]], timeout=1_000)
+        over_json = with_timeout(1_000)
+        patient = pool.submit(with_timeout, 0)  # 0 sets none: the model's minute applies
         assert long_request.result().status_code == 200
         got = np.asarray(patient.result().json()["outputs"][0]["data"], np.float32).reshape(1, 256)
         np.testing.assert_allclose(got, expected(SLOW, small), rtol=1e-4, atol=1e-5)
     http_client.close()
     grpc_client.close()
-    assert refused_v1.status_code == 503 and "timeout expired" in refused_v1.json()["detail"]
     assert over_http.value.status() == "503"
     assert over_grpc.value.status() == "StatusCode.UNAVAILABLE"
+    assert over_json.status_code == 503 and "timeout expired" in over_json.json()["error"]
     counts = {k: v["count"] for k, v in stats(http, name)["inference_stats"].items()}  # type: ignore[attr-defined]
     assert (counts["success"], counts["fail"]) == (3, 3)
     assert stats(http, name)["inference_count"] == 1 + 512 + 1  # the three refused never ran
-    assert with_timeout(-1).json()["error"].startswith("parameter timeout must be a non-negative integer")
+    too_long = with_timeout(2**70).json()["error"]
+    assert too_long.startswith("parameter timeout must be an integer of microseconds from 0 to")
+
+    # A model's own default, the only timeout a /v1 request has: a microsecond passes before
+    # any request of this one is queued, so every one is refused, and none runs.
+    strict = {"max_batch_size": 1, "default_timeout_us": 1, "backends": []}
+    assert upload(http, SLOW, name="slow-strict", **strict).status_code == 202
+    refused = predict(http, "slow-strict", small)
+    assert refused.status_code == 503 and "timeout expired" in refused.json()["detail"]
+    assert stats(http, "slow-strict")["inference_count"] == 0
