@@ -346,6 +346,8 @@ def test_a_request_past_its_timeout_gets_503_in_each_protocol(http: httpx.Client
         with pytest.raises(InferenceServerException, match="timeout expired") as over_grpc:
             grpc_client.infer(name, [tensors[1]], timeout=1_000)
         over_json = with_timeout(1_000)
+        body = {"inputs": {"x": small.tolist()}}
+        over_v1 = http.post(f"/v1/models/{name}/predict", json=body, params={"timeout_us": 1_000})
         patient = pool.submit(with_timeout, 0)  # 0 sets none: the model's minute applies
         assert long_request.result().status_code == 200
         got = np.asarray(patient.result().json()["outputs"][0]["data"], np.float32).reshape(1, 256)
@@ -355,13 +357,16 @@ def test_a_request_past_its_timeout_gets_503_in_each_protocol(http: httpx.Client
     assert over_http.value.status() == "503"
     assert over_grpc.value.status() == "StatusCode.UNAVAILABLE"
     assert over_json.status_code == 503 and "timeout expired" in over_json.json()["error"]
+    assert over_v1.status_code == 503 and "timeout expired" in over_v1.json()["detail"]
     counts = {k: v["count"] for k, v in stats(http, name)["inference_stats"].items()}  # type: ignore[attr-defined]
-    assert (counts["success"], counts["fail"]) == (3, 3)
-    assert stats(http, name)["inference_count"] == 1 + 512 + 1  # the three refused never ran
+    assert (counts["success"], counts["fail"]) == (3, 4)
+    assert stats(http, name)["inference_count"] == 1 + 512 + 1  # the four refused never ran
+    negative = http.post(f"/v1/models/{name}/predict", json=body, params={"timeout_us": -1})
+    assert negative.status_code == 422 and "timeout_us" in negative.text
     too_long = with_timeout(2**70).json()["error"]
     assert too_long.startswith("parameter timeout must be an integer of microseconds from 0 to")
 
-    # A model's own default, the only timeout a /v1 request has: a microsecond passes before
+    # A model's own default: a microsecond passes before
     # any request of this one is queued, so every one is refused, and none runs.
     strict = {"max_batch_size": 1, "default_timeout_us": 1, "backends": []}
     assert upload(http, SLOW, name="slow-strict", **strict).status_code == 202

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Query
 from service.api.auth import infer_scope
 from service.api.deps import Services, services
 from service.api.schemas import PredictIn, PredictOut, Problem, VariantRef, error_responses
+from service.tensors import MAX_TIMEOUT_US
 
 router = APIRouter(
     tags=["inference"],
@@ -20,12 +21,26 @@ BackendQuery = Annotated[
     str | None,
     Query(description="Pin a backend (e.g. `tvm`) instead of the fastest verified variant."),
 ]
+TimeoutQuery = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        le=MAX_TIMEOUT_US,
+        description="Microseconds the request may wait before it is answered 503 instead of run; "
+        "counts when shorter than the model's default_timeout_us; 0 sets none.",
+    ),
+]
 
 
 async def _predict(
-    svc: Services, name: str, version: int | None, body: PredictIn, backend: str | None
+    svc: Services,
+    name: str,
+    version: int | None,
+    body: PredictIn,
+    backend: str | None,
+    timeout_us: int | None,
 ) -> PredictOut:
-    result = await svc.runtime.predict(name, version, body.inputs, backend)
+    result = await svc.runtime.predict(name, version, body.inputs, backend, timeout_us)
     variant = result.variant
     return PredictOut(
         outputs={k: v.tolist() for k, v in result.outputs.items()},
@@ -38,15 +53,16 @@ async def _predict(
 @router.post(
     "/v1/models/{name}/predict",
     operation_id="predict",
-    summary="Run the newest ready version with its fastest verified variant.",
+    summary="Run the default version, else the newest ready one, with its fastest verified variant.",
 )
 async def predict(
     name: str,
     body: PredictIn,
     svc: Annotated[Services, Depends(services)],
     backend: BackendQuery = None,
+    timeout_us: TimeoutQuery = None,
 ) -> PredictOut:
-    return await _predict(svc, name, None, body, backend)
+    return await _predict(svc, name, None, body, backend, timeout_us)
 
 
 @router.post(
@@ -60,5 +76,6 @@ async def predict_version(
     body: PredictIn,
     svc: Annotated[Services, Depends(services)],
     backend: BackendQuery = None,
+    timeout_us: TimeoutQuery = None,
 ) -> PredictOut:
-    return await _predict(svc, name, version, body, backend)
+    return await _predict(svc, name, version, body, backend, timeout_us)

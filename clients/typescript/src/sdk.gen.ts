@@ -93,7 +93,7 @@ export const setDefaultVersion = <ThrowOnError extends boolean = false>(options:
 });
 
 /**
- * Run the newest ready version with its fastest verified variant.
+ * Run the default version, else the newest ready one, with its fastest verified variant.
  */
 export const predict = <ThrowOnError extends boolean = false>(options: Options<PredictData, ThrowOnError>) => (options.client ?? client).post<PredictResponses, PredictErrors, ThrowOnError>({
     url: '/v1/models/{name}/predict',

@@ -841,6 +841,12 @@ export type PredictData = {
          * Pin a backend (e.g. `tvm`) instead of the fastest verified variant.
          */
         backend?: string | null;
+        /**
+         * Timeout Us
+         *
+         * Microseconds the request may wait before it is answered 503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
+         */
+        timeout_us?: number | null;
     };
     url: '/v1/models/{name}/predict';
 };
@@ -1022,6 +1028,12 @@ export type PredictVersionData = {
          * Pin a backend (e.g. `tvm`) instead of the fastest verified variant.
          */
         backend?: string | null;
+        /**
+         * Timeout Us
+         *
+         * Microseconds the request may wait before it is answered 503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
+         */
+        timeout_us?: number | null;
     };
     url: '/v1/models/{name}/versions/{version}/predict';
 };

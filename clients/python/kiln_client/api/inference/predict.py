@@ -16,6 +16,7 @@ def _get_kwargs(
     *,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
+    timeout_us: int | None | Unset = UNSET,
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {}
 
@@ -27,6 +28,13 @@ def _get_kwargs(
     else:
         json_backend = backend
     params["backend"] = json_backend
+
+    json_timeout_us: int | None | Unset
+    if isinstance(timeout_us, Unset):
+        json_timeout_us = UNSET
+    else:
+        json_timeout_us = timeout_us
+    params["timeout_us"] = json_timeout_us
 
     params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
 
@@ -109,13 +117,16 @@ def sync_detailed(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
+    timeout_us: int | None | Unset = UNSET,
 ) -> Response[PredictOut | Problem]:
-    """Run the newest ready version with its fastest verified variant.
+    """Run the default version, else the newest ready one, with its fastest verified variant.
 
     Args:
         name (str):
         backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
             variant.
+        timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
+            503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
         body (PredictIn):
 
     Raises:
@@ -130,6 +141,7 @@ def sync_detailed(
         name=name,
         body=body,
         backend=backend,
+        timeout_us=timeout_us,
     )
 
     response = client.get_httpx_client().request(
@@ -145,13 +157,16 @@ def sync(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
+    timeout_us: int | None | Unset = UNSET,
 ) -> PredictOut | Problem | None:
-    """Run the newest ready version with its fastest verified variant.
+    """Run the default version, else the newest ready one, with its fastest verified variant.
 
     Args:
         name (str):
         backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
             variant.
+        timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
+            503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
         body (PredictIn):
 
     Raises:
@@ -167,6 +182,7 @@ def sync(
         client=client,
         body=body,
         backend=backend,
+        timeout_us=timeout_us,
     ).parsed
 
 
@@ -176,13 +192,16 @@ async def asyncio_detailed(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
+    timeout_us: int | None | Unset = UNSET,
 ) -> Response[PredictOut | Problem]:
-    """Run the newest ready version with its fastest verified variant.
+    """Run the default version, else the newest ready one, with its fastest verified variant.
 
     Args:
         name (str):
         backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
             variant.
+        timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
+            503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
         body (PredictIn):
 
     Raises:
@@ -197,6 +216,7 @@ async def asyncio_detailed(
         name=name,
         body=body,
         backend=backend,
+        timeout_us=timeout_us,
     )
 
     response = await client.get_async_httpx_client().request(**kwargs)
@@ -210,13 +230,16 @@ async def asyncio(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
+    timeout_us: int | None | Unset = UNSET,
 ) -> PredictOut | Problem | None:
-    """Run the newest ready version with its fastest verified variant.
+    """Run the default version, else the newest ready one, with its fastest verified variant.
 
     Args:
         name (str):
         backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
             variant.
+        timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
+            503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
         body (PredictIn):
 
     Raises:
@@ -233,5 +256,6 @@ async def asyncio(
             client=client,
             body=body,
             backend=backend,
+            timeout_us=timeout_us,
         )
     ).parsed

@@ -17,6 +17,7 @@ def _get_kwargs(
     *,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
+    timeout_us: int | None | Unset = UNSET,
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {}
 
@@ -28,6 +29,13 @@ def _get_kwargs(
     else:
         json_backend = backend
     params["backend"] = json_backend
+
+    json_timeout_us: int | None | Unset
+    if isinstance(timeout_us, Unset):
+        json_timeout_us = UNSET
+    else:
+        json_timeout_us = timeout_us
+    params["timeout_us"] = json_timeout_us
 
     params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
 
@@ -112,6 +120,7 @@ def sync_detailed(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
+    timeout_us: int | None | Unset = UNSET,
 ) -> Response[PredictOut | Problem]:
     """Run one version of a model.
 
@@ -120,6 +129,8 @@ def sync_detailed(
         version (int):
         backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
             variant.
+        timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
+            503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
         body (PredictIn):
 
     Raises:
@@ -135,6 +146,7 @@ def sync_detailed(
         version=version,
         body=body,
         backend=backend,
+        timeout_us=timeout_us,
     )
 
     response = client.get_httpx_client().request(
@@ -151,6 +163,7 @@ def sync(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
+    timeout_us: int | None | Unset = UNSET,
 ) -> PredictOut | Problem | None:
     """Run one version of a model.
 
@@ -159,6 +172,8 @@ def sync(
         version (int):
         backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
             variant.
+        timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
+            503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
         body (PredictIn):
 
     Raises:
@@ -175,6 +190,7 @@ def sync(
         client=client,
         body=body,
         backend=backend,
+        timeout_us=timeout_us,
     ).parsed
 
 
@@ -185,6 +201,7 @@ async def asyncio_detailed(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
+    timeout_us: int | None | Unset = UNSET,
 ) -> Response[PredictOut | Problem]:
     """Run one version of a model.
 
@@ -193,6 +210,8 @@ async def asyncio_detailed(
         version (int):
         backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
             variant.
+        timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
+            503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
         body (PredictIn):
 
     Raises:
@@ -208,6 +227,7 @@ async def asyncio_detailed(
         version=version,
         body=body,
         backend=backend,
+        timeout_us=timeout_us,
     )
 
     response = await client.get_async_httpx_client().request(**kwargs)
@@ -222,6 +242,7 @@ async def asyncio(
     client: AuthenticatedClient | Client,
     body: PredictIn,
     backend: None | str | Unset = UNSET,
+    timeout_us: int | None | Unset = UNSET,
 ) -> PredictOut | Problem | None:
     """Run one version of a model.
 
@@ -230,6 +251,8 @@ async def asyncio(
         version (int):
         backend (None | str | Unset): Pin a backend (e.g. `tvm`) instead of the fastest verified
             variant.
+        timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
+            503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
         body (PredictIn):
 
     Raises:
@@ -247,5 +270,6 @@ async def asyncio(
             client=client,
             body=body,
             backend=backend,
+            timeout_us=timeout_us,
         )
     ).parsed
