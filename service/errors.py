@@ -63,3 +63,9 @@ class TimeoutExpiredError(UnavailableError):
     """A request's timeout passed before it was answered: it is not run, or not waited for."""
 
     title = "Request timeout expired"
+
+
+class NotReadyError(UnavailableError):
+    """The process is up but not ready to serve: it is still loading its models."""
+
+    title = "Not ready"

@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
+from compiler.benchmark import benchmark_batches
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service import metrics
@@ -357,13 +358,16 @@ class Runtime:
         usable = [v for v in variants if backend is not None or self._unloadable.get(v.id, 0.0) <= now]
         return choose_variant(usable, self.targets, batch, backend)
 
-    def runner(self, route: Route, batch: int, backend: str | None = None) -> tuple[VariantRecord, Loaded]:
+    def runner(
+        self, route: Route, batch: int, backend: str | None = None, wait: bool = False
+    ) -> tuple[VariantRecord, Loaded]:
         """Blocking: the chosen variant, loaded. When another variant of the version is loaded
         already (a faster one just became ready), that one serves while the chosen one loads in
         the background, as Triton keeps a version serving until its successor has loaded: a swap
-        never holds up a request. A compiled variant that fails to load (its artifact gone, a
-        runtime this host lacks) is left out for UNLOADABLE_RETRY_S and the next best serves,
-        down to TorchScript: one bad artifact must not take its model down."""
+        never holds up a request; `wait` waits for the chosen one instead. A compiled variant
+        that fails to load (its artifact gone, a runtime this host lacks) is left out for
+        UNLOADABLE_RETRY_S and the next best serves, down to TorchScript: one bad artifact must
+        not take its model down."""
         while True:
             variant = self.choose(route.variants, batch, backend)
             loaded = self._cached(runner_key(route.version, variant))
@@ -371,7 +375,7 @@ class Runtime:
                 return variant, loaded
             if backend is not None:
                 return variant, self.load(route.version, variant)  # pinned: nothing else may answer
-            stand_in = self._stand_in(route, batch)
+            stand_in = None if wait else self._stand_in(route, batch)
             if stand_in is not None:
                 self._load_behind(route.version, variant)
                 return stand_in
@@ -382,6 +386,24 @@ class Runtime:
             except Exception:
                 if variant.backend == REFERENCE:
                     raise
+
+    def warm(self, name: str) -> list[VariantRecord]:
+        """Blocking: load the variants that serve the model's requests at batch 1 and at its
+        max batch, and run each once: TorchScript's profiling executor optimizes a graph only
+        after its first calls, and other runtimes allocate on theirs. The model's first
+        requests then wait for neither. Returns the variants, one per batch size."""
+        route = self.route(name, None)
+        warmed = []
+        for batch in benchmark_batches(route.spec):
+            variant, loaded = self.runner(route, batch, wait=True)
+            loaded.runner.run(route.spec.random_inputs(batch, np.random.default_rng(0)))
+            warmed.append(variant)
+        return warmed
+
+    def over_budget(self) -> bool:
+        """Whether the loaded runners fill KILN_RUNTIME_MAX_MB: the next load evicts one."""
+        with self._lock:
+            return sum(x.size_bytes for x in self._loaded.values()) >= self.settings.runtime_max_mb * MB
 
     def _load_or_leave_out(self, version: VersionRecord, variant: VariantRecord) -> Loaded:
         try:

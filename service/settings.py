@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     route_ttl_s: float = 1.0
     # Memory budget of loaded runners; the least recently used are evicted past it.
     runtime_max_mb: int = 4096
+    # Models each process loads and warms up as it starts, before it reports ready (Triton's
+    # --load-model, TorchServe's --models): names, comma-separated, or "*" for every model.
+    # The others load on their first request.
+    load_models: str = ""
     # Threads that run batches: as many lanes, each batching model on one of them, one batch at
     # a time; and a pool of as many for the requests of models that cannot batch.
     inference_workers: int = 4

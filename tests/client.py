@@ -9,10 +9,13 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.models import TestModel
 
 SETTLED = {"ready", "failed", "rejected"}
+# Metric samples by name: each sample's labels and value.
+Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
 def upload(http: httpx.Client, model: TestModel, name: str | None = None, **config: Any) -> httpx.Response:
@@ -57,3 +60,19 @@ def predict(
     path = f"/v1/models/{name}" + (f"/versions/{version}" if version else "") + "/predict"
     params = {"backend": backend} if backend else {}
     return http.post(path, json={"inputs": {"x": x.tolist()}}, params=params)
+
+
+def scrape(http: httpx.Client) -> Samples:
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        samples.setdefault(family.name, [])
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return sum(v for lab, v in samples.get(name, []) if labels.items() <= lab.items())

@@ -19,12 +19,11 @@ import httpx
 import psutil
 import pytest
 from httpx_sse import connect_sse
-from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.grpc.service_pb2 import ModelMetadataRequest
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
 from service.records import JobRecord
-from tests.client import by_backend, predict, sample, upload, wait_settled
+from tests.client import by_backend, predict, sample, scrape, upload, value, wait_settled
 from tests.models import MODELS, UNCONVERTIBLE
 from tests.servers import ROOT, KilnProcess, KilnServer, embedded_server, free_port, wait_until
 
@@ -93,22 +92,6 @@ def job_of(response: httpx.Response, backend: str = "tvm") -> str:
 def in_order(stages: list[str], order: list[str]) -> bool:
     positions = [order.index(s) for s in stages]
     return positions == sorted(positions)
-
-
-def scrape(http: httpx.Client) -> dict[str, list[tuple[dict[str, str], float]]]:
-    response = http.get("/metrics")
-    assert response.status_code == 200
-    assert response.headers["content-type"].startswith("text/plain")
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(response.text):
-        samples.setdefault(family.name, [])
-        for s in family.samples:
-            samples.setdefault(s.name, []).append((s.labels, s.value))
-    return samples
-
-
-def value(samples: dict[str, list[tuple[dict[str, str], float]]], name: str, **labels: str) -> float:
-    return sum(v for lab, v in samples.get(name, []) if labels.items() <= lab.items())
 
 
 def test_compile_job_streams_its_stages_in_order(server: KilnServer, http: httpx.Client) -> None:

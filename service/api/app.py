@@ -20,6 +20,7 @@ from service.api.deps import Services
 from service.api.middleware import RequestContext
 from service.api.v2_grpc import start_grpc
 from service.memory import freeze_heap
+from service.preload import Preload
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
 from service.records import JobRecord, JobStatus
 from service.registry import Registry
@@ -71,17 +72,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Intra-op threads for every runtime in this process, set once (KILN_THREADS).
         set_threads(settings.threads)
         runtime = Runtime(registry, settings)
-        app.state.services = Services(settings, registry, queue, runtime)
+        preload = Preload(runtime, settings.load_models)
+        app.state.services = Services(settings, registry, queue, runtime, preload)
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
         grpc_server, resuming = None, None
         try:  # a port that is taken fails the start, with everything opened so far closed
             grpc_server = await start_grpc(app.state.services, settings, api_keys, app.version, max_bytes)
             resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
+            preload.start()
             freeze_heap()  # what startup imported stays out of every later full collection
             log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
             yield
         finally:
+            preload.stop()
             if grpc_server is not None:
                 await grpc_server.stop(GRPC_GRACE_S)
             runtime.close()

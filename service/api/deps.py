@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from service.preload import Preload
 from service.queue import JobQueue
 from service.registry import Registry
 from service.runtime import Runtime
@@ -18,6 +19,7 @@ class Services:
     registry: Registry
     queue: JobQueue
     runtime: Runtime
+    preload: Preload
 
 
 async def services(request: Request) -> Services:

@@ -28,7 +28,9 @@ PING_WAIT_S = 0.5
 async def readiness(svc: Services) -> str:
     """ "ready" when the store answers. When it does not, "degraded" if this process holds
     loaded runners, which serve on without it: a Redis outage must not take every replica out
-    of its Service at once. Raises StoreUnavailableError when there is nothing to serve."""
+    of its Service at once. Raises StoreUnavailableError when there is nothing to serve, and
+    NotReadyError while the models that KILN_LOAD_MODELS names load."""
+    svc.preload.check()
     try:
         await asyncio.wait_for(run_in_threadpool(svc.registry.store.ping), PING_WAIT_S)
     except (StoreUnavailableError, TimeoutError) as exc:
@@ -43,7 +45,8 @@ async def readiness(svc: Services) -> str:
 @router.get(
     "/readyz",
     operation_id="readyz",
-    summary="The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.",
+    summary="The store answers (ready), or loaded models serve without it (degraded); 503 otherwise, "
+    "and while the models named in KILN_LOAD_MODELS load.",
 )
 async def readyz(svc: Annotated[Services, Depends(services)]) -> dict[str, str]:
     return {"status": await readiness(svc)}

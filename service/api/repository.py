@@ -50,13 +50,12 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
     "/v2/repository/models/{name}/load",
     operation_id="v2_repository_load",
     dependencies=admin_scope,
-    summary="Serve a model again after an unload, and load its serving variant into memory now.",
+    summary="Serve a model again after an unload, and load and warm up its serving variants now.",
 )
 async def load_model(name: str, svc: ServicesDep) -> Response:
     await run_in_threadpool(svc.registry.set_unloaded, name, False)
     svc.runtime.reroute(name)
-    route = await svc.runtime.aroute(name, None)
-    await run_in_threadpool(svc.runtime.runner, route, 1)
+    await run_in_threadpool(svc.runtime.warm, name)
     return Response()
 
 

@@ -25,7 +25,7 @@ from service.api.deps import Services, services
 from service.api.health import readiness
 from service.api.problems import STATUS_OF, validation_detail
 from service.api.schemas import V2Error, error_responses
-from service.errors import BadRequestError, KilnError, NotFoundError
+from service.errors import BadRequestError, KilnError, NotFoundError, NotReadyError
 from service.records import VersionRecord
 from service.registry import ModelView
 from service.router import servable, serving_version
@@ -129,7 +129,7 @@ def live() -> Response:
 async def ready(svc: ServicesDep) -> Response:
     try:
         await readiness(svc)
-    except StoreUnavailableError as exc:
+    except (StoreUnavailableError, NotReadyError) as exc:
         # The protocol answers "not ready" with a 4xx, and Triton uses 400.
         raise BadRequestError(f"not ready: {exc}") from exc
     return Response()

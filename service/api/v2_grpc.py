@@ -30,7 +30,7 @@ from service.api.auth import Scope, authorize, presented_key
 from service.api.deps import Services
 from service.api.health import readiness
 from service.api.middleware import incoming_or_new
-from service.errors import BadRequestError, ConflictError, KilnError, NotFoundError
+from service.errors import BadRequestError, ConflictError, KilnError, NotFoundError, NotReadyError
 from service.logs import request_id
 from service.settings import Settings
 from service.store import StoreUnavailableError
@@ -220,7 +220,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
             await readiness(self.svc)
-        except StoreUnavailableError:
+        except (StoreUnavailableError, NotReadyError):
             return pb.ServerReadyResponse(ready=False)
         return pb.ServerReadyResponse(ready=True)
 

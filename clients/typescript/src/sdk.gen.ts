@@ -24,7 +24,7 @@ export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends 
 export const healthz = <ThrowOnError extends boolean = false>(options?: Options<HealthzData, ThrowOnError>) => (options?.client ?? client).get<HealthzResponses, unknown, ThrowOnError>({ url: '/healthz', ...options });
 
 /**
- * The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.
+ * The store answers (ready), or loaded models serve without it (degraded); 503 otherwise, and while the models named in KILN_LOAD_MODELS load.
  */
 export const readyz = <ThrowOnError extends boolean = false>(options?: Options<ReadyzData, ThrowOnError>) => (options?.client ?? client).get<ReadyzResponses, unknown, ThrowOnError>({ url: '/readyz', ...options });
 
@@ -209,7 +209,7 @@ export const v2RepositoryIndex = <ThrowOnError extends boolean = false>(options?
 });
 
 /**
- * Serve a model again after an unload, and load its serving variant into memory now.
+ * Serve a model again after an unload, and load and warm up its serving variants now.
  */
 export const v2RepositoryLoad = <ThrowOnError extends boolean = false>(options: Options<V2RepositoryLoadData, ThrowOnError>) => (options.client ?? client).post<V2RepositoryLoadResponses, V2RepositoryLoadErrors, ThrowOnError>({ url: '/v2/repository/models/{name}/load', ...options });
 

@@ -46,7 +46,8 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[ReadyzResponseReadyz]:
-    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.
+    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise, and while
+    the models named in KILN_LOAD_MODELS load.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -69,7 +70,8 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
 ) -> ReadyzResponseReadyz | None:
-    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.
+    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise, and while
+    the models named in KILN_LOAD_MODELS load.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -88,7 +90,8 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[ReadyzResponseReadyz]:
-    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.
+    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise, and while
+    the models named in KILN_LOAD_MODELS load.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -109,7 +112,8 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
 ) -> ReadyzResponseReadyz | None:
-    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise.
+    """The store answers (ready), or loaded models serve without it (degraded); 503 otherwise, and while
+    the models named in KILN_LOAD_MODELS load.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.

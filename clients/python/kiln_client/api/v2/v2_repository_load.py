@@ -72,7 +72,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[Any | V2Error]:
-    """Serve a model again after an unload, and load its serving variant into memory now.
+    """Serve a model again after an unload, and load and warm up its serving variants now.
 
     Args:
         name (str):
@@ -101,7 +101,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
 ) -> Any | V2Error | None:
-    """Serve a model again after an unload, and load its serving variant into memory now.
+    """Serve a model again after an unload, and load and warm up its serving variants now.
 
     Args:
         name (str):
@@ -125,7 +125,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[Any | V2Error]:
-    """Serve a model again after an unload, and load its serving variant into memory now.
+    """Serve a model again after an unload, and load and warm up its serving variants now.
 
     Args:
         name (str):
@@ -152,7 +152,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
 ) -> Any | V2Error | None:
-    """Serve a model again after an unload, and load its serving variant into memory now.
+    """Serve a model again after an unload, and load and warm up its serving variants now.
 
     Args:
         name (str):
