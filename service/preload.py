@@ -19,29 +19,43 @@ log = logging.getLogger("kiln.preload")
 EVERY_MODEL = "*"
 # While the store is unreachable, how often to ask it again: readiness fails on it meanwhile.
 STORE_RETRY_S = 1.0
+# How long shutdown waits for a load in progress, which cannot be cut short.
+STOP_WAIT_S = 10.0
 T = TypeVar("T")
+
+
+def model_names(setting: str) -> list[str]:
+    """KILN_LOAD_MODELS' names, each once, in order; `["*"]` for every model."""
+    names = list(dict.fromkeys(n.strip() for n in setting.split(",") if n.strip()))
+    return [EVERY_MODEL] if EVERY_MODEL in names else names
 
 
 class Preload:
     """Loads and warms up the models KILN_LOAD_MODELS names (`*`: every model, but not one that
     is unloaded), one after the other, in a thread of its own; `check` says how far it got."""
 
-    def __init__(self, runtime: Runtime, names: str) -> None:
+    def __init__(self, runtime: Runtime, setting: str) -> None:
         self.runtime = runtime
-        self._names = [n.strip() for n in names.split(",") if n.strip()]
+        self._names = model_names(setting)
         self._finished = threading.Event()
         self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
         self._progress = "listing the models"
         if not self._names:
             self._finished.set()
 
     def start(self) -> None:
         if not self._finished.is_set():
-            # A daemon: a load cannot be cut short, and must not hold up the process's exit.
-            threading.Thread(target=self._run, name="kiln-preload", daemon=True).start()
+            # A daemon, so that a hung load cannot keep the process from exiting.
+            self._thread = threading.Thread(target=self._run, name="kiln-preload", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
+        """Blocking: no model after the one loading now, which is waited for (up to STOP_WAIT_S)
+        so that it does not run on while the runtime and the store close."""
         self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(STOP_WAIT_S)
 
     def check(self) -> None:
         """Raises NotReadyError until every named model is loaded, or found unloadable."""
@@ -50,21 +64,33 @@ class Preload:
 
     def _run(self) -> None:
         started = time.perf_counter()
+        loaded = 0
         try:
             names = self._models()
             for done, name in enumerate(names):
                 if self._stopping.is_set():
                     return
                 if self.runtime.over_budget():
+                    log.warning("KILN_RUNTIME_MAX_MB is full: %s will load on first request", names[done:])
+                    break
+                evictions = self.runtime.evictions
+                self._progress = f"{done} of {len(names)} tried, now {name!r}"
+                loaded += self._warm(name)
+                if self.runtime.evictions != evictions:  # preloading more would evict what it loaded
                     log.warning(
-                        "KILN_RUNTIME_MAX_MB is full: %s load on their first request", ", ".join(names[done:])
+                        "KILN_RUNTIME_MAX_MB filled up with %r: %s will load on first request",
+                        name,
+                        names[done + 1 :],
                     )
                     break
-                self._progress = f"{done} of {len(names)} loaded, now {name!r}"
-                self._warm(name)
-            log.info("loaded %d model(s) at startup in %.1f s", len(names), time.perf_counter() - started)
-        except StoreUnavailableError:
-            log.warning("stopped before the store answered: no model was loaded at startup")
+            log.info(
+                "loaded %d of %d model(s) at startup in %.1f s",
+                loaded,
+                len(names),
+                time.perf_counter() - started,
+            )
+        except StoreUnavailableError:  # only when stopping
+            log.warning("stopped while the store was unreachable")
         except Exception:  # readiness must not wait forever on a bug
             log.exception("loading models at startup failed")
         finally:
@@ -76,23 +102,35 @@ class Preload:
         views = self._retrying(self.runtime.registry.list_models)
         return [v.name for v in views if not v.unloaded]
 
-    def _warm(self, name: str) -> None:
+    def _warm(self, name: str) -> bool:
+        """Whether the model loaded; why not is logged."""
         try:
+            started = time.perf_counter()
             variants = self._retrying(lambda: self.runtime.warm(name))
         except NotFoundError as exc:  # unknown, or nothing ready on this host yet: not fatal
             log.warning("model %r is not loaded at startup: %s", name, exc)
-        except Exception as exc:  # it serves without warming, or says on its requests why not
+        except Exception as exc:  # it loads at its first request, or says there why it cannot
             log.warning("model %r is not loaded at startup: %s: %s", name, type(exc).__name__, exc)
         else:
-            log.info("model %r is loaded: %s", name, ", ".join(sorted({v.backend for v in variants})))
+            log.info(
+                "model %r is loaded and warmed up in %.2f s: %s",
+                name,
+                time.perf_counter() - started,
+                ", ".join(sorted({v.backend for v in variants})),
+            )
+            return True
+        return False
 
     def _retrying(self, call: Callable[[], T]) -> T:
         """The call's result, asked again while the store is unreachable (a replica that starts
         during a Redis outage loads its models once Redis is back)."""
+        progress = self._progress
         while True:
             try:
-                return call()
+                found = call()
+                self._progress = progress
+                return found
             except StoreUnavailableError as exc:
+                self._progress = f"waiting for the store: {exc}"
                 if self._stopping.wait(STORE_RETRY_S):
                     raise
-                self._progress = f"waiting for the store: {exc}"

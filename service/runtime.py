@@ -50,6 +50,9 @@ UNLOADABLE_RETRY_S = 60.0
 # At most one background load of a runner this often: when the budget holds only one of a
 # version's runners, each load would evict the stand-in and the next batch size load it back.
 LOAD_BEHIND_EVERY_S = 60.0
+# A warm-up's calls per batch size: TorchScript's profiling executor profiles a graph on its
+# first call and runs it optimized from its second.
+WARMUP_RUNS = 2
 
 
 @dataclass(frozen=True)
@@ -113,8 +116,10 @@ class Runtime:
         self._refreshing: dict[tuple[str, int | None], Future[Route]] = {}
         # Per model, how many times it was unloaded or rerouted: a refresh started before is stale.
         self._generations: defaultdict[str, int] = defaultdict(int)
-        # Per model, how many times it was unloaded: a runner loaded behind since is not kept.
+        # Per model, how many times it was unloaded: a runner whose load began before is not kept.
         self._unloads: defaultdict[str, int] = defaultdict(int)
+        self._evictions = 0
+        self._closed = False
         # Model -> when a refresh last found it unloaded: until a TTL later, its requests are
         # refused without asking the store, as a ready model's are served from its route.
         self._unloaded_at: dict[str, float] = {}
@@ -392,12 +397,18 @@ class Runtime:
         max batch, and run each once: TorchScript's profiling executor optimizes a graph only
         after its first calls, and other runtimes allocate on theirs. The model's first
         requests then wait for neither. Returns the variants, one per batch size."""
+        with self._lock:
+            unloads = self._unloads[name]
         route = self.route(name, None)
         warmed = []
         for batch in benchmark_batches(route.spec):
             variant, loaded = self.runner(route, batch, wait=True)
-            loaded.runner.run(route.spec.random_inputs(batch, np.random.default_rng(0)))
+            inputs = route.spec.random_inputs(batch, np.random.default_rng(0))
+            for _ in range(WARMUP_RUNS):
+                loaded.runner.run(inputs)
             warmed.append(variant)
+        if self._unloads[name] != unloads:  # its runners were not kept
+            raise _unloaded(name)
         return warmed
 
     def over_budget(self) -> bool:
@@ -405,9 +416,16 @@ class Runtime:
         with self._lock:
             return sum(x.size_bytes for x in self._loaded.values()) >= self.settings.runtime_max_mb * MB
 
-    def _load_or_leave_out(self, version: VersionRecord, variant: VariantRecord) -> Loaded:
+    @property
+    def evictions(self) -> int:
+        """How many runners the budget has evicted in this process."""
+        return self._evictions
+
+    def _load_or_leave_out(
+        self, version: VersionRecord, variant: VariantRecord, unloads: int | None = None
+    ) -> Loaded:
         try:
-            return self.load(version, variant)
+            return self.load(version, variant, unloads)
         except StoreUnavailableError:
             raise
         except Exception as exc:
@@ -442,19 +460,11 @@ class Runtime:
             unloads = self._unloads[version.name]
 
         def load() -> None:
-            try:
-                self._load_or_leave_out(version, variant)
+            try:  # not kept if the model was unloaded since the request that asked for it
+                self._load_or_leave_out(version, variant, unloads)
             except Exception as exc:  # a compiled variant's failure is logged where it is left out
                 if variant.backend == REFERENCE or isinstance(exc, StoreUnavailableError):
                     log.warning("background load of variant %s failed: %s", variant.id, exc)
-                return
-            with self._lock:
-                dropped = self._unloads[version.name] != unloads and key in self._loaded
-                if dropped:  # the model was unloaded while it loaded
-                    del self._loaded[key]
-                    self._publish_loaded()
-            if dropped:
-                release_memory()
 
         with contextlib.suppress(RuntimeError):  # the runtime is closing: the stand-in serves
             self._load_pool.submit(contextvars.copy_context().run, load)  # log lines keep the request id
@@ -466,27 +476,33 @@ class Runtime:
                 self._loaded.move_to_end(key)
             return loaded
 
-    def load(self, version: VersionRecord, variant: VariantRecord) -> Loaded:
-        """Blocking: load a variant's runner once, however many requests ask at the same time."""
+    def load(self, version: VersionRecord, variant: VariantRecord, unloads: int | None = None) -> Loaded:
+        """Blocking: load a variant's runner once, however many requests ask at the same time.
+        The runner is used but not kept when its model was unloaded or deleted, or the runtime
+        closed, since `unloads` (the model's count of unloads when the caller chose it; by
+        default, when this load began): it must not outlive them in memory."""
         key = runner_key(version, variant)
         with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
-        evicted, fresh = 0, False
+            unloads = self._unloads[version.name] if unloads is None else unloads
+        evicted, kept = 0, False
         try:
             with loading:
                 loaded = self._cached(key)
                 if loaded is None:
-                    loaded, fresh = self._load(version, variant), True
+                    loaded = self._load(version, variant)
                     with self._lock:
-                        self._loaded[key] = loaded
-                        evicted = self._evict_over_budget()
-                        self._publish_loaded()
+                        kept = not self._closed and self._unloads[version.name] == unloads
+                        if kept:
+                            self._loaded[key] = loaded
+                            evicted = self._evict_over_budget()
+                            self._publish_loaded()
         finally:
             with self._lock:
                 self._loading.pop(key, None)
         if evicted:
             release_memory()
-        elif fresh:
+        elif kept:
             freeze_heap()  # the new runner's objects too
         return loaded
 
@@ -518,6 +534,7 @@ class Runtime:
             key, gone = self._loaded.popitem(last=False)
             log.info("evicted runner %s of %s (%.1f MB)", key, gone.model, gone.size_bytes / MB)
             evicted += 1
+        self._evictions += evicted
         return evicted
 
     def unload(self, name: str, version: int | None = None) -> int:
@@ -563,6 +580,7 @@ class Runtime:
             batcher.close()
         self._batchers.clear()
         with self._lock:
+            self._closed = True
             self._loaded.clear()
             self._publish_loaded()
         for executor in (self._executor, *self._lanes):

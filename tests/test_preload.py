@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import httpx
 import tritonclient.grpc as triton_grpc
+from torch import nn
 
 from tests.client import predict, sample, scrape, upload, value
-from tests.models import MODELS
+from tests.models import MODELS, TestModel
 from tests.servers import KilnServer, RedisServer, running, wait_until
 
 MLP = MODELS["mlp"]
+# About 1.6 MB of weights: a 2 MB runtime budget holds one of them.
+MEDIUM = TestModel("medium", lambda: nn.Linear(64, 6144), MLP.inputs)
 
 
 def detail(response: httpx.Response) -> str:
@@ -52,32 +56,39 @@ def test_a_starting_server_loads_every_model_before_it_is_ready(tmp_path: Path) 
             # Before any request: mlp and cnn, one TorchScript runner each for batch 1 and 8.
             assert value(scrape(http), "kiln_loaded_runners") == 2
             log = server.log.read_text()
-            assert "model 'mlp' is loaded: torchscript" in log
-            assert "model 'cnn' is loaded: torchscript" in log
+            for name in ("mlp", "cnn"):
+                assert re.search(rf"model '{name}' is loaded and warmed up in [0-9.]+ s: torchscript", log)
             assert "'idle'" not in log
-            assert "loaded 2 model(s) at startup" in log
+            assert "loaded 2 of 2 model(s) at startup" in log
             assert predict(http, "mlp", x).json()["outputs"] == want
     finally:
         redis_server.stop()
 
 
 def test_models_it_cannot_load_do_not_hold_up_readiness(tmp_path: Path) -> None:
-    """An unknown name is logged and skipped; past the runtime's budget, the rest load on their
-    first request."""
+    """An unknown name is logged and skipped, and a name given twice loads once. Preloading
+    stops at the first model that evicts another from the runtime's budget: the rest load on
+    their first request."""
     data = {"KILN_DATA_DIR": str(tmp_path / "data")}
     first = KilnServer(data, tmp_path / "first.log")
     with running(first), httpx.Client(base_url=first.url, timeout=60) as http:
         assert upload(http, MLP, backends=[]).status_code == 202
-    named = KilnServer({**data, "KILN_LOAD_MODELS": "missing, mlp"}, tmp_path / "named.log")
+        for name in "abc":
+            assert upload(http, MEDIUM, name=name, backends=[]).status_code == 202
+    named = KilnServer({**data, "KILN_LOAD_MODELS": "missing, mlp,mlp"}, tmp_path / "named.log")
     with running(named), httpx.Client(base_url=named.url, timeout=60) as http:
         wait_until(lambda: ready(http), 60, "readiness")
         assert value(scrape(http), "kiln_loaded_runners") == 1
         log = named.log.read_text()
         assert "model 'missing' is not loaded at startup: no model named 'missing'" in log
-        assert "model 'mlp' is loaded: torchscript" in log
-    full = KilnServer({**data, "KILN_LOAD_MODELS": "mlp", "KILN_RUNTIME_MAX_MB": "0"}, tmp_path / "full.log")
+        assert log.count("model 'mlp' is loaded and warmed up") == 1
+        assert "loaded 1 of 2 model(s) at startup" in log
+    env = {**data, "KILN_LOAD_MODELS": "a,b,c", "KILN_RUNTIME_MAX_MB": "2"}
+    full = KilnServer(env, tmp_path / "full.log")
     with running(full), httpx.Client(base_url=full.url, timeout=60) as http:
         wait_until(lambda: ready(http), 60, "readiness")
-        assert value(scrape(http), "kiln_loaded_runners") == 0
-        assert "KILN_RUNTIME_MAX_MB is full: mlp load on their first request" in full.log.read_text()
-        assert predict(http, "mlp", sample(MLP, 1)).status_code == 200
+        assert value(scrape(http), "kiln_loaded_runners") == 1  # b, which evicted a
+        log = full.log.read_text()
+        assert "KILN_RUNTIME_MAX_MB filled up with 'b': ['c'] will load on first request" in log
+        assert "model 'c' is loaded" not in log
+        assert predict(http, "c", sample(MEDIUM, 1)).status_code == 200

@@ -221,19 +221,22 @@ class SlowToLoad:
         return runner
 
 
+def slow_onnxruntime(monkeypatch: pytest.MonkeyPatch, seconds: float) -> SlowToLoad:
+    slow = SlowToLoad("onnxruntime", seconds)
+    real = get_backend
+    monkeypatch.setattr(
+        "service.runtime.get_backend", lambda name: slow if name == "onnxruntime" else real(name)
+    )
+    return slow
+
+
 def test_a_faster_variant_loads_behind_the_one_serving(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ONNX Runtime is the faster at batch 8 but is not loaded yet: TorchScript, loaded, answers
     at once while ONNX Runtime loads in the background (once, however many batches ask), and
     serves once it has loaded."""
-    slow = SlowToLoad("onnxruntime", 2.0)
-    real = get_backend
-
-    def backend(name: str) -> object:
-        return slow if name == "onnxruntime" else real(name)
-
-    monkeypatch.setattr("service.runtime.get_backend", backend)
+    slow = slow_onnxruntime(monkeypatch, 2.0)
     x8 = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
 
     async def main() -> tuple[Prediction, Prediction, float, Prediction]:
@@ -305,3 +308,37 @@ def test_each_batching_model_runs_its_batches_on_one_thread(
     asyncio.run(main())
     assert len(threads["torchscript"]) == 1 and len(threads["onnxruntime"]) == 1, threads
     assert threads["torchscript"] != threads["onnxruntime"]
+
+
+def test_a_warm_up_loads_and_runs_the_variant_of_each_batch_size(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TorchScript serves batch 1 and ONNX Runtime batch 8. With TorchScript loaded, a request at
+    batch 8 would be answered by it while ONNX Runtime loads behind; a warm-up waits for ONNX
+    Runtime and runs it, at batch 8, before it returns."""
+    slow = slow_onnxruntime(monkeypatch, 0.5)
+    route = runtime.route("mlp", None)
+    runtime.load(route.version, next(v for v in route.variants if v.backend == "torchscript"))
+    warmed = runtime.warm("mlp")
+    assert [v.backend for v in warmed] == ["torchscript", "onnxruntime"]
+    assert slow.loads == 1
+    assert slow.calls == [8, 8]  # WARMUP_RUNS
+    assert runtime.loaded_runners == 2
+
+
+def test_a_runner_loaded_across_an_unload_is_not_kept(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unload (or a deletion) while a runner loads: the warm-up says the model is unloaded,
+    and the runner it loaded does not stay in memory."""
+    slow = slow_onnxruntime(monkeypatch, 1.0)
+    with ThreadPoolExecutor(1) as pool:
+        warming = pool.submit(runtime.warm, "mlp")
+        deadline = time.monotonic() + 10
+        while slow.loads == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        runtime.unload("mlp")
+        with pytest.raises(ConflictError, match="unloaded"):
+            warming.result(30)
+    assert slow.loads == 1
+    assert runtime.loaded_runners == 0

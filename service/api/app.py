@@ -11,6 +11,7 @@ from typing import IO
 
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
+from starlette.concurrency import run_in_threadpool
 
 from compiler.threads import set_threads
 from service import metrics
@@ -85,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
             yield
         finally:
-            preload.stop()
+            await run_in_threadpool(preload.stop)  # waits for a load in progress
             if grpc_server is not None:
                 await grpc_server.stop(GRPC_GRACE_S)
             runtime.close()
