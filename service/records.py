@@ -69,17 +69,10 @@ class BackendRequest(BaseModel):
     options: Options = Field(default_factory=dict, max_length=16)
 
 
-class ModelConfig(BaseModel):
-    """The `config` field of an upload. Only `name` and `inputs` are required."""
+class ServingConfig(BaseModel):
+    """The settings of a version that change how it is served, not what was compiled: set at
+    upload, and changed later without a recompile (PATCH /v1/models/{name}/versions/{v}/serving)."""
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
-    inputs: list[TensorConfig] = Field(min_length=1)
-    max_batch_size: int | None = Field(default=None, ge=1, le=4096)
-    # Each a backend name, or a BackendRequest; one variant per entry and target.
-    backends: list[str | BackendRequest] | None = None
-    # Targets to compile for: "auto" is every target a live worker announced plus this API
-    # host's own; other strings are taken as is. None: this API host's targets.
-    targets: list[Target] | None = Field(default=None, min_length=1, max_length=16)
     # Dynamic batching, as in Triton: how long a batch may wait to fill, and sizes that close it.
     max_queue_delay_us: int | None = Field(default=None, ge=0, le=10_000_000)
     preferred_batch_sizes: list[int] = Field(default_factory=list, max_length=16)
@@ -93,6 +86,19 @@ class ModelConfig(BaseModel):
     # Triton's response cache: a request whose inputs this version answered before is answered
     # from memory (KILN_RESPONSE_CACHE_MB per process) without running. For deterministic models.
     response_cache: bool = False
+
+
+class ModelConfig(ServingConfig):
+    """The `config` field of an upload. Only `name` and `inputs` are required."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
+    inputs: list[TensorConfig] = Field(min_length=1)
+    max_batch_size: int | None = Field(default=None, ge=1, le=4096)
+    # Each a backend name, or a BackendRequest; one variant per entry and target.
+    backends: list[str | BackendRequest] | None = None
+    # Targets to compile for: "auto" is every target a live worker announced plus this API
+    # host's own; other strings are taken as is. None: this API host's targets.
+    targets: list[Target] | None = Field(default=None, min_length=1, max_length=16)
     # MetaSchedule trials for an extra, tuned `tvm` variant per target, compiled after the
     # others (0: none). Each compiled batch size is tuned; kernels tuned before cost no trials.
     tuning_trials: int = Field(default=0, ge=0, le=20_000)
@@ -103,6 +109,9 @@ class ModelConfig(BaseModel):
     fp16_atol: float = Field(default=1e-2, ge=0)
     # Extra verification inputs: each a mapping of input name to nested lists.
     samples: list[dict[str, Any]] = Field(default_factory=list, max_length=16)
+
+    def serving(self) -> ServingConfig:
+        return ServingConfig.model_validate(self.model_dump(include=set(ServingConfig.model_fields)))
 
     def backend_requests(self) -> list[BackendRequest]:
         requests = [BackendRequest(name=b) if isinstance(b, str) else b for b in self.backends or []]

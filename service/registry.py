@@ -144,6 +144,14 @@ class Registry:
         self._versions(name)  # a 404 for unknown names
         self._update_model(name, {"unloaded": unloaded})
 
+    def update_serving(self, name: str, number: int, changes: dict[str, Any]) -> VersionRecord:
+        """Change some of a version's serving settings (a ServingConfig's fields, validated)."""
+        record = self.get_version(name, number)
+        config = record.config.model_copy(update=changes)
+        # update_doc: a version deleted meanwhile is not brought back.
+        self.store.update_doc("version", version_id(name, number), {"config": config.model_dump(mode="json")})
+        return record.model_copy(update={"config": config})
+
     def set_default_version(self, name: str, version: int | None) -> None:
         """Serve `version` to requests that name none, on every replica, until it is set again;
         None: the newest ready version, as before. A rollback that keeps the newer version."""

@@ -217,8 +217,18 @@ class Runtime:
             raise
         route = Route(chosen, chosen.spec(), variants, time.monotonic())
         # Under its number too: that is how a batch, in the executor, finds its variants.
-        self._keep_routes(name, generation, {key: route, (name, chosen.version): route})
+        if self._keep_routes(name, generation, {key: route, (name, chosen.version): route}):
+            self._apply_policy(chosen)  # else a newer read applies its own
         return route
+
+    def _apply_policy(self, version: VersionRecord) -> None:
+        """A version's serving settings, as last read from the store, reach its batchers: a
+        change on any replica applies here within a route TTL."""
+        policy = batch_policy(version, self.settings)
+        for (name, number, _), batcher in list(self._batchers.items()):  # a copy: see unload
+            if (name, number) == (version.name, version.version) and batcher.policy != policy:
+                log.info("%s v%d batches with %s from now on", name, number, policy)
+                batcher.policy = policy
 
     def _check_loaded(self, name: str, unloaded: bool, generation: int) -> None:
         """An unload received by another process reaches this one at its next refresh of the
@@ -249,10 +259,20 @@ class Runtime:
             for key in [k for k in self._refreshing if k[0] == name]:
                 del self._refreshing[key]
 
-    def _keep_routes(self, name: str, generation: int, routes: dict[tuple[str, int | None], Route]) -> None:
+    def reconfigure(self, name: str, number: int) -> None:
+        """A version's serving settings changed: this process reads its routes afresh at their
+        next request, and forgets the version's cached answers (the cache may have gone off)."""
+        self.reroute(name)
+        self._routes.pop((name, number), None)
+        self._responses.drop(name, number)
+
+    def _keep_routes(self, name: str, generation: int, routes: dict[tuple[str, int | None], Route]) -> bool:
+        """Whether they were kept: not when the model was unloaded or rerouted meanwhile."""
         with self._lock:
-            if self._generations[name] == generation:
+            current = self._generations[name] == generation
+            if current:
                 self._routes.update(routes)
+            return current
 
     async def aroute(self, name: str, version: int | None) -> Route:
         fresh = self._fresh_route((name, version))

@@ -37,6 +37,7 @@ from kiln_client.api.models import (
     get_model_version,
     list_models,
     set_default_version,
+    update_serving,
     upload_model,
 )
 from kiln_client.models import (
@@ -45,6 +46,7 @@ from kiln_client.models import (
     PredictIn,
     PredictInInputs,
     Problem,
+    ServingIn,
     UploadOut,
     VariantStatus,
 )
@@ -146,6 +148,10 @@ def test_python_sdk_flow(server: KilnServer) -> None:
             client=client, name=name, body=DefaultVersionIn(version=uploaded.version)
         )
         assert pinned is not None and pinned.default_version == uploaded.version
+        served = update_serving.sync(
+            client=client, name=name, version=uploaded.version, body=ServingIn(max_queue_size=4)
+        )
+        assert served is not None and served.serving.max_queue_size == 4
 
         deleted = delete_model.sync(client=client, name=name)
         assert deleted is not None and deleted.name == name

@@ -342,3 +342,16 @@ def test_a_runner_loaded_across_an_unload_is_not_kept(
             warming.result(30)
     assert slow.loads == 1
     assert runtime.loaded_runners == 0
+
+
+def test_serving_settings_changed_on_another_replica_reach_the_batcher(runtime: Runtime) -> None:
+    """A PATCH on another replica changes the version in the store; this process's batcher takes
+    the new policy when the route is next read, with no request lost or rerouted."""
+    asyncio.run(runtime.predict("mlp", None, {"x": np.ones((1, 64), np.float32)}))
+    [batcher] = runtime._batchers.values()
+    assert (batcher.policy.max_queue_delay_us, batcher.policy.max_queue_size) == (200_000, 1024)
+    runtime.registry.update_serving("mlp", 1, {"max_queue_delay_us": 0, "max_queue_size": 3})
+    # The refresh that a request starts once its route is a TTL old.
+    runtime._fetch_route(("mlp", None), runtime._generations["mlp"])
+    assert (batcher.policy.max_queue_delay_us, batcher.policy.max_queue_size) == (0, 3)
+    assert runtime._batchers == {("mlp", 1, None): batcher}

@@ -373,3 +373,61 @@ def test_a_request_past_its_timeout_gets_503_in_each_protocol(http: httpx.Client
     refused = predict(http, "slow-strict", small)
     assert refused.status_code == 503 and "timeout expired" in refused.json()["detail"]
     assert stats(http, "slow-strict")["inference_count"] == 0
+
+
+def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client, server: KilnServer) -> None:
+    """PATCH .../serving: a serving version's queue limit, batching delay and response cache
+    change at once, with no new version and no compile; null restores the server default, and
+    what only a recompile could change is refused with a 422 that says so."""
+    name = "slow-live"
+    assert upload(http, SLOW, name=name, max_batch_size=512, backends=[]).status_code == 202
+    small, big = sample(SLOW, 1), sample(SLOW, 512)
+    assert predict(http, name, small).status_code == 200  # serving, through its batcher
+    path = f"/v1/models/{name}/versions/1/serving"
+    changed = http.patch(path, json={"max_queue_size": 1, "max_queue_delay_us": 1000, "response_cache": True})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["serving"] == {
+        "max_queue_delay_us": 1000,
+        "preferred_batch_sizes": [],
+        "max_queue_size": 1,
+        "default_timeout_us": None,
+        "response_cache": True,
+    }
+    [version] = http.get(f"/v1/models/{name}").json()["versions"]
+    assert version["serving"] == changed.json()["serving"]
+    config = http.get(f"/v2/models/{name}/config").json()
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 1000
+    assert config["dynamic_batching"]["default_queue_policy"]["max_queue_size"] == 1
+    assert config["response_cache"] == {"enable": True}
+    with ThreadPoolExecutor(1) as pool:
+        long_request = pool.submit(v2_binary, server.url, big, name)
+        wait_until(lambda: pending(http, name) == 1, 30, "the long request to be in flight")
+        refused = predict(http, name, small)
+        assert long_request.result().status_code == 200
+    assert refused.status_code == 503 and "max_queue_size" in refused.json()["detail"]
+    assert predict(http, name, small).json() == predict(http, name, small).json()
+    assert cache_counts(http, name)[0] == 1
+
+    reset = http.patch(path, json={"max_queue_size": None, "response_cache": False})
+    assert reset.status_code == 200, reset.text
+    assert reset.json()["serving"]["max_queue_size"] is None
+    assert reset.json()["serving"]["max_queue_delay_us"] == 1000  # left out: kept
+    policy = http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]["default_queue_policy"]
+    assert policy["max_queue_size"] == 1024  # KILN_MAX_QUEUE_SIZE
+    assert predict(http, name, small).status_code == 200
+    assert cache_counts(http, name)[0] == 1  # off: no new hit
+
+    for body, message in (
+        ({"max_batch_size": 8}, "max_batch_size: Extra inputs are not permitted"),
+        (
+            {"preferred_batch_sizes": [1024]},
+            "preferred_batch_sizes: [1024] must lie in 1..max_batch_size (512)",
+        ),
+        ({"max_queue_delay_us": -1}, "max_queue_delay_us"),
+        ({}, "the body changes nothing"),
+    ):
+        refused = http.patch(path, json=body)
+        assert refused.status_code == 422, refused.text
+        assert message in refused.json()["detail"], refused.text
+    assert http.patch(f"/v1/models/{name}/versions/7/serving", json={"max_queue_size": 3}).status_code == 404
+    assert len(http.get(f"/v1/models/{name}").json()["versions"]) == 1

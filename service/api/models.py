@@ -26,6 +26,7 @@ from service.api.schemas import (
     ModelList,
     ModelOut,
     Problem,
+    ServingIn,
     UploadOut,
     VariantOut,
     VersionOut,
@@ -60,6 +61,14 @@ EXAMPLE_CONFIG = json.dumps(
 )
 
 
+def check_preferred(sizes: list[int], max_batch_size: int, where: str) -> None:
+    too_big = [b for b in sizes if not 1 <= b <= max_batch_size]
+    if too_big:
+        raise InvalidConfigError(
+            f"{where}preferred_batch_sizes: {too_big} must lie in 1..max_batch_size ({max_batch_size})"
+        )
+
+
 def parse_config(text: str, svc: Services) -> ModelConfig:
     try:
         config = ModelConfig.model_validate_json(text)
@@ -72,11 +81,7 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
         config.max_batch_size = svc.settings.default_max_batch_size
     if config.backends is None:
         config.backends = list(svc.settings.default_backends)
-    too_big = [b for b in config.preferred_batch_sizes if not 1 <= b <= config.max_batch_size]
-    if too_big:
-        raise InvalidConfigError(
-            f"config.preferred_batch_sizes: {too_big} must lie in 1..max_batch_size ({config.max_batch_size})"
-        )
+    check_preferred(config.preferred_batch_sizes, config.max_batch_size, "config.")
     requests = config.backend_requests()
     unknown = [r.name for r in requests if r.name not in BACKENDS or r.name == REFERENCE]
     if unknown:
@@ -306,6 +311,29 @@ def set_default_version(
 )
 def get_model_version(name: str, version: int, svc: Annotated[Services, Depends(services)]) -> VersionOut:
     record = svc.registry.get_version(name, version)
+    return VersionOut.of(record, svc.registry.variants_of(record))
+
+
+@router.patch(
+    "/v1/models/{name}/versions/{version}/serving",
+    operation_id="update_serving",
+    summary="Change a version's batching, queue, timeout or response-cache settings without a "
+    "recompile; every replica follows within KILN_ROUTE_TTL_S.",
+    dependencies=admin_scope,
+    responses=error_responses(Problem, 401, 403, 404, 422, 503),
+)
+def update_serving(
+    name: str, version: int, body: ServingIn, svc: Annotated[Services, Depends(services)]
+) -> VersionOut:
+    changes = body.model_dump(include=body.model_fields_set)
+    if not changes:
+        raise InvalidConfigError(
+            "the body changes nothing: give one or more of " + ", ".join(ServingIn.model_fields)
+        )
+    current = svc.registry.get_version(name, version)
+    check_preferred(body.preferred_batch_sizes, current.config.max_batch_size or 1, "")
+    record = svc.registry.update_serving(name, version, changes)
+    svc.runtime.reconfigure(name, version)
     return VersionOut.of(record, svc.registry.variants_of(record))
 
 

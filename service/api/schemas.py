@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.records import (
     JobStatus,
     Options,
     OutputInfo,
+    ServingConfig,
     TensorConfig,
     VariantRecord,
     VariantStatus,
@@ -52,6 +53,7 @@ class VersionOut(BaseModel):
     inputs: list[TensorConfig]
     outputs: list[OutputInfo]
     max_batch_size: int
+    serving: ServingConfig
     variants: list[VariantOut]
 
     @classmethod
@@ -63,6 +65,7 @@ class VersionOut(BaseModel):
             inputs=version.config.inputs,
             outputs=version.outputs,
             max_batch_size=version.config.max_batch_size or 1,
+            serving=version.config.serving(),
             variants=[VariantOut.of(v) for v in variants],
         )
 
@@ -86,6 +89,13 @@ class ModelOut(BaseModel):
         default=None,
         description="The version that serves requests naming none; null: the newest ready one.",
     )
+
+
+class ServingIn(ServingConfig):
+    """The serving settings to change; those left out keep their value, and null restores the
+    server default."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class DefaultVersionIn(BaseModel):

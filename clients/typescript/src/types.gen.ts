@@ -263,6 +263,64 @@ export type Problem = {
 };
 
 /**
+ * ServingConfig
+ *
+ * The settings of a version that change how it is served, not what was compiled: set at
+ * upload, and changed later without a recompile (PATCH /v1/models/{name}/versions/{v}/serving).
+ */
+export type ServingConfig = {
+    /**
+     * Default Timeout Us
+     */
+    default_timeout_us?: number | null;
+    /**
+     * Max Queue Delay Us
+     */
+    max_queue_delay_us?: number | null;
+    /**
+     * Max Queue Size
+     */
+    max_queue_size?: number | null;
+    /**
+     * Preferred Batch Sizes
+     */
+    preferred_batch_sizes?: Array<number>;
+    /**
+     * Response Cache
+     */
+    response_cache?: boolean;
+};
+
+/**
+ * ServingIn
+ *
+ * The serving settings to change; those left out keep their value, and null restores the
+ * server default.
+ */
+export type ServingIn = {
+    /**
+     * Default Timeout Us
+     */
+    default_timeout_us?: number | null;
+    /**
+     * Max Queue Delay Us
+     */
+    max_queue_delay_us?: number | null;
+    /**
+     * Max Queue Size
+     */
+    max_queue_size?: number | null;
+    /**
+     * Preferred Batch Sizes
+     */
+    preferred_batch_sizes?: Array<number>;
+    /**
+     * Response Cache
+     */
+    response_cache?: boolean;
+};
+
+/**
  * TensorConfig
  */
 export type TensorConfig = {
@@ -432,6 +490,7 @@ export type VersionOut = {
      * Outputs
      */
     outputs: Array<OutputInfo>;
+    serving: ServingConfig;
     /**
      * Sha256
      */
@@ -1083,6 +1142,60 @@ export type PredictVersionResponses = {
 };
 
 export type PredictVersionResponse = PredictVersionResponses[keyof PredictVersionResponses];
+
+export type UpdateServingData = {
+    body: ServingIn;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+        /**
+         * Version
+         */
+        version: number;
+    };
+    query?: never;
+    url: '/v1/models/{name}/versions/{version}/serving';
+};
+
+export type UpdateServingErrors = {
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
+};
+
+export type UpdateServingError = UpdateServingErrors[keyof UpdateServingErrors];
+
+export type UpdateServingResponses = {
+    /**
+     * Successful Response
+     */
+    200: VersionOut;
+};
+
+export type UpdateServingResponse = UpdateServingResponses[keyof UpdateServingResponses];
 
 export type V2ServerMetadataData = {
     body?: never;

@@ -18,6 +18,8 @@ from .predict_out import PredictOut
 from .predict_out_outputs import PredictOutOutputs
 from .problem import Problem
 from .readyz_response_readyz import ReadyzResponseReadyz
+from .serving_config import ServingConfig
+from .serving_in import ServingIn
 from .tensor_config import TensorConfig
 from .tensor_config_dtype import TensorConfigDtype
 from .upload_out import UploadOut
@@ -60,6 +62,8 @@ __all__ = (
     "PredictOutOutputs",
     "Problem",
     "ReadyzResponseReadyz",
+    "ServingConfig",
+    "ServingIn",
     "TensorConfig",
     "TensorConfigDtype",
     "UploadOut",

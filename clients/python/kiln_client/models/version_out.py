@@ -8,6 +8,7 @@ from attrs import field as _attrs_field
 
 if TYPE_CHECKING:
     from ..models.output_info import OutputInfo
+    from ..models.serving_config import ServingConfig
     from ..models.tensor_config import TensorConfig
     from ..models.variant_out import VariantOut
 
@@ -23,6 +24,8 @@ class VersionOut:
         inputs (list[TensorConfig]):
         max_batch_size (int):
         outputs (list[OutputInfo]):
+        serving (ServingConfig): The settings of a version that change how it is served, not what was compiled: set at
+            upload, and changed later without a recompile (PATCH /v1/models/{name}/versions/{v}/serving).
         sha256 (str):
         variants (list[VariantOut]):
         version (int):
@@ -32,6 +35,7 @@ class VersionOut:
     inputs: list[TensorConfig]
     max_batch_size: int
     outputs: list[OutputInfo]
+    serving: ServingConfig
     sha256: str
     variants: list[VariantOut]
     version: int
@@ -52,6 +56,8 @@ class VersionOut:
             outputs_item = outputs_item_data.to_dict()
             outputs.append(outputs_item)
 
+        serving = self.serving.to_dict()
+
         sha256 = self.sha256
 
         variants = []
@@ -69,6 +75,7 @@ class VersionOut:
                 "inputs": inputs,
                 "max_batch_size": max_batch_size,
                 "outputs": outputs,
+                "serving": serving,
                 "sha256": sha256,
                 "variants": variants,
                 "version": version,
@@ -80,6 +87,7 @@ class VersionOut:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         from ..models.output_info import OutputInfo  # noqa: PLC0415
+        from ..models.serving_config import ServingConfig  # noqa: PLC0415
         from ..models.tensor_config import TensorConfig  # noqa: PLC0415
         from ..models.variant_out import VariantOut  # noqa: PLC0415
 
@@ -102,6 +110,8 @@ class VersionOut:
 
             outputs.append(outputs_item)
 
+        serving = ServingConfig.from_dict(d.pop("serving"))
+
         sha256 = d.pop("sha256")
 
         variants = []
@@ -118,6 +128,7 @@ class VersionOut:
             inputs=inputs,
             max_batch_size=max_batch_size,
             outputs=outputs,
+            serving=serving,
             sha256=sha256,
             variants=variants,
             version=version,

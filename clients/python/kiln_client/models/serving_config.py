@@ -1,0 +1,135 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar, cast
+
+from attrs import define as _attrs_define
+from attrs import field as _attrs_field
+
+from ..types import UNSET, Unset
+
+T = TypeVar("T", bound="ServingConfig")
+
+
+@_attrs_define
+class ServingConfig:
+    """The settings of a version that change how it is served, not what was compiled: set at
+    upload, and changed later without a recompile (PATCH /v1/models/{name}/versions/{v}/serving).
+
+        Attributes:
+            default_timeout_us (int | None | Unset):
+            max_queue_delay_us (int | None | Unset):
+            max_queue_size (int | None | Unset):
+            preferred_batch_sizes (list[int] | Unset):
+            response_cache (bool | Unset):  Default: False.
+    """
+
+    default_timeout_us: int | None | Unset = UNSET
+    max_queue_delay_us: int | None | Unset = UNSET
+    max_queue_size: int | None | Unset = UNSET
+    preferred_batch_sizes: list[int] | Unset = UNSET
+    response_cache: bool | Unset = False
+    additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        default_timeout_us: int | None | Unset
+        if isinstance(self.default_timeout_us, Unset):
+            default_timeout_us = UNSET
+        else:
+            default_timeout_us = self.default_timeout_us
+
+        max_queue_delay_us: int | None | Unset
+        if isinstance(self.max_queue_delay_us, Unset):
+            max_queue_delay_us = UNSET
+        else:
+            max_queue_delay_us = self.max_queue_delay_us
+
+        max_queue_size: int | None | Unset
+        if isinstance(self.max_queue_size, Unset):
+            max_queue_size = UNSET
+        else:
+            max_queue_size = self.max_queue_size
+
+        preferred_batch_sizes: list[int] | Unset = UNSET
+        if not isinstance(self.preferred_batch_sizes, Unset):
+            preferred_batch_sizes = self.preferred_batch_sizes
+
+        response_cache = self.response_cache
+
+        field_dict: dict[str, Any] = {}
+        field_dict.update(self.additional_properties)
+        field_dict.update({})
+        if default_timeout_us is not UNSET:
+            field_dict["default_timeout_us"] = default_timeout_us
+        if max_queue_delay_us is not UNSET:
+            field_dict["max_queue_delay_us"] = max_queue_delay_us
+        if max_queue_size is not UNSET:
+            field_dict["max_queue_size"] = max_queue_size
+        if preferred_batch_sizes is not UNSET:
+            field_dict["preferred_batch_sizes"] = preferred_batch_sizes
+        if response_cache is not UNSET:
+            field_dict["response_cache"] = response_cache
+
+        return field_dict
+
+    @classmethod
+    def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        d = dict(src_dict)
+
+        def _parse_default_timeout_us(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        default_timeout_us = _parse_default_timeout_us(d.pop("default_timeout_us", UNSET))
+
+        def _parse_max_queue_delay_us(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        max_queue_delay_us = _parse_max_queue_delay_us(d.pop("max_queue_delay_us", UNSET))
+
+        def _parse_max_queue_size(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        max_queue_size = _parse_max_queue_size(d.pop("max_queue_size", UNSET))
+
+        preferred_batch_sizes = cast(list[int], d.pop("preferred_batch_sizes", UNSET))
+
+        response_cache = d.pop("response_cache", UNSET)
+
+        serving_config = cls(
+            default_timeout_us=default_timeout_us,
+            max_queue_delay_us=max_queue_delay_us,
+            max_queue_size=max_queue_size,
+            preferred_batch_sizes=preferred_batch_sizes,
+            response_cache=response_cache,
+        )
+
+        serving_config.additional_properties = d
+        return serving_config
+
+    @property
+    def additional_keys(self) -> list[str]:
+        return list(self.additional_properties.keys())
+
+    def __getitem__(self, key: str) -> Any:
+        return self.additional_properties[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.additional_properties[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.additional_properties[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.additional_properties
