@@ -264,6 +264,38 @@ def default(
 
 
 @app.command()
+def serving(
+    name: str,
+    version: int,
+    changes: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="FIELD=VALUE with a JSON value (null: the server default), e.g. max_queue_delay_us=2000 "
+            "or preferred_batch_sizes=[4,8]; repeatable. Without it, the settings are shown.",
+        ),
+    ] = None,
+    url: UrlOption = "http://127.0.0.1:8000",
+    api_key: KeyOption = None,
+) -> None:
+    """Show a version's serving settings (batching, queue, timeout, response cache), or change
+    them without a recompile."""
+    body: dict[str, Any] = {}
+    for change in changes or []:
+        field, _, value = change.partition("=")
+        try:
+            body[field] = json.loads(value)
+        except json.JSONDecodeError:
+            raise typer.BadParameter(
+                f"{change!r}: give FIELD=VALUE, VALUE in JSON: 2000, true, null or [4,8]", param_hint="--set"
+            ) from None
+    path = f"/v1/models/{name}/versions/{version}"
+    with client(url, api_key) as http:
+        found = check(http.patch(f"{path}/serving", json=body) if body else http.get(path))
+    console.print_json(data=found["serving"])
+
+
+@app.command()
 def predict(
     name: str,
     data: Annotated[str, typer.Option(help="JSON inputs, e.g. '{\"x\": [[1, 2]]}', or @file.json.")],

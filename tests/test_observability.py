@@ -238,6 +238,18 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     missing = run_cli("default", "cli-mlp", "9", "--url", server.url)
     assert missing.returncode == 1 and "has no version 9" in missing.stdout, missing.stdout
 
+    changed = run_cli(
+        "serving", "cli-mlp", "1", "--set", "max_queue_size=4", "--set", "preferred_batch_sizes=[2]",
+        "--url", server.url,
+    )  # fmt: skip
+    assert changed.returncode == 0, changed.stdout + changed.stderr
+    shown = json.loads(run_cli("serving", "cli-mlp", "1", "--url", server.url).stdout)
+    assert (shown["max_queue_size"], shown["preferred_batch_sizes"]) == (4, [2])
+    not_json = run_cli("serving", "cli-mlp", "1", "--set", "max_queue_size=four", "--url", server.url)
+    assert not_json.returncode == 2 and "VALUE in JSON" in not_json.stderr, not_json.stderr
+    refused = run_cli("serving", "cli-mlp", "1", "--set", "max_batch_size=4", "--url", server.url)
+    assert refused.returncode == 1 and "Extra inputs are not permitted" in refused.stdout, refused.stdout
+
     queued = run_cli("upload", str(model), "--name", "cli-later", "--no-wait", *common)
     assert queued.returncode == 0, queued.stdout + queued.stderr
     assert re.search(r"^tvm\s+cpu-\S+\s+queued", queued.stdout, re.M), queued.stdout
