@@ -7,7 +7,7 @@ import uuid
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from compiler.spec import DType, InputSpec
 
@@ -69,20 +69,30 @@ class BackendRequest(BaseModel):
     options: Options = Field(default_factory=dict, max_length=16)
 
 
+QueueDelayUs = Annotated[int, Field(ge=0, le=10_000_000)]
+PreferredSizes = Annotated[list[int], Field(max_length=16)]
+QueueSize = Annotated[int, Field(ge=0, le=1_000_000)]
+TimeoutUs = Annotated[int, Field(ge=1, le=3_600_000_000)]
+
+
+# The prefix of a changed serving setting's field in a version's document.
+SERVING_FIELD = "serving."
+
+
 class ServingConfig(BaseModel):
     """The settings of a version that change how it is served, not what was compiled: set at
     upload, and changed later without a recompile (PATCH /v1/models/{name}/versions/{v}/serving)."""
 
     # Dynamic batching, as in Triton: how long a batch may wait to fill, and sizes that close it.
-    max_queue_delay_us: int | None = Field(default=None, ge=0, le=10_000_000)
-    preferred_batch_sizes: list[int] = Field(default_factory=list, max_length=16)
+    max_queue_delay_us: QueueDelayUs | None = None
+    preferred_batch_sizes: PreferredSizes = Field(default_factory=list)
     # Requests of one version that may wait or run at once in one server process; past it, a
     # 503 with Retry-After. None: the server default; 0: no limit.
-    max_queue_size: int | None = Field(default=None, ge=0, le=1_000_000)
+    max_queue_size: QueueSize | None = None
     # How long a request may wait before it is answered with a 503 instead of run, in
     # microseconds; a request's own, shorter `timeout` parameter counts instead (Triton's queue
     # policy). None: no limit.
-    default_timeout_us: int | None = Field(default=None, ge=1, le=3_600_000_000)
+    default_timeout_us: TimeoutUs | None = None
     # Triton's response cache: a request whose inputs this version answered before is answered
     # from memory (KILN_RESPONSE_CACHE_MB per process) without running. For deterministic models.
     response_cache: bool = False
@@ -141,6 +151,20 @@ class VersionRecord(BaseModel):
     outputs: list[OutputInfo]
     variant_ids: list[str]
     created_at: float = Field(default_factory=now)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _changed_serving(cls, doc: Any) -> Any:
+        """Serving settings changed after the upload are top-level fields of the document, one
+        per setting (SERVING_FIELD), so that changes of different settings, on any replica at
+        once, never overwrite each other (Store.update_doc)."""
+        if not isinstance(doc, dict) or not any(str(k).startswith(SERVING_FIELD) for k in doc):
+            return doc
+        doc = dict(doc)
+        config = dict(doc["config"])
+        for key in [k for k in doc if k.startswith(SERVING_FIELD)]:
+            config[key.removeprefix(SERVING_FIELD)] = doc.pop(key)
+        return {**doc, "config": config}
 
     def spec(self) -> InputSpec:
         inputs = [t.model_dump() for t in self.config.inputs]

@@ -12,10 +12,12 @@ from pydantic import BaseModel
 
 from service.errors import ConflictError, NotFoundError
 from service.records import (
+    SERVING_FIELD,
     ArtifactRecord,
     JobRecord,
     ModelConfig,
     OutputInfo,
+    ServingConfig,
     VariantRecord,
     VariantStatus,
     VersionRecord,
@@ -77,12 +79,19 @@ class Registry:
 
         `plan(name, version)` builds the variants and jobs of a new version.
         """
-        canonical = json.dumps(config.model_dump(mode="json"), sort_keys=True)
+        # Serving settings are left out: an upload that differs only in them is the same version,
+        # which takes them (as a PATCH of its serving settings), rather than a new one to compile.
+        compiled = config.model_dump(mode="json", exclude=set(ServingConfig.model_fields))
+        canonical = json.dumps(compiled, sort_keys=True)
         upload_key = hashlib.sha256(f"{sha256}\0{canonical}".encode()).hexdigest()
         existing = self.store.get_doc("upload", upload_key)
         if existing is not None:
             version = self._get("version", version_id(config.name, existing["version"]), VersionRecord)
             if version is not None:
+                wanted = config.serving().model_dump()
+                changes = {k: v for k, v in wanted.items() if getattr(version.config, k) != v}
+                if changes:
+                    version = self.update_serving(version.name, version.version, changes)
                 return NewVersion(version, self.variants_of(version), [], deduplicated=True)
         doc = {"name": config.name, "created_at": now()}
         if self.store.list_docs("version", prefix=f"{config.name}/"):
@@ -145,12 +154,12 @@ class Registry:
         self._update_model(name, {"unloaded": unloaded})
 
     def update_serving(self, name: str, number: int, changes: dict[str, Any]) -> VersionRecord:
-        """Change some of a version's serving settings (a ServingConfig's fields, validated)."""
-        record = self.get_version(name, number)
-        config = record.config.model_copy(update=changes)
-        # update_doc: a version deleted meanwhile is not brought back.
-        self.store.update_doc("version", version_id(name, number), {"config": config.model_dump(mode="json")})
-        return record.model_copy(update={"config": config})
+        """Change some of a version's serving settings (ServingConfig fields, validated), each
+        a field of its own (SERVING_FIELD), and return the version as the store now has it."""
+        self.get_version(name, number)  # a 404 that names what is missing
+        fields = {SERVING_FIELD + k: v for k, v in changes.items()}
+        self.store.update_doc("version", version_id(name, number), fields)  # a deleted one stays deleted
+        return self.get_version(name, number)
 
     def set_default_version(self, name: str, version: int | None) -> None:
         """Serve `version` to requests that name none, on every replica, until it is set again;

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import itertools
 import logging
+import math
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -216,14 +217,18 @@ class Runtime:
             self._routes.pop(key, None)
             raise
         route = Route(chosen, chosen.spec(), variants, time.monotonic())
+        before = self._routes.get((name, chosen.version))
         # Under its number too: that is how a batch, in the executor, finds its variants.
         if self._keep_routes(name, generation, {key: route, (name, chosen.version): route}):
-            self._apply_policy(chosen)  # else a newer read applies its own
+            self._apply_serving(before, chosen)  # else a newer read applies its own
         return route
 
-    def _apply_policy(self, version: VersionRecord) -> None:
-        """A version's serving settings, as last read from the store, reach its batchers: a
-        change on any replica applies here within a route TTL."""
+    def _apply_serving(self, before: Route | None, version: VersionRecord) -> None:
+        """A version's serving settings, as last read from the store, reach this process: a
+        change on any replica applies here within a route TTL. Its batchers take the new
+        policy, and a response cache turned off forgets the version's answers."""
+        if before is not None and before.version.config.response_cache and not version.config.response_cache:
+            self._responses.drop(version.name, version.version)
         policy = batch_policy(version, self.settings)
         for (name, number, _), batcher in list(self._batchers.items()):  # a copy: see unload
             if (name, number) == (version.name, version.version) and batcher.policy != policy:
@@ -253,18 +258,26 @@ class Runtime:
         its route afresh, without joining or keeping a refresh in flight, which may have read
         the model still unloaded or the old default."""
         with self._lock:
-            self._generations[name] += 1
+            self._new_generation(name)
             self._unloaded_at.pop(name, None)
             self._routes.pop((name, None), None)
-            for key in [k for k in self._refreshing if k[0] == name]:
-                del self._refreshing[key]
 
-    def reconfigure(self, name: str, number: int) -> None:
-        """A version's serving settings changed: this process reads its routes afresh at their
-        next request, and forgets the version's cached answers (the cache may have gone off)."""
-        self.reroute(name)
-        self._routes.pop((name, number), None)
-        self._responses.drop(name, number)
+    def reconfigure(self, name: str) -> None:
+        """Serving settings of the model changed: this process reads its routes afresh at their
+        next request, which applies them; until then a batch runs on the route it has, without
+        asking the store on an inference thread."""
+        with self._lock:
+            self._new_generation(name)
+            for key, route in list(self._routes.items()):
+                if key[0] == name:
+                    self._routes[key] = replace(route, fetched_at=-math.inf)
+
+    def _new_generation(self, name: str) -> None:
+        """Under the lock: refreshes of the model in flight, which may have read it as it was,
+        keep nothing, and are neither joined nor waited for."""
+        self._generations[name] += 1
+        for key in [k for k in self._refreshing if k[0] == name]:
+            del self._refreshing[key]
 
     def _keep_routes(self, name: str, generation: int, routes: dict[tuple[str, int | None], Route]) -> bool:
         """Whether they were kept: not when the model was unloaded or rerouted meanwhile."""
@@ -357,7 +370,9 @@ class Runtime:
                 for seconds in timing.queued_s:
                     queue_seconds.observe(seconds)
 
-            policy = batch_policy(version, self.settings)
+            # The newest read of the version: a request may hold one older than a change's.
+            newest = self._routes.get((name, number))
+            policy = batch_policy(version if newest is None else newest.version, self.settings)
             pending = metrics.PENDING_REQUESTS.labels(name)
             executor = (
                 self._executor

@@ -148,10 +148,10 @@ def test_python_sdk_flow(server: KilnServer) -> None:
             client=client, name=name, body=DefaultVersionIn(version=uploaded.version)
         )
         assert pinned is not None and pinned.default_version == uploaded.version
-        served = update_serving.sync(
-            client=client, name=name, version=uploaded.version, body=ServingIn(max_queue_size=4)
-        )
-        assert served is not None and served.serving.max_queue_size == 4
+        for change in (ServingIn(response_cache=True), ServingIn(max_queue_size=4)):
+            served = update_serving.sync(client=client, name=name, version=uploaded.version, body=change)
+        # What a change leaves out, the SDK leaves out: the response cache stays on.
+        assert served is not None and served.serving.max_queue_size == 4 and served.serving.response_cache
 
         deleted = delete_model.sync(client=client, name=name)
         assert deleted is not None and deleted.name == name

@@ -5,7 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
+import pytest
+
+from service.errors import NotFoundError
+from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry, version_id
 from service.store.local import LocalStore
 from tests.models import MODELS
 from tests.registries import ready_version, reference
@@ -52,3 +55,30 @@ def test_a_default_version_that_outlived_its_version_or_model_does_not_apply(tmp
     ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE)
     view = registry.get_model(mlp.name)
     assert (view.unloaded, view.default_version, [v.version for v, _ in view.versions]) == (False, None, [2])
+
+
+def test_serving_changes_of_different_settings_never_overwrite_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two replicas change different settings of one version at once: each writes its own
+    fields, so neither loses the other's, whatever order the store sees them in; a version
+    deleted meanwhile stays deleted."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    mlp = MODELS["mlp"]
+    ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE, max_queue_delay_us=100)
+    # Both read the version before either writes: a read-modify-write of the whole config
+    # would have the second undo the first.
+    before = registry.get_version(mlp.name, 1)
+    registry.update_serving(mlp.name, 1, {"max_queue_size": 4})
+    real, stale = registry.get_version, [before]  # the second one's first read is the old one
+    monkeypatch.setattr(registry, "get_version", lambda n, v: stale.pop() if stale else real(n, v))
+    after = registry.update_serving(mlp.name, 1, {"response_cache": True})
+    monkeypatch.undo()
+    assert before.config.max_queue_size is None
+    assert (after.config.max_queue_size, after.config.response_cache) == (4, True)
+    assert after.config.max_queue_delay_us == 100 and after.config.inputs == before.config.inputs
+    assert registry.get_version(mlp.name, 1) == after
+    registry.delete_model(mlp.name)
+    with pytest.raises(NotFoundError):
+        registry.update_serving(mlp.name, 1, {"max_queue_size": 8})
+    assert registry.store.get_doc("version", version_id(mlp.name, 1)) is None

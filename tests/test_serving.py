@@ -408,26 +408,42 @@ def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client
     assert predict(http, name, small).json() == predict(http, name, small).json()
     assert cache_counts(http, name)[0] == 1
 
-    reset = http.patch(path, json={"max_queue_size": None, "response_cache": False})
+    reset = http.patch(
+        path, json={"max_queue_size": None, "response_cache": None, "preferred_batch_sizes": [4]}
+    )
     assert reset.status_code == 200, reset.text
-    assert reset.json()["serving"]["max_queue_size"] is None
-    assert reset.json()["serving"]["max_queue_delay_us"] == 1000  # left out: kept
+    serving = reset.json()["serving"]
+    assert (serving["max_queue_size"], serving["response_cache"]) == (None, False)
+    assert serving["preferred_batch_sizes"] == [4]
+    assert serving["max_queue_delay_us"] == 1000  # left out: kept
     policy = http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]["default_queue_policy"]
     assert policy["max_queue_size"] == 1024  # KILN_MAX_QUEUE_SIZE
     assert predict(http, name, small).status_code == 200
     assert cache_counts(http, name)[0] == 1  # off: no new hit
+    assert http.patch(path, json={}).json()["serving"] == serving  # nothing to change
 
     for body, message in (
-        ({"max_batch_size": 8}, "max_batch_size: Extra inputs are not permitted"),
+        ({"max_batch_size": 8}, "max_batch_size: fixed at upload, where the variants were compiled"),
+        ({"bogus": 1}, "unknown setting(s) ['bogus']; the serving settings are ['max_queue_delay_us'"),
         (
             {"preferred_batch_sizes": [1024]},
             "preferred_batch_sizes: [1024] must lie in 1..max_batch_size (512)",
         ),
         ({"max_queue_delay_us": -1}, "max_queue_delay_us"),
-        ({}, "the body changes nothing"),
     ):
         refused = http.patch(path, json=body)
         assert refused.status_code == 422, refused.text
         assert message in refused.json()["detail"], refused.text
     assert http.patch(f"/v1/models/{name}/versions/7/serving", json={"max_queue_size": 3}).status_code == 404
+
+    # The same upload again is the same version, with the upload's serving settings, whatever
+    # was changed since; one that differs only in them is the same version too, not a compile.
+    again = upload(http, SLOW, name=name, max_batch_size=512, backends=[])
+    assert again.status_code == 200 and again.json()["deduplicated"] is True, again.text
+    restored = {**serving, "max_queue_delay_us": None, "preferred_batch_sizes": []}
+    assert http.get(f"/v1/models/{name}/versions/1").json()["serving"] == restored
+    tuned = upload(http, SLOW, name=name, max_batch_size=512, backends=[], max_queue_delay_us=5000)
+    assert tuned.status_code == 200 and tuned.json()["version"] == 1, tuned.text
+    batching = http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]
+    assert batching["max_queue_delay_microseconds"] == 5000
     assert len(http.get(f"/v1/models/{name}").json()["versions"]) == 1

@@ -231,6 +231,8 @@ def upload_model(
     )
     for job in created.jobs:
         svc.queue.enqueue(job)
+    if created.deduplicated:  # it may have taken the upload's serving settings
+        svc.runtime.reconfigure(created.version.name)
     body = UploadOut(
         name=created.version.name,
         version=created.version.version,
@@ -325,15 +327,20 @@ def get_model_version(name: str, version: int, svc: Annotated[Services, Depends(
 def update_serving(
     name: str, version: int, body: ServingIn, svc: Annotated[Services, Depends(services)]
 ) -> VersionOut:
-    changes = body.model_dump(include=body.model_fields_set)
-    if not changes:
+    unknown = sorted(body.model_extra or {})
+    if unknown:
+        fixed = [f for f in unknown if f in ModelConfig.model_fields]
         raise InvalidConfigError(
-            "the body changes nothing: give one or more of " + ", ".join(ServingIn.model_fields)
+            f"{', '.join(fixed)}: fixed at upload, where the variants were compiled and verified "
+            "with it; upload a new version to change it"
+            if fixed
+            else f"unknown setting(s) {unknown}; the serving settings are {list(ServingIn.model_fields)}"
         )
     current = svc.registry.get_version(name, version)
-    check_preferred(body.preferred_batch_sizes, current.config.max_batch_size or 1, "")
+    changes = body.changes()
+    check_preferred(changes.get("preferred_batch_sizes", []), current.config.max_batch_size or 1, "")
     record = svc.registry.update_serving(name, version, changes)
-    svc.runtime.reconfigure(name, version)
+    svc.runtime.reconfigure(name)
     return VersionOut.of(record, svc.registry.variants_of(record))
 
 

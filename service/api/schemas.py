@@ -10,8 +10,12 @@ from service.records import (
     JobStatus,
     Options,
     OutputInfo,
+    PreferredSizes,
+    QueueDelayUs,
+    QueueSize,
     ServingConfig,
     TensorConfig,
+    TimeoutUs,
     VariantRecord,
     VariantStatus,
     VersionRecord,
@@ -91,11 +95,23 @@ class ModelOut(BaseModel):
     )
 
 
-class ServingIn(ServingConfig):
-    """The serving settings to change; those left out keep their value, and null restores the
-    server default."""
+class ServingIn(BaseModel):
+    """The serving settings to change. Those left out keep their value; null restores what an
+    upload that leaves a setting out gets (the server's default, no limit, [] or false)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")  # refused by the route, with a message that says why
+
+    max_queue_delay_us: QueueDelayUs | None = None
+    preferred_batch_sizes: PreferredSizes | None = None
+    max_queue_size: QueueSize | None = None
+    default_timeout_us: TimeoutUs | None = None
+    response_cache: bool | None = None
+
+    def changes(self) -> dict[str, Any]:
+        """The settings given, null ones at their default."""
+        defaults = ServingConfig().model_dump()
+        given = self.model_fields_set & set(ServingConfig.model_fields)
+        return {k: defaults[k] if getattr(self, k) is None else getattr(self, k) for k in given}
 
 
 class DefaultVersionIn(BaseModel):

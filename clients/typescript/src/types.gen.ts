@@ -294,8 +294,8 @@ export type ServingConfig = {
 /**
  * ServingIn
  *
- * The serving settings to change; those left out keep their value, and null restores the
- * server default.
+ * The serving settings to change. Those left out keep their value; null restores what an
+ * upload that leaves a setting out gets (the server's default, no limit, [] or false).
  */
 export type ServingIn = {
     /**
@@ -313,11 +313,12 @@ export type ServingIn = {
     /**
      * Preferred Batch Sizes
      */
-    preferred_batch_sizes?: Array<number>;
+    preferred_batch_sizes?: Array<number> | null;
     /**
      * Response Cache
      */
-    response_cache?: boolean;
+    response_cache?: boolean | null;
+    [key: string]: unknown;
 };
 
 /**

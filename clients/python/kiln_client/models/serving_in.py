@@ -4,6 +4,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar, cast
 
 from attrs import define as _attrs_define
+from attrs import field as _attrs_field
 
 from ..types import UNSET, Unset
 
@@ -12,22 +13,23 @@ T = TypeVar("T", bound="ServingIn")
 
 @_attrs_define
 class ServingIn:
-    """The serving settings to change; those left out keep their value, and null restores the
-    server default.
+    """The serving settings to change. Those left out keep their value; null restores what an
+    upload that leaves a setting out gets (the server's default, no limit, [] or false).
 
         Attributes:
             default_timeout_us (int | None | Unset):
             max_queue_delay_us (int | None | Unset):
             max_queue_size (int | None | Unset):
-            preferred_batch_sizes (list[int] | Unset):
-            response_cache (bool | Unset):  Default: False.
+            preferred_batch_sizes (list[int] | None | Unset):
+            response_cache (bool | None | Unset):
     """
 
     default_timeout_us: int | None | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
     max_queue_size: int | None | Unset = UNSET
-    preferred_batch_sizes: list[int] | Unset = UNSET
-    response_cache: bool | Unset = False
+    preferred_batch_sizes: list[int] | None | Unset = UNSET
+    response_cache: bool | None | Unset = UNSET
+    additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         default_timeout_us: int | None | Unset
@@ -48,14 +50,23 @@ class ServingIn:
         else:
             max_queue_size = self.max_queue_size
 
-        preferred_batch_sizes: list[int] | Unset = UNSET
-        if not isinstance(self.preferred_batch_sizes, Unset):
+        preferred_batch_sizes: list[int] | None | Unset
+        if isinstance(self.preferred_batch_sizes, Unset):
+            preferred_batch_sizes = UNSET
+        elif isinstance(self.preferred_batch_sizes, list):
             preferred_batch_sizes = self.preferred_batch_sizes
 
-        response_cache = self.response_cache
+        else:
+            preferred_batch_sizes = self.preferred_batch_sizes
+
+        response_cache: bool | None | Unset
+        if isinstance(self.response_cache, Unset):
+            response_cache = UNSET
+        else:
+            response_cache = self.response_cache
 
         field_dict: dict[str, Any] = {}
-
+        field_dict.update(self.additional_properties)
         field_dict.update({})
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
@@ -101,9 +112,31 @@ class ServingIn:
 
         max_queue_size = _parse_max_queue_size(d.pop("max_queue_size", UNSET))
 
-        preferred_batch_sizes = cast(list[int], d.pop("preferred_batch_sizes", UNSET))
+        def _parse_preferred_batch_sizes(data: object) -> list[int] | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, list):
+                    raise TypeError()
+                preferred_batch_sizes_type_0 = cast(list[int], data)
 
-        response_cache = d.pop("response_cache", UNSET)
+                return preferred_batch_sizes_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(list[int] | None | Unset, data)
+
+        preferred_batch_sizes = _parse_preferred_batch_sizes(d.pop("preferred_batch_sizes", UNSET))
+
+        def _parse_response_cache(data: object) -> bool | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(bool | None | Unset, data)
+
+        response_cache = _parse_response_cache(d.pop("response_cache", UNSET))
 
         serving_in = cls(
             default_timeout_us=default_timeout_us,
@@ -113,4 +146,21 @@ class ServingIn:
             response_cache=response_cache,
         )
 
+        serving_in.additional_properties = d
         return serving_in
+
+    @property
+    def additional_keys(self) -> list[str]:
+        return list(self.additional_properties.keys())
+
+    def __getitem__(self, key: str) -> Any:
+        return self.additional_properties[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.additional_properties[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self.additional_properties[key]
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.additional_properties

@@ -95,9 +95,9 @@ def sync_detailed(
     Args:
         name (str):
         version (int):
-        body (ServingIn): The serving settings to change; those left out keep their value, and
-            null restores the
-            server default.
+        body (ServingIn): The serving settings to change. Those left out keep their value; null
+            restores what an
+            upload that leaves a setting out gets (the server's default, no limit, [] or false).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -133,9 +133,9 @@ def sync(
     Args:
         name (str):
         version (int):
-        body (ServingIn): The serving settings to change; those left out keep their value, and
-            null restores the
-            server default.
+        body (ServingIn): The serving settings to change. Those left out keep their value; null
+            restores what an
+            upload that leaves a setting out gets (the server's default, no limit, [] or false).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -166,9 +166,9 @@ async def asyncio_detailed(
     Args:
         name (str):
         version (int):
-        body (ServingIn): The serving settings to change; those left out keep their value, and
-            null restores the
-            server default.
+        body (ServingIn): The serving settings to change. Those left out keep their value; null
+            restores what an
+            upload that leaves a setting out gets (the server's default, no limit, [] or false).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -202,9 +202,9 @@ async def asyncio(
     Args:
         name (str):
         version (int):
-        body (ServingIn): The serving settings to change; those left out keep their value, and
-            null restores the
-            server default.
+        body (ServingIn): The serving settings to change. Those left out keep their value; null
+            restores what an
+            upload that leaves a setting out gets (the server's default, no limit, [] or false).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
