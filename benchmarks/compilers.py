@@ -359,6 +359,8 @@ def main() -> None:
         kiln_pick(run, target)
         time_all(run, args.rounds, args.round_seconds, args.pause)
         runs.append(run)
+        if len(args.models) > 1:  # each model's rows as it ends, so that a stopped run keeps them
+            print_report([run], args, target)
     print_report(runs, args, target)
     # Other work on the machine skews every number: the load average says how much there was.
     load = f"load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
