@@ -148,8 +148,55 @@ def upload(
         )
         variants = body["variants"]
         if wait:
-            follow(http, variants)
-            variants = check(http.get(f"/v1/models/{body['name']}/versions/{body['version']}"))["variants"]
+            variants = settled(http, body["name"], body["version"], variants)
+    show(variants)
+
+
+@app.command("add-variants")
+def add_variants(
+    name: str,
+    version: int,
+    backend: Annotated[
+        list[str] | None, typer.Option("--backend", help="Backends to compile; default: the version's own.")
+    ] = None,
+    target: Annotated[
+        list[str] | None,
+        typer.Option("--target", help="Targets; default: the version's own, `auto` read again now."),
+    ] = None,
+    tuning_trials: Annotated[int, typer.Option(help="Also a tvm variant tuned with this many trials.")] = 0,
+    wait: Annotated[bool, typer.Option(help="Show live progress until every variant settles.")] = True,
+    url: UrlOption = "http://127.0.0.1:8000",
+    api_key: KeyOption = None,
+) -> None:
+    """Compile more of an uploaded version: other backends or tuning, targets that joined since
+    its upload, and the variants that failed."""
+    request: dict[str, Any] = {"tuning_trials": tuning_trials}
+    if backend:
+        request["backends"] = backend
+    if target:
+        request["targets"] = target
+    with client(url, api_key) as http:
+        body = check(http.post(f"/v1/models/{name}/versions/{version}/variants", json=request))
+        for s in body["skipped"]:
+            console.print(f"[dim]{label(s):<24} {s['target']:<28} skipped: {s['reason']}[/dim]")
+        variants = body["queued"]
+        if not variants:
+            console.print(f"{name} version {version}: nothing to compile")
+        elif wait:
+            queued = {v["id"] for v in variants}
+            variants = [v for v in settled(http, name, version, variants) if v["id"] in queued]
+    show(variants)
+
+
+def settled(
+    http: httpx.Client, name: str, version: int, variants: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Follow the variants' jobs to the end, then read the version's variants again."""
+    follow(http, variants)
+    return list(check(http.get(f"/v1/models/{name}/versions/{version}"))["variants"])
+
+
+def show(variants: list[dict[str, Any]]) -> None:
     for v in variants:
         latency = f" {v['latency_ms']:.3f} ms at batch 1" if v["latency_ms"] is not None else ""
         error = f": {v['error']}" if v["error"] else ""

@@ -69,6 +69,14 @@ class BackendRequest(BaseModel):
     options: Options = Field(default_factory=dict, max_length=16)
 
 
+def as_requests(backends: list[str | BackendRequest] | None) -> list[BackendRequest]:
+    return [BackendRequest(name=b) if isinstance(b, str) else b for b in backends or []]
+
+
+def tuned_tvm(trials: int) -> BackendRequest:
+    return BackendRequest(name="tvm", options={TUNING_TRIALS: trials})
+
+
 QueueDelayUs = Annotated[int, Field(ge=0, le=10_000_000)]
 PreferredSizes = Annotated[list[int], Field(max_length=16)]
 QueueSize = Annotated[int, Field(ge=0, le=1_000_000)]
@@ -77,6 +85,9 @@ TimeoutUs = Annotated[int, Field(ge=1, le=3_600_000_000)]
 
 # The prefix of a changed serving setting's field in a version's document.
 SERVING_FIELD = "serving."
+# The prefix of a variant added to a version after its upload (POST .../variants): the field
+# `variant.<id>` holds when it was added.
+ADDED_VARIANT = "variant."
 
 
 class ServingConfig(BaseModel):
@@ -124,8 +135,8 @@ class ModelConfig(ServingConfig):
         return ServingConfig.model_validate(self.model_dump(include=set(ServingConfig.model_fields)))
 
     def backend_requests(self) -> list[BackendRequest]:
-        requests = [BackendRequest(name=b) if isinstance(b, str) else b for b in self.backends or []]
-        tuned = BackendRequest(name="tvm", options={TUNING_TRIALS: self.tuning_trials})
+        requests = as_requests(self.backends)
+        tuned = tuned_tvm(self.tuning_trials)
         if self.tuning_trials and any(r.name == "tvm" for r in requests) and tuned not in requests:
             requests.append(tuned)  # last, so it queues behind the quick variants
         return requests
@@ -154,17 +165,20 @@ class VersionRecord(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _changed_serving(cls, doc: Any) -> Any:
-        """Serving settings changed after the upload are top-level fields of the document, one
-        per setting (SERVING_FIELD), so that changes of different settings, on any replica at
-        once, never overwrite each other (Store.update_doc)."""
-        if not isinstance(doc, dict) or not any(str(k).startswith(SERVING_FIELD) for k in doc):
+    def _changed_after_upload(cls, doc: Any) -> Any:
+        """Serving settings changed and variants added after the upload are top-level fields of
+        the document, one per setting (SERVING_FIELD) and per variant (ADDED_VARIANT), so that
+        changes sent at once from any replicas never overwrite each other (Store.update_doc)."""
+        prefixes = (SERVING_FIELD, ADDED_VARIANT)
+        if not isinstance(doc, dict) or not any(str(k).startswith(prefixes) for k in doc):
             return doc
         doc = dict(doc)
         config = dict(doc["config"])
         for key in [k for k in doc if k.startswith(SERVING_FIELD)]:
             config[key.removeprefix(SERVING_FIELD)] = doc.pop(key)
-        return {**doc, "config": config}
+        added = {k.removeprefix(ADDED_VARIANT): doc.pop(k) for k in list(doc) if k.startswith(ADDED_VARIANT)}
+        variant_ids = [*doc["variant_ids"], *sorted(added, key=lambda vid: (added[vid], vid))]
+        return {**doc, "config": config, "variant_ids": variant_ids}
 
     def spec(self) -> InputSpec:
         inputs = [t.model_dump() for t in self.config.inputs]

@@ -12,10 +12,12 @@ from pydantic import BaseModel
 
 from service.errors import ConflictError, NotFoundError
 from service.records import (
+    ADDED_VARIANT,
     SERVING_FIELD,
     ArtifactRecord,
     JobRecord,
     ModelConfig,
+    Options,
     OutputInfo,
     ServingConfig,
     VariantRecord,
@@ -35,6 +37,24 @@ ARTIFACT_BLOB = "artifacts/{key}"
 def version_id(name: str, version: int) -> str:
     # Zero-padded so that a model's versions list in order under the prefix "name/".
     return f"{name}/{version:08d}"
+
+
+def derived_id(*parts: object) -> str:
+    """An id that follows from what it names: two requests that ask for the same thing at once
+    derive the same id, and the store's create_doc lets only one of them have it."""
+    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:16]
+
+
+def job_for(variant: VariantRecord, job_id: str) -> JobRecord:
+    return JobRecord(
+        id=job_id,
+        variant_id=variant.id,
+        model=variant.model,
+        version=variant.version,
+        backend=variant.backend,
+        target=variant.target,
+        options=variant.options,
+    )
 
 
 @dataclass
@@ -116,6 +136,52 @@ class Registry:
         self._put("version", version_id(config.name, number), version)
         self.store.put_doc("upload", upload_key, {"id": upload_key, "name": config.name, "version": number})
         return NewVersion(version, variants, jobs, deduplicated=False)
+
+    def add_variants(
+        self, version: VersionRecord, wanted: list[tuple[str, Options, str]], retried: list[VariantRecord]
+    ) -> list[tuple[VariantRecord, JobRecord]]:
+        """Compile more of an existing version: a new queued variant for each (backend, options,
+        target) wanted, and a new job for each failed or rejected variant retried. Returns the
+        variants and jobs to enqueue, less those that a request racing this one took first.
+        NotFoundError when the version was deleted meanwhile."""
+        vid = version_id(version.name, version.version)
+        queued: list[tuple[VariantRecord, JobRecord]] = []
+        added: dict[str, Any] = {}
+        for backend, options, target in wanted:
+            canonical = json.dumps(options, sort_keys=True)
+            variant = VariantRecord(
+                id=derived_id(vid, version.created_at, backend, canonical, target),
+                model=version.name,
+                version=version.version,
+                backend=backend,
+                target=target,
+                options=options,
+                status=VariantStatus.queued,
+            )
+            job = job_for(variant, derived_id(variant.id, None))
+            variant.job_id = job.id
+            if not self.store.create_doc("variant", variant.id, variant.model_dump(mode="json")):
+                continue
+            self._put("job", job.id, job)
+            added[ADDED_VARIANT + variant.id] = now()
+            queued.append((variant, job))
+        for failed in retried:
+            job = job_for(failed, derived_id(failed.id, failed.job_id))
+            if not self.store.create_doc("job", job.id, job.model_dump(mode="json")):
+                continue
+            retry = {"status": VariantStatus.queued, "error": None, "job_id": job.id, "max_abs_error": None}
+            self.update_variant(failed.id, **retry)
+            if failed.job_id:  # its error is the variant's, which the retry clears
+                self.store.delete_doc("job", failed.job_id)
+            queued.append((failed.model_copy(update=retry), job))
+        # Last, as at upload: readers never see a version whose variants are missing.
+        self.store.update_doc("version", vid, added)
+        if self.store.get_doc("version", vid) is None:  # deleted meanwhile: undo what belongs to nothing
+            for variant, job in queued:
+                self.store.delete_doc("job", job.id)
+                self.store.delete_doc("variant", variant.id)
+            raise NotFoundError(f"model {version.name!r} has no version {version.version}")
+        return queued
 
     def variants_of(self, version: VersionRecord) -> list[VariantRecord]:
         found = (self._get("variant", vid, VariantRecord) for vid in version.variant_ids)

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "clients" / "python"))
 from kiln_client import Client
 from kiln_client.api.inference import predict
 from kiln_client.api.models import (
+    compile_version,
     delete_model,
     get_model,
     get_model_version,
@@ -42,6 +43,8 @@ from kiln_client.api.models import (
 )
 from kiln_client.models import (
     BodyUploadModel,
+    CompileIn,
+    CompileOut,
     DefaultVersionIn,
     PredictIn,
     PredictInInputs,
@@ -152,6 +155,13 @@ def test_python_sdk_flow(server: KilnServer) -> None:
             served = update_serving.sync(client=client, name=name, version=uploaded.version, body=change)
         # What a change leaves out, the SDK leaves out: the response cache stays on.
         assert served is not None and served.serving.max_queue_size == 4 and served.serving.response_cache
+        more = CompileIn(backends=["onnxruntime"])
+        added = compile_version.sync_detailed(client=client, name=name, version=uploaded.version, body=more)
+        assert added.status_code == HTTPStatus.ACCEPTED, added.content
+        queued = CompileOut.from_dict(json.loads(added.content)).queued
+        assert [(v.backend, v.status) for v in queued] == [("onnxruntime", VariantStatus.QUEUED)]
+        again = compile_version.sync(client=client, name=name, version=uploaded.version, body=more)
+        assert again is not None and again.queued == [] and again.skipped[0].reason.startswith("already ")
 
         deleted = delete_model.sync(client=client, name=name)
         assert deleted is not None and deleted.name == name

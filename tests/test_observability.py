@@ -238,6 +238,17 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     missing = run_cli("default", "cli-mlp", "9", "--url", server.url)
     assert missing.returncode == 1 and "has no version 9" in missing.stdout, missing.stdout
 
+    nothing = run_cli("add-variants", "cli-mlp", "1", "--url", server.url)
+    assert nothing.returncode == 0, nothing.stdout + nothing.stderr
+    assert "cli-mlp version 1: nothing to compile" in nothing.stdout, nothing.stdout
+    assert re.search(r"^tvm\s+cpu-\S+\s+skipped: already ready", nothing.stdout, re.M), nothing.stdout
+    added = run_cli("add-variants", "cli-mlp", "1", "--backend", "onnxruntime", "--url", server.url)
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert re.search(r"^onnxruntime\s+cpu-\S+\s+ready [\d.]+ ms at batch 1$", added.stdout, re.M), (
+        added.stdout
+    )
+    assert "tvm" not in added.stdout and "torchscript" not in added.stdout  # only what it queued
+
     changed = run_cli(
         "serving", "cli-mlp", "1", "--set", "max_queue_size=4", "--set", "preferred_batch_sizes=[2]",
         "--url", server.url,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from service.errors import NotFoundError
+from service.records import VariantStatus
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry, version_id
 from service.store.local import LocalStore
 from tests.models import MODELS
@@ -82,3 +83,42 @@ def test_serving_changes_of_different_settings_never_overwrite_each_other(
     with pytest.raises(NotFoundError):
         registry.update_serving(mlp.name, 1, {"max_queue_size": 8})
     assert registry.store.get_doc("version", version_id(mlp.name, 1)) is None
+
+
+def test_variants_added_at_once_by_two_requests_are_added_once(tmp_path: Path) -> None:
+    """Two replicas add the same variant, and retry the same failed one, from reads taken
+    before either wrote: one of them gets each. Variants added by different requests all stay,
+    in the order they were added, and a deleted version keeps nothing of an addition."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    mlp = MODELS["mlp"]
+    failed = VariantStatus.failed
+    ready_version(
+        registry, mlp, {"torchscript": reference(BASELINE), "tvm": (HOST, b"packed", BASELINE)}, BASELINE
+    )
+    registry.update_variant("tvm", status=failed, error="killed (out of memory)", job_id="old-job")
+    registry.store.put_doc("job", "old-job", {"id": "old-job"})
+    version = registry.get_version(mlp.name, 1)
+    [tvm] = [v for v in registry.variants_of(version) if v.id == "tvm"]
+    ort = ("onnxruntime", {}, HOST)
+
+    first = registry.add_variants(version, [ort], [tvm])
+    second = registry.add_variants(version, [ort], [tvm])  # the same stale reads
+    assert second == []
+    assert [(v.backend, v.status, j.target) for v, j in first] == [
+        ("onnxruntime", VariantStatus.queued, HOST),
+        ("tvm", VariantStatus.queued, HOST),
+    ]
+    retried = registry.get_variant("tvm")
+    assert retried is not None and (retried.status, retried.error) == (VariantStatus.queued, None)
+    assert retried.job_id == first[1][1].id and registry.get_job(retried.job_id).variant_id == "tvm"
+    assert registry.store.get_doc("job", "old-job") is None  # its error was the variant's
+
+    inductor = registry.add_variants(version, [("inductor", {"mode": "max"}, HOST)], [])
+    current = registry.get_version(mlp.name, 1)
+    assert current.variant_ids == ["torchscript", "tvm", first[0][0].id, inductor[0][0].id]
+    assert [v.options for v in registry.variants_of(current)][-1] == {"mode": "max"}
+
+    registry.delete_model(mlp.name)
+    with pytest.raises(NotFoundError):
+        registry.add_variants(current, [("onnxruntime", {"x": 1}, HOST)], [])
+    assert registry.store.list_docs("variant") == [] and registry.store.list_docs("job") == []

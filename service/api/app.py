@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from compiler.threads import set_threads
 from service import metrics
-from service.api import events, health, jobs, models, predict, problems, repository, v2
+from service.api import events, health, jobs, models, predict, problems, repository, v2, variants
 from service.api.auth import parse_keys
 from service.api.deps import Services
 from service.api.middleware import RequestContext
@@ -112,7 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # catch-all, which answers unknown /v2 paths in the protocol's error shape, comes last.
     for router in (v2.inference, repository.router, v2.router):
         app.include_router(router)
-    for module in (predict, health, models, jobs, events):
+    for module in (predict, health, models, variants, jobs, events):
         app.include_router(module.router)
     app.include_router(v2.fallback)
     return app

@@ -34,6 +34,7 @@ from service.api.schemas import (
 )
 from service.errors import InvalidConfigError, NotFoundError
 from service.records import (
+    BackendRequest,
     JobRecord,
     ModelConfig,
     OutputInfo,
@@ -41,7 +42,7 @@ from service.records import (
     VariantStatus,
     new_id,
 )
-from service.registry import MODEL_BLOB, ModelView
+from service.registry import MODEL_BLOB, ModelView, job_for
 from service.router import ANY_TARGET, REFERENCE, serving_version
 from service.sandbox import SandboxError, run_in_child
 
@@ -69,6 +70,25 @@ def check_preferred(sizes: list[int], max_batch_size: int, where: str) -> None:
         )
 
 
+def check_backends(requests: list[BackendRequest], where: str) -> None:
+    unknown = [r.name for r in requests if r.name not in BACKENDS or r.name == REFERENCE]
+    if unknown:
+        known = sorted(set(BACKENDS) - {REFERENCE})
+        raise InvalidConfigError(f"{where}: unknown backend(s) {unknown}; use {known}")
+    if len({(r.name, json.dumps(r.options, sort_keys=True)) for r in requests}) < len(requests):
+        raise InvalidConfigError(f"{where}: an entry is repeated (same backend and options)")
+
+
+def check_targets(svc: Services, targets: list[str] | None, where: str) -> None:
+    if svc.settings.embedded and targets is not None:
+        foreign = sorted(set(targets) - {AUTO, *svc.runtime.targets})
+        if foreign:
+            raise InvalidConfigError(
+                f"{where}: {foreign} are not this host's; embedded mode compiles only for "
+                f'{sorted(svc.runtime.targets)} (use "auto", or run workers with KILN_REDIS_URL)'
+            )
+
+
 def parse_config(text: str, svc: Services) -> ModelConfig:
     try:
         config = ModelConfig.model_validate_json(text)
@@ -82,20 +102,8 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
     if config.backends is None:
         config.backends = list(svc.settings.default_backends)
     check_preferred(config.preferred_batch_sizes, config.max_batch_size, "config.")
-    requests = config.backend_requests()
-    unknown = [r.name for r in requests if r.name not in BACKENDS or r.name == REFERENCE]
-    if unknown:
-        known = sorted(set(BACKENDS) - {REFERENCE})
-        raise InvalidConfigError(f"config.backends: unknown backend(s) {unknown}; use {known}")
-    if len({(r.name, json.dumps(r.options, sort_keys=True)) for r in requests}) < len(requests):
-        raise InvalidConfigError("config.backends: an entry is repeated (same backend and options)")
-    if svc.settings.embedded and config.targets is not None:
-        foreign = sorted(set(config.targets) - {AUTO, *svc.runtime.targets})
-        if foreign:
-            raise InvalidConfigError(
-                f"config.targets: {foreign} are not this host's; embedded mode compiles only for "
-                f'{sorted(svc.runtime.targets)} (use "auto", or run workers with KILN_REDIS_URL)'
-            )
+    check_backends(config.backend_requests(), "config.backends")
+    check_targets(svc, config.targets, "config.targets")
     try:
         spec = InputSpec.from_dicts([t.model_dump() for t in config.inputs], config.max_batch_size)
         for sample in config.samples:
@@ -121,13 +129,14 @@ def read_chunks(path: Path) -> Iterator[bytes]:
             yield chunk
 
 
-def plan_targets(svc: Services, config: ModelConfig) -> list[str]:
-    """The targets an upload compiles for; "auto" adds every target a live worker announced."""
+def plan_targets(svc: Services, wanted: list[str] | None) -> list[str]:
+    """The targets to compile for; "auto" adds every target a live worker announced, and None
+    means this host's."""
     host = svc.runtime.targets
-    if config.targets is None:
+    if wanted is None:
         return sorted(host)
-    targets = {t for t in config.targets if t != AUTO}
-    if AUTO in config.targets:
+    targets = {t for t in wanted if t != AUTO}
+    if AUTO in wanted:
         targets |= host
         if not svc.settings.embedded:
             targets |= svc.registry.live_targets(LIVE_BEATS * svc.settings.worker_heartbeat_s)
@@ -158,7 +167,7 @@ def plan_variants(
         )
     ]
     jobs = []
-    targets = plan_targets(svc, config)
+    targets = plan_targets(svc, config.targets)
     for request in config.backend_requests():
         for target in targets:
             variant = VariantRecord(
@@ -174,15 +183,7 @@ def plan_variants(
             if reason is not None:
                 variant.status, variant.error = VariantStatus.failed, reason
             else:
-                job = JobRecord(
-                    id=new_id(),
-                    variant_id=variant.id,
-                    model=name,
-                    version=number,
-                    backend=request.name,
-                    target=target,
-                    options=request.options,
-                )
+                job = job_for(variant, new_id())
                 variant.job_id = job.id
                 jobs.append(job)
             variants.append(variant)

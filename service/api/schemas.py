@@ -7,18 +7,23 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from service.records import (
+    BackendRequest,
     JobStatus,
+    ModelConfig,
     Options,
     OutputInfo,
     PreferredSizes,
     QueueDelayUs,
     QueueSize,
     ServingConfig,
+    Target,
     TensorConfig,
     TimeoutUs,
     VariantRecord,
     VariantStatus,
     VersionRecord,
+    as_requests,
+    tuned_tvm,
 )
 
 
@@ -134,6 +139,58 @@ class UploadOut(BaseModel):
         description="True when these bytes and config were already uploaded: nothing new is compiled."
     )
     variants: list[VariantOut]
+
+
+class CompileIn(BaseModel):
+    """What to compile of an existing version. An empty body compiles what its upload asked
+    for on the targets that exist now, and retries its variants that failed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backends: list[str | BackendRequest] | None = Field(
+        default=None,
+        description="Backends to compile, each a name or {name, options}; null: the version's own, "
+        "from its upload (its tuned tvm variant included).",
+        examples=[["onnxruntime", {"name": "tensorrt", "options": {"precision": "fp16"}}]],
+    )
+    targets: list[Target] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description='Targets to compile for; "auto": every target a live worker announces now, and '
+        "this host's; null: the version's own, with \"auto\" read again now.",
+    )
+    tuning_trials: int = Field(
+        default=0,
+        ge=0,
+        le=20_000,
+        description="Also compile a tvm variant tuned with this many MetaSchedule trials (0: none).",
+    )
+
+    def requests(self, config: ModelConfig) -> list[BackendRequest]:
+        requests = config.backend_requests() if self.backends is None else as_requests(self.backends)
+        tuned = tuned_tvm(self.tuning_trials)
+        if self.tuning_trials and tuned not in requests:
+            requests.append(tuned)
+        return requests
+
+
+class SkippedOut(BaseModel):
+    backend: str
+    options: Options
+    target: str
+    reason: str = Field(
+        description='Why nothing was queued for it: "already ready", or why it cannot be built.'
+    )
+
+
+class CompileOut(BaseModel):
+    name: str
+    version: int
+    queued: list[VariantOut] = Field(
+        description="Variants queued to compile, new or retried, with their jobs."
+    )
+    skipped: list[SkippedOut]
 
 
 class JobOut(BaseModel):

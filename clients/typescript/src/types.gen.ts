@@ -27,6 +27,24 @@ export type ActiveOut = {
 };
 
 /**
+ * BackendRequest
+ *
+ * A backend with options, e.g. {"name": "tensorrt", "options": {"precision": "fp16"}}.
+ */
+export type BackendRequest = {
+    /**
+     * Name
+     */
+    name: string;
+    /**
+     * Options
+     */
+    options?: {
+        [key: string]: string | number | number | boolean;
+    };
+};
+
+/**
  * Body_upload_model
  */
 export type BodyUploadModel = {
@@ -42,6 +60,57 @@ export type BodyUploadModel = {
      * A TorchScript archive (torch.jit.save).
      */
     file: Blob | File;
+};
+
+/**
+ * CompileIn
+ *
+ * What to compile of an existing version. An empty body compiles what its upload asked
+ * for on the targets that exist now, and retries its variants that failed.
+ */
+export type CompileIn = {
+    /**
+     * Backends
+     *
+     * Backends to compile, each a name or {name, options}; null: the version's own, from its upload (its tuned tvm variant included).
+     */
+    backends?: Array<string | BackendRequest> | null;
+    /**
+     * Targets
+     *
+     * Targets to compile for; "auto": every target a live worker announces now, and this host's; null: the version's own, with "auto" read again now.
+     */
+    targets?: Array<string> | null;
+    /**
+     * Tuning Trials
+     *
+     * Also compile a tvm variant tuned with this many MetaSchedule trials (0: none).
+     */
+    tuning_trials?: number;
+};
+
+/**
+ * CompileOut
+ */
+export type CompileOut = {
+    /**
+     * Name
+     */
+    name: string;
+    /**
+     * Queued
+     *
+     * Variants queued to compile, new or retried, with their jobs.
+     */
+    queued: Array<VariantOut>;
+    /**
+     * Skipped
+     */
+    skipped: Array<SkippedOut>;
+    /**
+     * Version
+     */
+    version: number;
 };
 
 /**
@@ -319,6 +388,32 @@ export type ServingIn = {
      */
     response_cache?: boolean | null;
     [key: string]: unknown;
+};
+
+/**
+ * SkippedOut
+ */
+export type SkippedOut = {
+    /**
+     * Backend
+     */
+    backend: string;
+    /**
+     * Options
+     */
+    options: {
+        [key: string]: string | number | number | boolean;
+    };
+    /**
+     * Reason
+     *
+     * Why nothing was queued for it: "already ready", or why it cannot be built.
+     */
+    reason: string;
+    /**
+     * Target
+     */
+    target: string;
 };
 
 /**
@@ -1197,6 +1292,66 @@ export type UpdateServingResponses = {
 };
 
 export type UpdateServingResponse = UpdateServingResponses[keyof UpdateServingResponses];
+
+export type CompileVersionData = {
+    body: CompileIn;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+        /**
+         * Version
+         */
+        version: number;
+    };
+    query?: never;
+    url: '/v1/models/{name}/versions/{version}/variants';
+};
+
+export type CompileVersionErrors = {
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: Problem;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: Problem;
+    /**
+     * No such model, version or job.
+     */
+    404: Problem;
+    /**
+     * An invalid config or request field, named in the message.
+     */
+    422: Problem;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: Problem;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: Problem;
+};
+
+export type CompileVersionError = CompileVersionErrors[keyof CompileVersionErrors];
+
+export type CompileVersionResponses = {
+    /**
+     * Nothing to compile: every variant asked for is there.
+     */
+    200: CompileOut;
+    /**
+     * Response Compile Version
+     *
+     * Successful Response
+     */
+    202: unknown;
+};
+
+export type CompileVersionResponse = CompileVersionResponses[keyof CompileVersionResponses];
 
 export type V2ServerMetadataData = {
     body?: never;

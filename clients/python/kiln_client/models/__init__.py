@@ -1,7 +1,11 @@
 """Contains all the data models used in inputs/outputs"""
 
 from .active_out import ActiveOut
+from .backend_request import BackendRequest
+from .backend_request_options import BackendRequestOptions
 from .body_upload_model import BodyUploadModel
+from .compile_in import CompileIn
+from .compile_out import CompileOut
 from .default_version_in import DefaultVersionIn
 from .healthz_response_healthz import HealthzResponseHealthz
 from .index_request import IndexRequest
@@ -20,6 +24,8 @@ from .problem import Problem
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .serving_config import ServingConfig
 from .serving_in import ServingIn
+from .skipped_out import SkippedOut
+from .skipped_out_options import SkippedOutOptions
 from .tensor_config import TensorConfig
 from .tensor_config_dtype import TensorConfigDtype
 from .upload_out import UploadOut
@@ -45,7 +51,11 @@ from .version_out import VersionOut
 
 __all__ = (
     "ActiveOut",
+    "BackendRequest",
+    "BackendRequestOptions",
     "BodyUploadModel",
+    "CompileIn",
+    "CompileOut",
     "DefaultVersionIn",
     "HealthzResponseHealthz",
     "IndexRequest",
@@ -64,6 +74,8 @@ __all__ = (
     "ReadyzResponseReadyz",
     "ServingConfig",
     "ServingIn",
+    "SkippedOut",
+    "SkippedOutOptions",
     "TensorConfig",
     "TensorConfigDtype",
     "UploadOut",

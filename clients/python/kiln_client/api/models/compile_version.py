@@ -1,0 +1,228 @@
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from ...client import AuthenticatedClient, Client
+from ...models.compile_in import CompileIn
+from ...models.compile_out import CompileOut
+from ...models.problem import Problem
+from ...types import Response
+
+
+def _get_kwargs(
+    name: str,
+    version: int,
+    *,
+    body: CompileIn,
+) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
+
+    _kwargs: dict[str, Any] = {
+        "method": "post",
+        "url": "/v1/models/{name}/versions/{version}/variants".format(
+            name=quote(str(name), safe=""),
+            version=quote(str(version), safe=""),
+        ),
+    }
+
+    _kwargs["json"] = body.to_dict()
+
+    headers["Content-Type"] = "application/json"
+
+    _kwargs["headers"] = headers
+    return _kwargs
+
+
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | CompileOut | Problem:
+    if response.status_code == 200:
+        response_200 = CompileOut.from_dict(response.json())
+
+        return response_200
+
+    if response.status_code == 202:
+        response_202 = response.json()
+        return response_202
+
+    if response.status_code == 401:
+        response_401 = Problem.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = Problem.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = Problem.from_dict(response.json())
+
+        return response_404
+
+    if response.status_code == 422:
+        response_422 = Problem.from_dict(response.json())
+
+        return response_422
+
+    if response.status_code == 503:
+        response_503 = Problem.from_dict(response.json())
+
+        return response_503
+
+    response_default = Problem.from_dict(response.json())
+
+    return response_default
+
+
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[Any | CompileOut | Problem]:
+    return Response(
+        status_code=HTTPStatus(response.status_code),
+        content=response.content,
+        headers=response.headers,
+        parsed=_parse_response(client=client, response=response),
+    )
+
+
+def sync_detailed(
+    name: str,
+    version: int,
+    *,
+    client: AuthenticatedClient | Client,
+    body: CompileIn,
+) -> Response[Any | CompileOut | Problem]:
+    """Compile more of a version: other backends or tuning, targets that joined since its upload, and its
+    failed variants again; each new variant is verified and raced as at upload.
+
+    Args:
+        name (str):
+        version (int):
+        body (CompileIn): What to compile of an existing version. An empty body compiles what its
+            upload asked
+            for on the targets that exist now, and retries its variants that failed.
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[Any | CompileOut | Problem]
+    """
+
+    kwargs = _get_kwargs(
+        name=name,
+        version=version,
+        body=body,
+    )
+
+    response = client.get_httpx_client().request(
+        **kwargs,
+    )
+
+    return _build_response(client=client, response=response)
+
+
+def sync(
+    name: str,
+    version: int,
+    *,
+    client: AuthenticatedClient | Client,
+    body: CompileIn,
+) -> Any | CompileOut | Problem | None:
+    """Compile more of a version: other backends or tuning, targets that joined since its upload, and its
+    failed variants again; each new variant is verified and raced as at upload.
+
+    Args:
+        name (str):
+        version (int):
+        body (CompileIn): What to compile of an existing version. An empty body compiles what its
+            upload asked
+            for on the targets that exist now, and retries its variants that failed.
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Any | CompileOut | Problem
+    """
+
+    return sync_detailed(
+        name=name,
+        version=version,
+        client=client,
+        body=body,
+    ).parsed
+
+
+async def asyncio_detailed(
+    name: str,
+    version: int,
+    *,
+    client: AuthenticatedClient | Client,
+    body: CompileIn,
+) -> Response[Any | CompileOut | Problem]:
+    """Compile more of a version: other backends or tuning, targets that joined since its upload, and its
+    failed variants again; each new variant is verified and raced as at upload.
+
+    Args:
+        name (str):
+        version (int):
+        body (CompileIn): What to compile of an existing version. An empty body compiles what its
+            upload asked
+            for on the targets that exist now, and retries its variants that failed.
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[Any | CompileOut | Problem]
+    """
+
+    kwargs = _get_kwargs(
+        name=name,
+        version=version,
+        body=body,
+    )
+
+    response = await client.get_async_httpx_client().request(**kwargs)
+
+    return _build_response(client=client, response=response)
+
+
+async def asyncio(
+    name: str,
+    version: int,
+    *,
+    client: AuthenticatedClient | Client,
+    body: CompileIn,
+) -> Any | CompileOut | Problem | None:
+    """Compile more of a version: other backends or tuning, targets that joined since its upload, and its
+    failed variants again; each new variant is verified and raced as at upload.
+
+    Args:
+        name (str):
+        version (int):
+        body (CompileIn): What to compile of an existing version. An empty body compiles what its
+            upload asked
+            for on the targets that exist now, and retries its variants that failed.
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Any | CompileOut | Problem
+    """
+
+    return (
+        await asyncio_detailed(
+            name=name,
+            version=version,
+            client=client,
+            body=body,
+        )
+    ).parsed

@@ -1,0 +1,149 @@
+"""POST /v1/models/{name}/versions/{v}/variants: an uploaded version compiled for more backends,
+for targets that joined after its upload, and its failed variants compiled again."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from compiler.hardware import cpu_target
+from service.api.schemas import CompileIn
+from service.records import ModelConfig, VariantStatus, WorkerRecord
+from service.registry import Registry
+from service.settings import Settings
+from service.store import open_store
+from tests.client import by_backend, expected, predict, sample, upload, wait_settled
+from tests.models import MODELS
+from tests.servers import KilnServer, embedded_server, running
+
+MLP = MODELS["mlp"]
+NO_GPU = "tensorrt: unavailable (no CUDA device)"
+
+
+def add(http: httpx.Client, name: str, version: int, **body: Any) -> httpx.Response:
+    return http.post(f"/v1/models/{name}/versions/{version}/variants", json=body)
+
+
+def test_what_a_request_asks_to_compile() -> None:
+    config = ModelConfig.model_validate(MLP.config(backends=["tvm"], tuning_trials=64))
+    tuned = {"name": "tvm", "options": {"tuning_trials": 64}}
+    assert [r.model_dump() for r in CompileIn().requests(config)] == [{"name": "tvm", "options": {}}, tuned]
+    more = CompileIn(backends=["onnxruntime"], tuning_trials=500).requests(config)
+    assert [(r.name, r.options) for r in more] == [("onnxruntime", {}), ("tvm", {"tuning_trials": 500})]
+    assert CompileIn(tuning_trials=64).requests(config) == CompileIn().requests(config)  # not twice
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("variants")
+
+
+@pytest.fixture(scope="module")
+def server(root: Path) -> Iterator[KilnServer]:
+    with embedded_server(root, KILN_THREADS="1") as srv:
+        yield srv
+
+
+def test_a_version_compiles_another_backend_and_its_failures_again(
+    http: httpx.Client, server: KilnServer, root: Path
+) -> None:
+    response = upload(http, MLP, name="more", max_batch_size=4, backends=["onnxruntime"])
+    assert response.status_code == 202, response.text
+    ort = by_backend(wait_settled(http, "more", 1), "onnxruntime")
+    assert ort["status"] == "ready", ort["error"]
+
+    nothing = add(http, "more", 1)
+    assert nothing.status_code == 200, nothing.text
+    assert nothing.json() == {
+        "name": "more",
+        "version": 1,
+        "queued": [],
+        "skipped": [
+            {"backend": "onnxruntime", "options": {}, "target": cpu_target(), "reason": "already ready"}
+        ],
+    }
+
+    added = add(http, "more", 1, backends=["tvm", "tensorrt"])
+    assert added.status_code == 202, added.text
+    [queued] = added.json()["queued"]
+    assert (queued["backend"], queued["target"], queued["status"]) == ("tvm", cpu_target(), "queued")
+    assert [(s["backend"], s["reason"]) for s in added.json()["skipped"]] == [("tensorrt", NO_GPU)]
+    variants = wait_settled(http, "more", 1)
+    assert [v["backend"] for v in variants] == ["torchscript", "onnxruntime", "tvm"]
+    tvm = by_backend(variants, "tvm")
+    assert tvm["id"] == queued["id"] and tvm["status"] == "ready", tvm["error"]
+    assert tvm["max_abs_error"] is not None and tvm["latency_ms_by_batch"].keys() == {"1", "4"}
+    assert http.get(f"/v1/jobs/{queued['job_id']}").json()["status"] == "succeeded"
+    x = sample(MLP, 3)
+    out = predict(http, "more", x)
+    assert out.status_code == 200, out.text
+    np.testing.assert_allclose(
+        np.array(out.json()["outputs"]["output0"]), expected(MLP, x), rtol=1e-4, atol=1e-5
+    )
+
+    # A compile that died (killed for memory, say) left its variant failed: an empty request
+    # compiles it again, as the same variant under a new job, from the artifact cache.
+    registry = Registry(open_store(Settings(data_dir=root / "data", redis_url=None)))
+    registry.update_variant(ort["id"], status=VariantStatus.failed, error="the compile was killed")
+    retried = add(http, "more", 1)
+    assert retried.status_code == 202, retried.text
+    [again] = retried.json()["queued"]
+    assert (again["id"], again["status"], again["error"]) == (ort["id"], "queued", None)
+    assert again["job_id"] != ort["job_id"] and http.get(f"/v1/jobs/{ort['job_id']}").status_code == 404
+    assert [s["backend"] for s in retried.json()["skipped"]] == []  # tvm is not the version's own
+    ort = by_backend(wait_settled(http, "more", 1), "onnxruntime")
+    assert (ort["status"], ort["cache_hit"], ort["error"]) == ("ready", True, None)
+
+
+def test_what_cannot_be_compiled_is_refused_by_name(http: httpx.Client) -> None:
+    assert upload(http, MLP, name="refused", backends=[]).status_code == 202
+    cases = [
+        ({"backends": ["tvm", "nope"]}, 422, "backends: unknown backend(s) ['nope']"),
+        ({"backends": ["tvm", {"name": "tvm"}]}, 422, "backends: an entry is repeated"),
+        ({"targets": ["cuda-sm90"]}, 422, "targets: ['cuda-sm90'] are not this host's"),
+        ({"max_batch_size": 8}, 422, "max_batch_size"),
+        ({"tuning_trials": -1}, 422, "tuning_trials"),
+    ]
+    for body, status, message in cases:
+        response = add(http, "refused", 1, **body)
+        assert (response.status_code, message in response.json()["detail"]) == (status, True), response.text
+    assert add(http, "refused", 9).status_code == 404
+    assert "no model named 'nope'" in add(http, "nope", 1).json()["detail"]
+    # Nothing was added by the refusals.
+    assert [v["backend"] for v in http.get("/v1/models/refused/versions/1").json()["variants"]] == [
+        "torchscript"
+    ]
+
+
+def test_a_target_that_joined_after_the_upload_gets_its_variants(redis_url: str, tmp_path: Path) -> None:
+    """Uploaded with targets ["auto"] while only this host compiled; a GPU worker joins, and an
+    empty request plans the version's backends for its target too, once."""
+    api = KilnServer({"KILN_REDIS_URL": redis_url, "KILN_THREADS": "1"}, tmp_path / "api.log")
+    registry = Registry(open_store(Settings(redis_url=redis_url)))
+    with running(api), httpx.Client(base_url=api.url, timeout=120) as http:
+        response = upload(http, MLP, name="joined", backends=["tvm", "tensorrt"], targets=["auto"])
+        assert response.status_code == 202, response.text
+        before = {(v["backend"], v["target"]) for v in response.json()["variants"]}
+        assert ("tvm", "cuda-sm90") not in before
+
+        registry.announce_worker(WorkerRecord(id="gpu-1", targets=["cuda-sm90"], backends={}))
+        added = add(http, "joined", 1)
+        assert added.status_code == 202, added.text
+        queued = {(v["backend"], v["target"]): v for v in added.json()["queued"]}
+        assert set(queued) == {("tvm", "cuda-sm90"), ("tensorrt", "cuda-sm90")}
+        for v in queued.values():
+            job = http.get(f"/v1/jobs/{v['job_id']}").json()
+            assert (job["status"], job["target"], job["variant_id"]) == ("queued", "cuda-sm90", v["id"])
+        skipped = {(s["backend"], s["target"]): s["reason"] for s in added.json()["skipped"]}
+        # No worker consumes this host's queue here: its variants wait, and are not queued twice.
+        assert skipped[("tvm", cpu_target())] == "already queued"
+        assert add(http, "joined", 1).status_code == 200
+        version = http.get("/v1/models/joined/versions/1").json()
+        assert len(version["variants"]) == len(before) + 2
+        assert {v["target"] for v in version["variants"]} == {"any", cpu_target(), "cuda-sm90"}
+    registry.store.close()
