@@ -164,13 +164,16 @@ def add_variants(
         typer.Option("--target", help="Targets; default: the version's own, `auto` read again now."),
     ] = None,
     tuning_trials: Annotated[int, typer.Option(help="Also a tvm variant tuned with this many trials.")] = 0,
+    retry_failed: Annotated[
+        bool, typer.Option(help="Also compile again those that failed or were rejected.")
+    ] = False,
     wait: Annotated[bool, typer.Option(help="Show live progress until every variant settles.")] = True,
     url: UrlOption = "http://127.0.0.1:8000",
     api_key: KeyOption = None,
 ) -> None:
     """Compile more of an uploaded version: other backends or tuning, targets that joined since
     its upload, and the variants that failed."""
-    request: dict[str, Any] = {"tuning_trials": tuning_trials}
+    request: dict[str, Any] = {"tuning_trials": tuning_trials, "retry_failed": retry_failed}
     if backend:
         request["backends"] = backend
     if target:

@@ -67,8 +67,8 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
         log.info("job %s: its model was deleted; dropping it", job_id)
         return
     variant = registry.get_variant(job.variant_id)
-    if variant is None or variant.status in SETTLED:
-        return  # deleted, or a redelivery of a job that already finished
+    if variant is None or variant.status in SETTLED or variant.job_id != job.id:
+        return  # deleted, a redelivery of a job that already finished, or one a retry replaced
     registry.update_job(
         job.id,
         status=JobStatus.running,

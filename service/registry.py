@@ -39,6 +39,23 @@ def version_id(name: str, version: int) -> str:
     return f"{name}/{version:08d}"
 
 
+# A claimed job whose request has not finished its writes after this long is taken to be
+# abandoned (its process died), and a later request finishes them.
+CLAIM_S = 30.0
+# A variant compiled again starts afresh: nothing of its earlier job's numbers or error stays.
+RETRY: dict[str, Any] = {
+    "status": VariantStatus.queued,
+    "error": None,
+    "artifact_key": None,
+    "cache_hit": False,
+    "max_abs_error": None,
+    "latency_ms": None,
+    "latency_ms_by_batch": {},
+    "baseline_latency_ms_by_batch": {},
+    "raced_at": None,
+}
+
+
 def derived_id(*parts: object) -> str:
     """An id that follows from what it names: two requests that ask for the same thing at once
     derive the same id, and the store's create_doc lets only one of them have it."""
@@ -142,11 +159,15 @@ class Registry:
     ) -> list[tuple[VariantRecord, JobRecord]]:
         """Compile more of an existing version: a new queued variant for each (backend, options,
         target) wanted, and a new job for each failed or rejected variant retried. Returns the
-        variants and jobs to enqueue, less those that a request racing this one took first.
+        variants and jobs to enqueue, less those another request holds.
+
+        Each job is claimed first: its id follows from what it compiles, so of two requests that
+        ask at once the store's create_doc gives it to one. The claimant then writes the variant
+        and links it to the version, or marks the failed one queued under the new job. Those
+        writes are idempotent, so a request that died midway is finished by a later one.
         NotFoundError when the version was deleted meanwhile."""
         vid = version_id(version.name, version.version)
         queued: list[tuple[VariantRecord, JobRecord]] = []
-        added: dict[str, Any] = {}
         for backend, options, target in wanted:
             canonical = json.dumps(options, sort_keys=True)
             variant = VariantRecord(
@@ -160,28 +181,45 @@ class Registry:
             )
             job = job_for(variant, derived_id(variant.id, None))
             variant.job_id = job.id
-            if not self.store.create_doc("variant", variant.id, variant.model_dump(mode="json")):
+            if not self._claim(job) and not (self._abandoned(job) and not self._lists(vid, variant.id)):
                 continue
-            self._put("job", job.id, job)
-            added[ADDED_VARIANT + variant.id] = now()
+            self.store.create_doc("variant", variant.id, variant.model_dump(mode="json"))
+            # Last, as at upload: readers never see a version whose variants are missing.
+            self.store.update_doc("version", vid, {ADDED_VARIANT + variant.id: now()})
             queued.append((variant, job))
         for failed in retried:
             job = job_for(failed, derived_id(failed.id, failed.job_id))
-            if not self.store.create_doc("job", job.id, job.model_dump(mode="json")):
+            if not self._claim(job) and not (
+                self._abandoned(job) and self._points_elsewhere(failed.id, job.id)
+            ):
                 continue
-            retry = {"status": VariantStatus.queued, "error": None, "job_id": job.id, "max_abs_error": None}
+            # What it measured, or why it failed, was the earlier job's (which keeps its record).
+            retry = {**RETRY, "job_id": job.id}
             self.update_variant(failed.id, **retry)
-            if failed.job_id:  # its error is the variant's, which the retry clears
-                self.store.delete_doc("job", failed.job_id)
             queued.append((failed.model_copy(update=retry), job))
-        # Last, as at upload: readers never see a version whose variants are missing.
-        self.store.update_doc("version", vid, added)
         if self.store.get_doc("version", vid) is None:  # deleted meanwhile: undo what belongs to nothing
             for variant, job in queued:
                 self.store.delete_doc("job", job.id)
                 self.store.delete_doc("variant", variant.id)
             raise NotFoundError(f"model {version.name!r} has no version {version.version}")
         return queued
+
+    def _claim(self, job: JobRecord) -> bool:
+        return self.store.create_doc("job", job.id, job.model_dump(mode="json"))
+
+    def _abandoned(self, job: JobRecord) -> bool:
+        """Whether the job is claimed, never started, and older than a request takes: its
+        claimant may have died before its writes, which the caller then checks."""
+        held = self._get("job", job.id, JobRecord)
+        return held is not None and held.attempts == 0 and now() - held.created_at > CLAIM_S
+
+    def _lists(self, vid: str, variant_id: str) -> bool:
+        doc = self.store.get_doc("version", vid)
+        return doc is not None and variant_id in VersionRecord.model_validate(doc).variant_ids
+
+    def _points_elsewhere(self, variant_id: str, job_id: str) -> bool:
+        current = self.get_variant(variant_id)
+        return current is not None and current.job_id != job_id
 
     def variants_of(self, version: VersionRecord) -> list[VariantRecord]:
         found = (self._get("variant", vid, VariantRecord) for vid in version.variant_ids)
@@ -336,6 +374,12 @@ class Registry:
                     self.store.delete_doc("job", variant.job_id)
                 self.store.delete_doc("variant", variant.id)
             self.store.delete_doc("version", version_id(name, version.version))
+        # The earlier jobs of variants compiled again, and whatever a request racing this one
+        # added, belong to the deleted versions too.
+        for kind in ("job", "variant"):
+            for doc in self.store.list_docs(kind):
+                if doc.get("model") == name and doc.get("version") in numbers:
+                    self.store.delete_doc(kind, doc["id"])
         for doc in self.store.list_docs("upload"):
             if doc["name"] == name and doc["version"] in numbers:
                 self.store.delete_doc("upload", doc["id"])

@@ -158,8 +158,8 @@ def test_python_sdk_flow(server: KilnServer) -> None:
         more = CompileIn(backends=["onnxruntime"])
         added = compile_version.sync_detailed(client=client, name=name, version=uploaded.version, body=more)
         assert added.status_code == HTTPStatus.ACCEPTED, added.content
-        queued = CompileOut.from_dict(json.loads(added.content)).queued
-        assert [(v.backend, v.status) for v in queued] == [("onnxruntime", VariantStatus.QUEUED)]
+        assert isinstance(added.parsed, CompileOut)  # the 202 body has its schema
+        assert [(v.backend, v.status) for v in added.parsed.queued] == [("onnxruntime", VariantStatus.QUEUED)]
         again = compile_version.sync(client=client, name=name, version=uploaded.version, body=more)
         assert again is not None and again.queued == [] and again.skipped[0].reason.startswith("already ")
 

@@ -1,4 +1,5 @@
-"""The registry's deletion: a model's blobs go with it, and no one else's, even mid-flight."""
+"""The registry: deletion (a model's blobs go with it, and no one else's, even mid-flight), serving
+changes and variants added to a version by requests on several replicas at once."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from service.errors import NotFoundError
+from service.jobs import run_compile_job
 from service.records import VariantStatus
-from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry, version_id
+from service.registry import ARTIFACT_BLOB, CLAIM_S, MODEL_BLOB, Registry, version_id
+from service.settings import Settings
 from service.store.local import LocalStore
 from tests.models import MODELS
 from tests.registries import ready_version, reference
@@ -110,15 +113,53 @@ def test_variants_added_at_once_by_two_requests_are_added_once(tmp_path: Path) -
     ]
     retried = registry.get_variant("tvm")
     assert retried is not None and (retried.status, retried.error) == (VariantStatus.queued, None)
+    assert (retried.artifact_key, retried.latency_ms_by_batch) == (None, {})  # the failed job's
     assert retried.job_id == first[1][1].id and registry.get_job(retried.job_id).variant_id == "tvm"
-    assert registry.store.get_doc("job", "old-job") is None  # its error was the variant's
+    # The earlier job is the variant's no longer: its redelivery leaves the retry alone.
+    registry.store.put_doc("job", "old-job", {**first[1][1].model_dump(mode="json"), "id": "old-job"})
+    run_compile_job(registry, Settings(), "old-job")
+    assert registry.get_variant("tvm") == retried and registry.get_job("old-job").attempts == 0
 
     inductor = registry.add_variants(version, [("inductor", {"mode": "max"}, HOST)], [])
     current = registry.get_version(mlp.name, 1)
     assert current.variant_ids == ["torchscript", "tvm", first[0][0].id, inductor[0][0].id]
     assert [v.options for v in registry.variants_of(current)][-1] == {"mode": "max"}
 
-    registry.delete_model(mlp.name)
+    registry.delete_model(mlp.name)  # the earlier job, no longer its variant's, goes too
     with pytest.raises(NotFoundError):
         registry.add_variants(current, [("onnxruntime", {"x": 1}, HOST)], [])
     assert registry.store.list_docs("variant") == [] and registry.store.list_docs("job") == []
+
+
+def test_a_request_that_died_midway_is_finished_by_the_next(tmp_path: Path) -> None:
+    """A request claimed its jobs and died before its other writes: while the claims are
+    fresh the next request leaves them to their owner, still at work for all it knows; once
+    they are stale it finishes them, and then the version lists the variant once."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    mlp = MODELS["mlp"]
+    ready_version(
+        registry, mlp, {"torchscript": reference(BASELINE), "tvm": (HOST, b"packed", BASELINE)}, BASELINE
+    )
+    registry.update_variant("tvm", status=VariantStatus.rejected, error="max abs error 3.2", job_id="job-0")
+    version = registry.get_version(mlp.name, 1)
+    [tvm] = [v for v in registry.variants_of(version) if v.id == "tvm"]
+    ort = ("onnxruntime", {}, HOST)
+    [(new, new_job), (_, retry_job)] = registry.add_variants(version, [ort], [tvm])
+    # Undo all but the claims: the state a request killed right after them leaves.
+    registry.store.delete_doc("variant", new.id)
+    registry.update_variant("tvm", status=VariantStatus.rejected, job_id="job-0")
+    registry.store.put_doc("version", version_id(mlp.name, 1), version.model_dump(mode="json"))
+
+    assert registry.add_variants(version, [ort], [tvm]) == []
+    for job in (new_job, retry_job):
+        registry.store.update_doc("job", job.id, {"created_at": job.created_at - CLAIM_S - 1})
+    finished = registry.add_variants(version, [ort], [tvm])
+    assert [(v.id, j.id) for v, j in finished] == [(new.id, new_job.id), ("tvm", retry_job.id)]
+    current = registry.get_version(mlp.name, 1)
+    assert current.variant_ids == ["torchscript", "tvm", new.id]
+    assert [(v.status, v.job_id) for v in registry.variants_of(current)][1:] == [
+        (VariantStatus.queued, retry_job.id),
+        (VariantStatus.queued, new_job.id),
+    ]
+    # Finished, the claims are no longer abandoned: a further request adds nothing.
+    assert registry.add_variants(current, [ort], []) == []

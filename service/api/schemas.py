@@ -143,7 +143,7 @@ class UploadOut(BaseModel):
 
 class CompileIn(BaseModel):
     """What to compile of an existing version. An empty body compiles what its upload asked
-    for on the targets that exist now, and retries its variants that failed."""
+    for on the targets that exist now."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -165,6 +165,11 @@ class CompileIn(BaseModel):
         ge=0,
         le=20_000,
         description="Also compile a tvm variant tuned with this many MetaSchedule trials (0: none).",
+    )
+    retry_failed: bool = Field(
+        default=False,
+        description="Also compile again, under new jobs, the variants asked for that failed or were "
+        "rejected; false: they are skipped, as most failures recur.",
     )
 
     def requests(self, config: ModelConfig) -> list[BackendRequest]:

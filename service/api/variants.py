@@ -31,6 +31,7 @@ def identity(backend: str, options: Options, target: str) -> tuple[str, str, str
     summary="Compile more of a version: other backends or tuning, targets that joined since its "
     "upload, and its failed variants again; each new variant is verified and raced as at upload.",
     status_code=202,
+    response_model=CompileOut,
     responses={
         200: {"model": CompileOut, "description": "Nothing to compile: every variant asked for is there."},
         **error_responses(Problem, 401, 403, 404, 422, 503),
@@ -42,7 +43,7 @@ def compile_version(
 ) -> Any:
     record = svc.registry.get_version(name, version)
     requests = body.requests(record.config)
-    check_backends(requests, "backends")
+    check_backends(requests, "backends" if body.backends is not None else "the version's backends")
     check_targets(svc, body.targets, "targets")
     targets = plan_targets(svc, record.config.targets if body.targets is None else body.targets)
     existing = {identity(v.backend, v.options, v.target): v for v in svc.registry.variants_of(record)}
@@ -55,6 +56,8 @@ def compile_version(
             reason = unavailable(svc, request.name, target)
             if found is not None and found.status not in RETRIED:
                 reason = f"already {found.status}"
+            elif found is not None and not body.retry_failed:
+                reason = f"already {found.status}: {found.error} (retry_failed compiles it again)"
             if reason is not None:
                 skipped.append(
                     SkippedOut(backend=request.name, options=request.options, target=target, reason=reason)

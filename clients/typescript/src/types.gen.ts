@@ -66,7 +66,7 @@ export type BodyUploadModel = {
  * CompileIn
  *
  * What to compile of an existing version. An empty body compiles what its upload asked
- * for on the targets that exist now, and retries its variants that failed.
+ * for on the targets that exist now.
  */
 export type CompileIn = {
     /**
@@ -75,6 +75,12 @@ export type CompileIn = {
      * Backends to compile, each a name or {name, options}; null: the version's own, from its upload (its tuned tvm variant included).
      */
     backends?: Array<string | BackendRequest> | null;
+    /**
+     * Retry Failed
+     *
+     * Also compile again, under new jobs, the variants asked for that failed or were rejected; false: they are skipped, as most failures recur.
+     */
+    retry_failed?: boolean;
     /**
      * Targets
      *
@@ -1344,11 +1350,9 @@ export type CompileVersionResponses = {
      */
     200: CompileOut;
     /**
-     * Response Compile Version
-     *
      * Successful Response
      */
-    202: unknown;
+    202: CompileOut;
 };
 
 export type CompileVersionResponse = CompileVersionResponses[keyof CompileVersionResponses];

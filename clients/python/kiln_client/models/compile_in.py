@@ -17,11 +17,13 @@ T = TypeVar("T", bound="CompileIn")
 @_attrs_define
 class CompileIn:
     """What to compile of an existing version. An empty body compiles what its upload asked
-    for on the targets that exist now, and retries its variants that failed.
+    for on the targets that exist now.
 
         Attributes:
             backends (list[BackendRequest | str] | None | Unset): Backends to compile, each a name or {name, options}; null:
                 the version's own, from its upload (its tuned tvm variant included).
+            retry_failed (bool | Unset): Also compile again, under new jobs, the variants asked for that failed or were
+                rejected; false: they are skipped, as most failures recur. Default: False.
             targets (list[str] | None | Unset): Targets to compile for; "auto": every target a live worker announces now,
                 and this host's; null: the version's own, with "auto" read again now.
             tuning_trials (int | Unset): Also compile a tvm variant tuned with this many MetaSchedule trials (0: none).
@@ -29,6 +31,7 @@ class CompileIn:
     """
 
     backends: list[BackendRequest | str] | None | Unset = UNSET
+    retry_failed: bool | Unset = False
     targets: list[str] | None | Unset = UNSET
     tuning_trials: int | Unset = 0
 
@@ -51,6 +54,8 @@ class CompileIn:
         else:
             backends = self.backends
 
+        retry_failed = self.retry_failed
+
         targets: list[str] | None | Unset
         if isinstance(self.targets, Unset):
             targets = UNSET
@@ -67,6 +72,8 @@ class CompileIn:
         field_dict.update({})
         if backends is not UNSET:
             field_dict["backends"] = backends
+        if retry_failed is not UNSET:
+            field_dict["retry_failed"] = retry_failed
         if targets is not UNSET:
             field_dict["targets"] = targets
         if tuning_trials is not UNSET:
@@ -114,6 +121,8 @@ class CompileIn:
 
         backends = _parse_backends(d.pop("backends", UNSET))
 
+        retry_failed = d.pop("retry_failed", UNSET)
+
         def _parse_targets(data: object) -> list[str] | None | Unset:
             if data is None:
                 return data
@@ -135,6 +144,7 @@ class CompileIn:
 
         compile_in = cls(
             backends=backends,
+            retry_failed=retry_failed,
             targets=targets,
             tuning_trials=tuning_trials,
         )

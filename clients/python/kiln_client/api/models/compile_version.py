@@ -35,14 +35,15 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | CompileOut | Problem:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> CompileOut | Problem:
     if response.status_code == 200:
         response_200 = CompileOut.from_dict(response.json())
 
         return response_200
 
     if response.status_code == 202:
-        response_202 = response.json()
+        response_202 = CompileOut.from_dict(response.json())
+
         return response_202
 
     if response.status_code == 401:
@@ -77,7 +78,7 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[Any | CompileOut | Problem]:
+) -> Response[CompileOut | Problem]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -92,7 +93,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: CompileIn,
-) -> Response[Any | CompileOut | Problem]:
+) -> Response[CompileOut | Problem]:
     """Compile more of a version: other backends or tuning, targets that joined since its upload, and its
     failed variants again; each new variant is verified and raced as at upload.
 
@@ -101,14 +102,14 @@ def sync_detailed(
         version (int):
         body (CompileIn): What to compile of an existing version. An empty body compiles what its
             upload asked
-            for on the targets that exist now, and retries its variants that failed.
+            for on the targets that exist now.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | CompileOut | Problem]
+        Response[CompileOut | Problem]
     """
 
     kwargs = _get_kwargs(
@@ -130,7 +131,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
     body: CompileIn,
-) -> Any | CompileOut | Problem | None:
+) -> CompileOut | Problem | None:
     """Compile more of a version: other backends or tuning, targets that joined since its upload, and its
     failed variants again; each new variant is verified and raced as at upload.
 
@@ -139,14 +140,14 @@ def sync(
         version (int):
         body (CompileIn): What to compile of an existing version. An empty body compiles what its
             upload asked
-            for on the targets that exist now, and retries its variants that failed.
+            for on the targets that exist now.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | CompileOut | Problem
+        CompileOut | Problem
     """
 
     return sync_detailed(
@@ -163,7 +164,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: CompileIn,
-) -> Response[Any | CompileOut | Problem]:
+) -> Response[CompileOut | Problem]:
     """Compile more of a version: other backends or tuning, targets that joined since its upload, and its
     failed variants again; each new variant is verified and raced as at upload.
 
@@ -172,14 +173,14 @@ async def asyncio_detailed(
         version (int):
         body (CompileIn): What to compile of an existing version. An empty body compiles what its
             upload asked
-            for on the targets that exist now, and retries its variants that failed.
+            for on the targets that exist now.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | CompileOut | Problem]
+        Response[CompileOut | Problem]
     """
 
     kwargs = _get_kwargs(
@@ -199,7 +200,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
     body: CompileIn,
-) -> Any | CompileOut | Problem | None:
+) -> CompileOut | Problem | None:
     """Compile more of a version: other backends or tuning, targets that joined since its upload, and its
     failed variants again; each new variant is verified and raced as at upload.
 
@@ -208,14 +209,14 @@ async def asyncio(
         version (int):
         body (CompileIn): What to compile of an existing version. An empty body compiles what its
             upload asked
-            for on the targets that exist now, and retries its variants that failed.
+            for on the targets that exist now.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | CompileOut | Problem
+        CompileOut | Problem
     """
 
     return (
