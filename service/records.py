@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from enum import StrEnum
@@ -67,6 +68,11 @@ class BackendRequest(BaseModel):
 
     name: str
     options: Options = Field(default_factory=dict, max_length=16)
+
+
+def options_key(options: Options) -> str:
+    """Options as one string, equal for equal options whatever their order."""
+    return json.dumps(options, sort_keys=True)
 
 
 def as_requests(backends: list[str | BackendRequest] | None) -> list[BackendRequest]:

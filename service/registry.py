@@ -25,6 +25,7 @@ from service.records import (
     VersionRecord,
     WorkerRecord,
     now,
+    options_key,
 )
 from service.store import Store
 
@@ -169,9 +170,8 @@ class Registry:
         vid = version_id(version.name, version.version)
         queued: list[tuple[VariantRecord, JobRecord]] = []
         for backend, options, target in wanted:
-            canonical = json.dumps(options, sort_keys=True)
             variant = VariantRecord(
-                id=derived_id(vid, version.created_at, backend, canonical, target),
+                id=derived_id(vid, version.created_at, backend, options_key(options), target),
                 model=version.name,
                 version=version.version,
                 backend=backend,
@@ -368,14 +368,10 @@ class Registry:
     def _delete(self, deleted: ModelView) -> None:
         name = deleted.name
         numbers = {version.version for version, _ in deleted.versions}
-        for version, variants in deleted.versions:
-            for variant in variants:
-                if variant.job_id:
-                    self.store.delete_doc("job", variant.job_id)
-                self.store.delete_doc("variant", variant.id)
+        for version, _ in deleted.versions:
             self.store.delete_doc("version", version_id(name, version.version))
-        # The earlier jobs of variants compiled again, and whatever a request racing this one
-        # added, belong to the deleted versions too.
+        # By their model and version, not the versions' lists: the earlier jobs of variants
+        # compiled again, and whatever a request racing this one added, go too.
         for kind in ("job", "variant"):
             for doc in self.store.list_docs(kind):
                 if doc.get("model") == name and doc.get("version") in numbers:

@@ -41,6 +41,7 @@ from service.records import (
     VariantRecord,
     VariantStatus,
     new_id,
+    options_key,
 )
 from service.registry import MODEL_BLOB, ModelView, job_for
 from service.router import ANY_TARGET, REFERENCE, serving_version
@@ -75,7 +76,7 @@ def check_backends(requests: list[BackendRequest], where: str) -> None:
     if unknown:
         known = sorted(set(BACKENDS) - {REFERENCE})
         raise InvalidConfigError(f"{where}: unknown backend(s) {unknown}; use {known}")
-    if len({(r.name, json.dumps(r.options, sort_keys=True)) for r in requests}) < len(requests):
+    if len({(r.name, options_key(r.options)) for r in requests}) < len(requests):
         raise InvalidConfigError(f"{where}: an entry is repeated (same backend and options)")
 
 

@@ -3,7 +3,6 @@ upload, and variants that failed, without a new upload or version."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends
@@ -13,7 +12,7 @@ from service.api.auth import admin_scope
 from service.api.deps import Services, services
 from service.api.models import check_backends, check_targets, plan_targets, unavailable
 from service.api.schemas import CompileIn, CompileOut, Problem, SkippedOut, VariantOut, error_responses
-from service.records import Options, VariantRecord, VariantStatus
+from service.records import Options, VariantRecord, VariantStatus, options_key
 
 router = APIRouter(tags=["models"])
 RETRIED = {VariantStatus.failed, VariantStatus.rejected}
@@ -22,7 +21,12 @@ Wanted = tuple[str, Options, str]  # backend, options, target
 
 
 def identity(backend: str, options: Options, target: str) -> tuple[str, str, str]:
-    return backend, json.dumps(options, sort_keys=True), target
+    return backend, options_key(options), target
+
+
+def skip(asked: Wanted, reason: str) -> SkippedOut:
+    backend, options, target = asked
+    return SkippedOut(backend=backend, options=options, target=target, reason=reason)
 
 
 @router.post(
@@ -59,9 +63,7 @@ def compile_version(
             elif found is not None and not body.retry_failed:
                 reason = f"already {found.status}: {found.error} (retry_failed compiles it again)"
             if reason is not None:
-                skipped.append(
-                    SkippedOut(backend=request.name, options=request.options, target=target, reason=reason)
-                )
+                skipped.append(skip((request.name, request.options, target), reason))
             elif found is None:
                 wanted.append((request.name, request.options, target))
             else:
@@ -70,16 +72,9 @@ def compile_version(
     for _, job in queued:
         svc.queue.enqueue(job)
     taken = {identity(v.backend, v.options, v.target) for v, _ in queued}
-    for backend, options, target in [*wanted, *((v.backend, v.options, v.target) for v in retried)]:
-        if identity(backend, options, target) not in taken:
-            skipped.append(
-                SkippedOut(
-                    backend=backend,
-                    options=options,
-                    target=target,
-                    reason="already queued by another request",
-                )
-            )
+    for asked in [*wanted, *((v.backend, v.options, v.target) for v in retried)]:
+        if identity(*asked) not in taken:
+            skipped.append(skip(asked, "already queued by another request"))
     out = CompileOut(
         name=name, version=version, queued=[VariantOut.of(v) for v, _ in queued], skipped=skipped
     )
