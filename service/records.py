@@ -8,7 +8,7 @@ import uuid
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from compiler.spec import DType, InputSpec
 
@@ -68,6 +68,12 @@ class BackendRequest(BaseModel):
 
     name: str
     options: Options = Field(default_factory=dict, max_length=16)
+
+    @field_validator("options")
+    @classmethod
+    def _whole_numbers_as_int(cls, options: Options) -> Options:
+        # JSON's 64.0 and 64 name one variant and one artifact.
+        return {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in options.items()}
 
 
 def options_key(options: Options) -> str:

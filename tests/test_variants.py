@@ -13,7 +13,7 @@ import pytest
 
 from compiler.hardware import cpu_target
 from service.api.schemas import CompileIn
-from service.records import ModelConfig, VariantStatus, WorkerRecord
+from service.records import ModelConfig, VariantStatus, WorkerRecord, options_key
 from service.registry import Registry
 from service.settings import Settings
 from service.store import open_store
@@ -36,6 +36,9 @@ def test_what_a_request_asks_to_compile() -> None:
     more = CompileIn(backends=["onnxruntime"], tuning_trials=500).requests(config)
     assert [(r.name, r.options) for r in more] == [("onnxruntime", {}), ("tvm", {"tuning_trials": 500})]
     assert CompileIn(tuning_trials=64).requests(config) == CompileIn().requests(config)  # not twice
+    # JSON's 64.0 is the same option as 64, so the same variant.
+    same = CompileIn.model_validate({"backends": [{"name": "tvm", "options": {"tuning_trials": 64.0}}]})
+    assert [options_key(r.options) for r in same.requests(config)] == ['{"tuning_trials": 64}']
 
 
 @pytest.fixture(scope="module")
@@ -133,14 +136,17 @@ def test_what_cannot_be_compiled_is_refused_by_name(http: httpx.Client) -> None:
 
 def test_a_target_that_joined_after_the_upload_gets_its_variants(redis_url: str, tmp_path: Path) -> None:
     """Uploaded with targets ["auto"] while only this host compiled; a GPU worker joins, and an
-    empty request plans the version's backends for its target too, once."""
+    empty request plans the version's backends for its target too, once, except the tuned TVM
+    variant, which is for cpu targets."""
     api = KilnServer({"KILN_REDIS_URL": redis_url, "KILN_THREADS": "1"}, tmp_path / "api.log")
     registry = Registry(open_store(Settings(redis_url=redis_url)))
     with running(api), httpx.Client(base_url=api.url, timeout=120) as http:
-        response = upload(http, MLP, name="joined", backends=["tvm", "tensorrt"], targets=["auto"])
+        response = upload(
+            http, MLP, name="joined", backends=["tvm", "tensorrt"], targets=["auto"], tuning_trials=16
+        )
         assert response.status_code == 202, response.text
-        before = {(v["backend"], v["target"]) for v in response.json()["variants"]}
-        assert ("tvm", "cuda-sm90") not in before
+        before = response.json()["variants"]
+        assert ("tvm", "cuda-sm90") not in {(v["backend"], v["target"]) for v in before}
 
         registry.announce_worker(WorkerRecord(id="gpu-1", targets=["cuda-sm90"], backends={}))
         added = add(http, "joined", 1)
@@ -153,6 +159,10 @@ def test_a_target_that_joined_after_the_upload_gets_its_variants(redis_url: str,
         skipped = {(s["backend"], s["target"]): s["reason"] for s in added.json()["skipped"]}
         # No worker consumes this host's queue here: its variants wait, and are not queued twice.
         assert skipped[("tvm", cpu_target())] == "already queued"
+        tuned = [s for s in added.json()["skipped"] if s["options"] == {"tuning_trials": 16}]
+        reasons = {s["target"]: s["reason"] for s in tuned}
+        assert reasons[cpu_target()] == "already queued"
+        assert reasons["cuda-sm90"].startswith("tvm: tuning_trials is for cpu targets;")
         assert add(http, "joined", 1).status_code == 200
         version = http.get("/v1/models/joined/versions/1").json()
         assert len(version["variants"]) == len(before) + 2

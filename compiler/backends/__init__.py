@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 
 from compiler.backends.base import Backend
 from compiler.errors import BackendUnavailableError
@@ -44,6 +45,13 @@ def family_reason(name: str, target: str) -> str | None:
     if families is None or family in families:
         return None
     return f"{name}: {family} targets are not supported (only {', '.join(families)})"
+
+
+def options_reason(name: str, options: Mapping[str, object], target: str) -> str | None:
+    """Why `name` with these options can never build for `target`, or None."""
+    if name == "tvm" and options.get("tuning_trials") and not target.startswith("cpu-"):
+        return "tvm: tuning_trials is for cpu targets; cuda builds use dlight's default GPU schedules"
+    return None
 
 
 def availability(target: str) -> dict[str, str | None]:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from compiler.artifact import Artifact
-from compiler.backends import tvm_cuda
+from compiler.backends import options_reason, tvm_cuda
 from compiler.backends.base import export_for
 from compiler.benchmark import benchmark_batches
 from compiler.errors import BackendUnavailableError, ConversionError
@@ -126,10 +126,8 @@ class TVMBackend:
         cuda = _is_cuda(target)
         threads = int(options.get("threads") or os.cpu_count() or 1)
         trials = int(options.get("tuning_trials") or 0)
-        if cuda and trials > 0:
-            raise ConversionError(
-                "tvm: tuning_trials is for cpu targets; cuda builds use dlight's default GPU schedules"
-            )
+        if refused := options_reason("tvm", options, target):
+            raise ConversionError(refused)
         # A cuda artifact is cross-compiled where it cannot run: only code generation is checked.
         reason = self._codegen_reason(target) if cuda else self.unavailable_reason(target)
         program = export_for(self, model, spec, reason)

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from compiler.backends import REGISTRY as BACKENDS
-from compiler.backends import family_reason, get_backend
+from compiler.backends import family_reason, get_backend, options_reason
 from compiler.errors import CompilerError, InvalidModelError
 from compiler.inspect import inspect_model
 from compiler.spec import InputSpec
@@ -144,13 +144,15 @@ def plan_targets(svc: Services, wanted: list[str] | None) -> list[str]:
     return sorted(targets)
 
 
-def unavailable(svc: Services, backend: str, target: str) -> str | None:
+def unavailable(svc: Services, request: BackendRequest, target: str) -> str | None:
     """Embedded mode compiles here, so this host's answer is the answer. Otherwise a worker
     decides what its libraries and devices allow; only a target family no host can build
-    for is known up front."""
+    for, or options no host can build it with, are known up front."""
     if svc.settings.embedded:
-        return get_backend(backend).unavailable_reason(target)
-    return family_reason(backend, target)
+        reason = get_backend(request.name).unavailable_reason(target)
+    else:
+        reason = family_reason(request.name, target)
+    return reason or options_reason(request.name, request.options, target)
 
 
 def plan_variants(
@@ -180,7 +182,7 @@ def plan_variants(
                 options=request.options,
                 status=VariantStatus.queued,
             )
-            reason = unavailable(svc, request.name, target)
+            reason = unavailable(svc, request, target)
             if reason is not None:
                 variant.status, variant.error = VariantStatus.failed, reason
             else:

@@ -57,7 +57,7 @@ def compile_version(
     for request in requests:
         for target in targets:
             found = existing.get(identity(request.name, request.options, target))
-            reason = unavailable(svc, request.name, target)
+            reason = unavailable(svc, request, target)
             if found is not None and found.status not in RETRIED:
                 reason = f"already {found.status}"
             elif found is not None and not body.retry_failed:
