@@ -180,7 +180,7 @@ def test_tensorrt_options_are_checked() -> None:
     assert _check_options({"precision": "fp16", "opt_batch_size": 8}, spec) == ("fp16", 8)
     bad: list[tuple[dict[str, Any], str]] = [
         ({"precison": "fp16"}, "unknown option"),
-        ({"precision": "int8"}, "precision must be one of"),
+        ({"precision": "int8"}, "option precision must be fp32 or fp16"),
         ({"opt_batch_size": 9}, r"opt_batch_size must be an integer in 1\.\.8"),
     ]
     for options, message in bad:
@@ -270,12 +270,29 @@ def test_embedded_auto_is_this_host_and_tensorrt_fails_at_once(embedded: httpx.C
         assert v["status"] == "failed" and v["error"] == NO_GPU and v["job_id"] is None
 
 
-def test_embedded_rejects_foreign_targets_and_repeats(embedded: httpx.Client) -> None:
+def test_embedded_rejects_foreign_targets_repeats_and_bad_options(embedded: httpx.Client) -> None:
     response = upload(embedded, MLP, name="gpu-mlp", backends=["tvm"], targets=["cuda-sm90"])
     assert response.status_code == 422, response.text
     assert "config.targets" in response.json()["detail"] and "cuda-sm90" in response.json()["detail"]
     response = upload(embedded, MLP, name="twice", backends=["tvm", {"name": "tvm"}])
     assert response.status_code == 422 and "repeated" in response.json()["detail"]
+    # An option a backend would ignore, or a value it cannot take, names what to fix.
+    bad = [
+        (
+            {"name": "onnxruntime", "options": {"precision": "fp16"}},
+            "unknown option(s) ['precision']",
+        ),
+        ({"name": "tvm", "options": {"threads": 8}}, "known: ['tuning_trials']"),
+        (
+            {"name": "tvm", "options": {"tuning_trials": -5}},
+            "tuning_trials must be an integer in 1..20000",
+        ),
+        ({"name": "tensorrt", "options": {"precision": "int8"}}, "option precision must be fp32 or fp16"),
+    ]
+    for entry, message in bad:
+        response = upload(embedded, MLP, name="bad-options", backends=[entry])
+        assert response.status_code == 422 and message in response.json()["detail"], response.text
+    assert embedded.get("/v1/models/bad-options").status_code == 404
 
 
 # Redis mode: two workers with different targets ------------------------------------------

@@ -122,6 +122,7 @@ def test_what_cannot_be_compiled_is_refused_by_name(http: httpx.Client) -> None:
         ({"targets": ["cuda-sm90"]}, 422, "targets: ['cuda-sm90'] are not this host's"),
         ({"max_batch_size": 8}, 422, "max_batch_size"),
         ({"tuning_trials": -1}, 422, "tuning_trials"),
+        ({"backends": [{"name": "inductor", "options": {"mode": "max"}}]}, 422, "known: none"),
     ]
     for body, status, message in cases:
         response = add(http, "refused", 1, **body)

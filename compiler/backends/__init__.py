@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from compiler.backends.base import Backend
 from compiler.errors import BackendUnavailableError
@@ -28,6 +28,35 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "inductor": ("cpu",),
     "tensorrt": ("cuda",),
 }
+
+
+# What each option an upload may give a backend accepts. Anything else is refused before any
+# compile: a backend would ignore it, yet it would name a variant of its own and could set its
+# verification tolerance (`precision`). Intra-op threads are the server's (KILN_THREADS).
+OPTIONS: dict[str, dict[str, tuple[str, Callable[[object], bool]]]] = {
+    "tvm": {"tuning_trials": ("an integer in 1..20000", lambda v: _whole(v, 1, 20_000))},
+    "onnxruntime": {},
+    "inductor": {},
+    "tensorrt": {
+        "precision": ("fp32 or fp16", lambda v: v in ("fp32", "fp16")),
+        "opt_batch_size": ("an integer in 1..max_batch_size", lambda v: _whole(v, 1, 4096)),
+    },
+}
+
+
+def _whole(value: object, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+def option_problems(name: str, options: Mapping[str, object]) -> list[str]:
+    """What is wrong with a backend's options, one line each; empty when nothing is."""
+    known = OPTIONS.get(name, {})
+    unknown = sorted(set(options) - set(known))
+    problems = [f"{name}: unknown option(s) {unknown}; known: {sorted(known) or 'none'}"] if unknown else []
+    for key, (accepts, valid) in known.items():
+        if key in options and not valid(options[key]):
+            problems.append(f"{name}: option {key} must be {accepts}; got {options[key]!r}")
+    return problems
 
 
 def get_backend(name: str) -> Backend:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from compiler.artifact import Artifact
+from compiler.backends import option_problems
 from compiler.backends.base import export_for
 from compiler.backends.torchscript import flatten_outputs
 from compiler.errors import BackendUnavailableError, ConversionError
@@ -31,9 +32,6 @@ from compiler.hardware import cuda_devices
 from compiler.runner import output_names
 from compiler.spec import DTYPES, InputSpec
 
-PRECISIONS = ("fp32", "fp16")
-# `threads` is what the pipeline gives every backend; TensorRT has no use for it.
-_OPTIONS = {"precision", "opt_batch_size", "threads"}
 _TARGET_RE = re.compile(r"^cuda-sm\d+$")
 
 
@@ -143,14 +141,11 @@ class TensorRTBackend:
 
 
 def _check_options(options: Mapping[str, Any], spec: InputSpec) -> tuple[str, int]:
-    unknown = sorted(set(options) - _OPTIONS)
-    if unknown:
-        raise ConversionError(f"tensorrt: unknown option(s) {unknown}; known: precision, opt_batch_size")
+    # `threads` is what the pipeline gives every backend; TensorRT has no use for it.
+    problems = option_problems("tensorrt", {k: v for k, v in options.items() if k != "threads"})
+    if problems:
+        raise ConversionError("; ".join(problems))
     precision = options.get("precision", "fp32")
-    if precision not in PRECISIONS:
-        raise ConversionError(
-            f"tensorrt: option precision must be one of {list(PRECISIONS)}; got {precision!r}"
-        )
     top = spec.max_batch_size if spec.batched else 1
     opt_batch = options.get("opt_batch_size", max(1, top // 2))
     if not isinstance(opt_batch, int) or not 1 <= opt_batch <= top:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from compiler.backends import REGISTRY as BACKENDS
-from compiler.backends import family_reason, get_backend, options_reason
+from compiler.backends import family_reason, get_backend, option_problems, options_reason
 from compiler.errors import CompilerError, InvalidModelError
 from compiler.inspect import inspect_model
 from compiler.spec import InputSpec
@@ -78,6 +78,9 @@ def check_backends(requests: list[BackendRequest], where: str) -> None:
         raise InvalidConfigError(f"{where}: unknown backend(s) {unknown}; use {known}")
     if len({(r.name, options_key(r.options)) for r in requests}) < len(requests):
         raise InvalidConfigError(f"{where}: an entry is repeated (same backend and options)")
+    problems = [p for r in requests for p in option_problems(r.name, r.options)]
+    if problems:
+        raise InvalidConfigError(f"{where}: {'; '.join(problems)}")
 
 
 def check_targets(svc: Services, targets: list[str] | None, where: str) -> None:
