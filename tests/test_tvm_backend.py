@@ -350,6 +350,33 @@ def test_static_batch_functions_lower_and_run(model: str) -> None:
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
+def test_small_kernels_are_searched_with_and_without_parallel_loops() -> None:
+    """A small kernel's design space holds parallel and serial schedules, so that it can keep
+    one that does not wake the thread pool; a large one's holds only parallel ones."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    from compiler.backends.tvm import host_target
+    from compiler.backends.tvm_tune import SERIAL_MAX_FLOPS, tune_contexts
+
+    def matmul(n: int) -> ms.ExtractedTask:
+        a, b = te.placeholder((n, n), name="a"), te.placeholder((n, n), name="b")
+        k = te.reduce_axis((0, n), name="k")
+        c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
+        mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+        return ms.ExtractedTask(f"matmul{n}", mod, target, [mod], 1)
+
+    target = host_target(2)
+    assert 2 * 32**3 < SERIAL_MAX_FLOPS < 2 * 512**3
+    contexts, weights = tune_contexts([matmul(32), matmul(512)], target)
+    assert [c.task_name for c in contexts] == ["matmul32", "matmul512"] and weights == [1, 1]
+    parallel = [
+        {"meta_schedule.parallel" in s.mod.script() for s in c.generate_design_space()} for c in contexts
+    ]
+    assert parallel == [{True, False}, {True}]
+
+
 class ConvPair(nn.Module):
     """A 3x3 stride-1 convolution big enough for Winograd (16 channels, 16x16 out), then a
     stride-2 one that stays direct."""

@@ -20,6 +20,9 @@ from types import FrameType
 from typing import Any
 
 log = logging.getLogger("kiln.tvm.tune")
+# MetaSchedule's per-task messages: warnings and errors only (see `tune_contexts`).
+TASK_LOG = logging.getLogger("kiln.tvm.tune.tasks")
+TASK_LOG.setLevel(logging.WARNING)
 
 TuningProgress = Callable[[dict[str, Any]], None]
 
@@ -27,6 +30,10 @@ TuningProgress = Callable[[dict[str, Any]], None]
 TRIALS_PER_ROUND = 16
 # Kept per kernel: only the best schedule is ever applied, and each record is ~50 KB of JSON.
 RECORDS_KEPT = 1
+# Kernels below this many FLOPs are also searched without parallel loops (`design_space`). At
+# tens of GFLOP/s per core, waking the pool (~10 µs here) costs about what parallel loops save
+# on 1 MFLOP; the margin lets measurement decide around there.
+SERIAL_MAX_FLOPS = 1e7
 
 
 @dataclass
@@ -106,9 +113,7 @@ def tune_and_apply(
         if fresh:
             # Candidates build while nothing is measured: each core compiles one.
             cores = int(target.attrs["num-cores"])
-            contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-                [extracted[i] for i in fresh], work_dir=work_dir
-            )
+            contexts, weights = tune_contexts([extracted[i] for i in fresh], target)
             ms.tune.tune_tasks(
                 tasks=contexts,
                 task_weights=weights,
@@ -128,6 +133,76 @@ def tune_and_apply(
             tuned = _prepack_weights(tuned)
     new_records = [r for r in exported if r.records]
     return tuned, TuningResult(tracker.trials, budget, tracker.failed, reports, new_records)
+
+
+def tune_contexts(tasks: Sequence[Any], target: Any) -> tuple[list[Any], list[float]]:
+    """One TuneContext per task, in order, with its weight. A small kernel is searched with and
+    without parallel loops (`design_space`); a larger one, where the serial schedules would only
+    spend trials, in the default space.
+
+    Each logs to TASK_LOG, not to the loggers of MetaSchedule's `get_loggers_from_work_dir`:
+    that reconfigures logging (dictConfig) on every call and fails once its logger holds a
+    handler without a name, as under pytest; and its per-task lines (design spaces,
+    postprocessor counts) are noise in a worker's log. The job's tuning record keeps the counts.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    both = design_space(tasks[0].dispatched[0], target)
+    contexts = [
+        ms.TuneContext(
+            mod=task.dispatched[0],
+            target=task.target,
+            space_generator=both if _flops(task.dispatched[0]) < SERIAL_MAX_FLOPS else "post-order-apply",
+            search_strategy="evolutionary",
+            task_name=task.task_name,
+            logger=TASK_LOG,
+        ).clone()
+        for task in tasks
+    ]
+    return contexts, [float(task.weight) for task in tasks]
+
+
+def _flops(workload: Any) -> float:
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    try:
+        return float(estimate_tir_flops(workload))
+    except Exception:  # an op it cannot count: taken as large
+        return float("inf")
+
+
+def design_space(mod: Any, target: Any) -> Any:
+    """The target's default design space together with the same space without parallel loops.
+
+    MetaSchedule's CPU rules parallelise every kernel, and each parallel kernel wakes TVM's pool
+    threads, which Kiln sends to sleep at once (compiler.threads). A kernel of a few µs then
+    costs more to wake the threads for than to run: a tuned transformer encoder ran 6x slower
+    than its untuned, serial build. Searching both spaces lets measurement choose per kernel.
+    """
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.meta_schedule.schedule_rule import ParallelizeVectorizeUnroll
+
+    _import_tensor_intrinsics()  # what TuneContext imports first, made fast
+    default = ms.space_generator.PostOrderApply()
+    ms.TuneContext(mod=mod, target=target, space_generator=default)  # fills in the target's rules
+    serial_rules = [
+        ParallelizeVectorizeUnroll(
+            max_jobs_per_core=-1,
+            max_vectorize_extent=rule.max_vectorize_extent,
+            unroll_max_steps=list(rule.unroll_max_steps),
+            unroll_explicit=rule.unroll_explicit,
+        )
+        if isinstance(rule, ParallelizeVectorizeUnroll)
+        else rule
+        for rule in default.sch_rules
+    ]
+    postprocs, mutators = list(default.postprocs), dict(default.mutator_probs)
+    serial = ms.space_generator.PostOrderApply(
+        sch_rules=serial_rules, postprocs=postprocs, mutator_probs=mutators
+    )
+    return ms.space_generator.SpaceGeneratorUnion(
+        [default, serial], sch_rules=list(default.sch_rules), postprocs=postprocs, mutator_probs=mutators
+    )
 
 
 def lower_for_tuning(mod: Any, target: Any) -> Any:
