@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from compiler.backends import MAX_TUNING_TRIALS
 from compiler.spec import DType, InputSpec
 
 
@@ -134,7 +135,7 @@ class ModelConfig(ServingConfig):
     targets: list[Target] | None = Field(default=None, min_length=1, max_length=16)
     # MetaSchedule trials for an extra, tuned `tvm` variant per target, compiled after the
     # others (0: none). Each compiled batch size is tuned; kernels tuned before cost no trials.
-    tuning_trials: int = Field(default=0, ge=0, le=20_000)
+    tuning_trials: int = Field(default=0, ge=0, le=MAX_TUNING_TRIALS)
     rtol: float = Field(default=1e-4, ge=0)
     atol: float = Field(default=1e-5, ge=0)
     # Verification tolerance for variants whose options ask for precision "fp16".

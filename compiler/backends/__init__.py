@@ -33,8 +33,15 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 # What each option an upload may give a backend accepts. Anything else is refused before any
 # compile: a backend would ignore it, yet it would name a variant of its own and could set its
 # verification tolerance (`precision`). Intra-op threads are the server's (KILN_THREADS).
+# The most MetaSchedule trials one tuned variant may ask for.
+MAX_TUNING_TRIALS = 20_000
 OPTIONS: dict[str, dict[str, tuple[str, Callable[[object], bool]]]] = {
-    "tvm": {"tuning_trials": ("an integer in 1..20000", lambda v: _whole(v, 1, 20_000))},
+    "tvm": {
+        "tuning_trials": (
+            f"an integer in 1..{MAX_TUNING_TRIALS}",
+            lambda v: _whole(v, 1, MAX_TUNING_TRIALS),
+        )
+    },
     "onnxruntime": {},
     "inductor": {},
     "tensorrt": {

@@ -6,6 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from compiler.backends import MAX_TUNING_TRIALS
 from service.records import (
     BackendRequest,
     JobStatus,
@@ -163,7 +164,7 @@ class CompileIn(BaseModel):
     tuning_trials: int = Field(
         default=0,
         ge=0,
-        le=20_000,
+        le=MAX_TUNING_TRIALS,
         description="Also compile a tvm variant tuned with this many MetaSchedule trials (0: none).",
     )
     retry_failed: bool = Field(
