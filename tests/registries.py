@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from service.records import JobRecord, ModelConfig, OutputInfo, VariantRecord, VariantStatus
+from service.records import JobRecord, ModelConfig, OutputInfo, VariantRecord, VariantStatus, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
 from service.router import ANY_TARGET
 from tests.models import TestModel
@@ -50,3 +50,17 @@ def ready_version(
 
 def reference(ms: dict[int, float]) -> tuple[str, None, dict[int, float]]:
     return ANY_TARGET, None, ms
+
+
+def rejected_tvm(
+    registry: Registry, model: TestModel, target: str, baseline: dict[int, float], job_id: str
+) -> tuple[VersionRecord, VariantRecord]:
+    """Version 1 of `model` with TorchScript ready and its `tvm` variant on `target` rejected by
+    job `job_id`: the version, and that variant, to retry."""
+    ready_version(
+        registry, model, {"torchscript": reference(baseline), "tvm": (target, b"packed", baseline)}, baseline
+    )
+    registry.update_variant("tvm", status=VariantStatus.rejected, error="max abs error 3.2", job_id=job_id)
+    version = registry.get_version(model.name, 1)
+    [tvm] = [v for v in registry.variants_of(version) if v.id == "tvm"]
+    return version, tvm

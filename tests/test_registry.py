@@ -15,7 +15,7 @@ from service.registry import ARTIFACT_BLOB, CLAIM_S, MODEL_BLOB, Registry, versi
 from service.settings import Settings
 from service.store.local import LocalStore
 from tests.models import MODELS
-from tests.registries import ready_version, reference
+from tests.registries import ready_version, reference, rejected_tvm
 
 HOST = "cpu-x86_64-test-avx2"
 BASELINE = {1: 1.0, 8: 8.0}
@@ -137,12 +137,7 @@ def test_a_request_that_died_midway_is_finished_by_the_next(tmp_path: Path) -> N
     they are stale it finishes them, and then the version lists the variant once."""
     registry = Registry(LocalStore(tmp_path / "store"))
     mlp = MODELS["mlp"]
-    ready_version(
-        registry, mlp, {"torchscript": reference(BASELINE), "tvm": (HOST, b"packed", BASELINE)}, BASELINE
-    )
-    registry.update_variant("tvm", status=VariantStatus.rejected, error="max abs error 3.2", job_id="job-0")
-    version = registry.get_version(mlp.name, 1)
-    [tvm] = [v for v in registry.variants_of(version) if v.id == "tvm"]
+    version, tvm = rejected_tvm(registry, mlp, HOST, BASELINE, "job-0")
     ort = ("onnxruntime", {}, HOST)
     [(new, new_job), (_, retry_job)] = registry.add_variants(version, [ort], [tvm])
     # Undo all but the claims: the state a request killed right after them leaves.
