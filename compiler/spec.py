@@ -123,6 +123,11 @@ class InputSpec:
     def batched(self) -> bool:
         return all(t.batched for t in self.inputs)
 
+    @property
+    def largest_batch(self) -> int:
+        """The largest batch one call may have."""
+        return self.max_batch_size if self.batched else 1
+
     def random_inputs(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Random inputs for verification and benchmarking. Integers are small: they are often indices."""
         out: dict[str, np.ndarray] = {}

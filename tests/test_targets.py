@@ -288,9 +288,13 @@ def test_embedded_rejects_foreign_targets_repeats_and_bad_options(embedded: http
             "tuning_trials must be an integer in 1..20000",
         ),
         ({"name": "tensorrt", "options": {"precision": "int8"}}, "option precision must be fp32 or fp16"),
+        (
+            {"name": "tensorrt", "options": {"opt_batch_size": 8}},
+            "option opt_batch_size must be an integer in 1..4 (the largest batch); got 8",
+        ),
     ]
     for entry, message in bad:
-        response = upload(embedded, MLP, name="bad-options", backends=[entry])
+        response = upload(embedded, MLP, name="bad-options", backends=[entry], max_batch_size=4)
         assert response.status_code == 422 and message in response.json()["detail"], response.text
     assert embedded.get("/v1/models/bad-options").status_code == 404
 

@@ -123,6 +123,11 @@ def test_what_cannot_be_compiled_is_refused_by_name(http: httpx.Client) -> None:
         ({"max_batch_size": 8}, 422, "max_batch_size"),
         ({"tuning_trials": -1}, 422, "tuning_trials"),
         ({"backends": [{"name": "inductor", "options": {"mode": "max"}}]}, 422, "known: none"),
+        (  # the version's max_batch_size is the server default, 8
+            {"backends": [{"name": "tensorrt", "options": {"opt_batch_size": 16}}]},
+            422,
+            "option opt_batch_size must be an integer in 1..8 (the largest batch); got 16",
+        ),
     ]
     for body, status, message in cases:
         response = add(http, "refused", 1, **body)

@@ -30,23 +30,25 @@ FAMILIES: dict[str, tuple[str, ...]] = {
 }
 
 
-# What each option an upload may give a backend accepts. Anything else is refused before any
-# compile: a backend would ignore it, yet it would name a variant of its own and could set its
-# verification tolerance (`precision`). Intra-op threads are the server's (KILN_THREADS).
+# What each option an upload may give a backend accepts, given the largest batch a call may have.
+# Anything else is refused before any compile: a backend would ignore it, yet it would name a
+# variant of its own and could set its verification tolerance (`precision`). Intra-op threads
+# are the server's (KILN_THREADS).
 # The most MetaSchedule trials one tuned variant may ask for.
 MAX_TUNING_TRIALS = 20_000
-OPTIONS: dict[str, dict[str, tuple[str, Callable[[object], bool]]]] = {
+OPTIONS: dict[str, dict[str, tuple[str, Callable[[object, int], bool]]]] = {
     "tvm": {
         "tuning_trials": (
             f"an integer in 1..{MAX_TUNING_TRIALS}",
-            lambda v: _whole(v, 1, MAX_TUNING_TRIALS),
+            lambda v, _: _whole(v, 1, MAX_TUNING_TRIALS),
         )
     },
     "onnxruntime": {},
     "inductor": {},
     "tensorrt": {
-        "precision": ("fp32 or fp16", lambda v: v in ("fp32", "fp16")),
-        "opt_batch_size": ("an integer in 1..max_batch_size", lambda v: _whole(v, 1, 4096)),
+        "precision": ("fp32 or fp16", lambda v, _: v in ("fp32", "fp16")),
+        # The batch TensorRT tunes its kernels for: one that calls can have.
+        "opt_batch_size": ("an integer in 1..{top} (the largest batch)", lambda v, top: _whole(v, 1, top)),
     },
 }
 
@@ -55,14 +57,15 @@ def _whole(value: object, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
-def option_problems(name: str, options: Mapping[str, object]) -> list[str]:
+def option_problems(name: str, options: Mapping[str, object], largest_batch: int) -> list[str]:
     """What is wrong with a backend's options, one line each; empty when nothing is."""
     known = OPTIONS.get(name, {})
     unknown = sorted(set(options) - set(known))
     problems = [f"{name}: unknown option(s) {unknown}; known: {sorted(known) or 'none'}"] if unknown else []
     for key, (accepts, valid) in known.items():
-        if key in options and not valid(options[key]):
-            problems.append(f"{name}: option {key} must be {accepts}; got {options[key]!r}")
+        if key in options and not valid(options[key], largest_batch):
+            must = accepts.format(top=largest_batch)
+            problems.append(f"{name}: option {key} must be {must}; got {options[key]!r}")
     return problems
 
 

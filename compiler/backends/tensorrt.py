@@ -141,17 +141,13 @@ class TensorRTBackend:
 
 
 def _check_options(options: Mapping[str, Any], spec: InputSpec) -> tuple[str, int]:
+    top = spec.largest_batch
     # `threads` is what the pipeline gives every backend; TensorRT has no use for it.
-    problems = option_problems("tensorrt", {k: v for k, v in options.items() if k != "threads"})
+    problems = option_problems("tensorrt", {k: v for k, v in options.items() if k != "threads"}, top)
     if problems:
         raise ConversionError("; ".join(problems))
     precision = options.get("precision", "fp32")
-    top = spec.max_batch_size if spec.batched else 1
     opt_batch = options.get("opt_batch_size", max(1, top // 2))
-    if not isinstance(opt_batch, int) or not 1 <= opt_batch <= top:
-        raise ConversionError(
-            f"tensorrt: option opt_batch_size must be an integer in 1..{top}; got {opt_batch!r}"
-        )
     for t in spec.inputs:
         if -1 in t.shape[1:]:
             raise ConversionError(

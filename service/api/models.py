@@ -71,14 +71,14 @@ def check_preferred(sizes: list[int], max_batch_size: int, where: str) -> None:
         )
 
 
-def check_backends(requests: list[BackendRequest], where: str) -> None:
+def check_backends(requests: list[BackendRequest], where: str, largest_batch: int) -> None:
     unknown = [r.name for r in requests if r.name not in BACKENDS or r.name == REFERENCE]
     if unknown:
         known = sorted(set(BACKENDS) - {REFERENCE})
         raise InvalidConfigError(f"{where}: unknown backend(s) {unknown}; use {known}")
     if len({(r.name, options_key(r.options)) for r in requests}) < len(requests):
         raise InvalidConfigError(f"{where}: an entry is repeated (same backend and options)")
-    problems = [p for r in requests for p in option_problems(r.name, r.options)]
+    problems = [p for r in requests for p in option_problems(r.name, r.options, largest_batch)]
     if problems:
         raise InvalidConfigError(f"{where}: {'; '.join(problems)}")
 
@@ -106,7 +106,6 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
     if config.backends is None:
         config.backends = list(svc.settings.default_backends)
     check_preferred(config.preferred_batch_sizes, config.max_batch_size, "config.")
-    check_backends(config.backend_requests(), "config.backends")
     check_targets(svc, config.targets, "config.targets")
     try:
         spec = InputSpec.from_dicts([t.model_dump() for t in config.inputs], config.max_batch_size)
@@ -114,6 +113,7 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
             spec.coerce(sample)
     except CompilerError as exc:
         raise InvalidConfigError(f"config.inputs: {exc}") from None
+    check_backends(config.backend_requests(), "config.backends", spec.largest_batch)
     return config
 
 

@@ -47,7 +47,8 @@ def compile_version(
 ) -> Any:
     record = svc.registry.get_version(name, version)
     requests = body.requests(record.config)
-    check_backends(requests, "backends" if body.backends is not None else "the version's backends")
+    where = "backends" if body.backends is not None else "the version's backends"
+    check_backends(requests, where, record.spec().largest_batch)
     check_targets(svc, body.targets, "targets")
     targets = plan_targets(svc, record.config.targets if body.targets is None else body.targets)
     existing = {identity(v.backend, v.options, v.target): v for v in svc.registry.variants_of(record)}
