@@ -35,6 +35,12 @@ from service.settings import Settings
 
 log = logging.getLogger("kiln.jobs")
 
+# Deliveries of one job that may start and end without settling its variant: Dramatiq retries a
+# raising job 5 times and redelivers a killed worker's job without counting, and a lost message
+# is enqueued again (service.redelivery). Past this, a job that keeps killing its worker or
+# failing fails its variant with a reason, rather than loop forever.
+MAX_ATTEMPTS = 12
+
 
 def this_worker() -> str:
     """What a job record's `worker` names: the process that runs compiles, on which host."""
@@ -66,9 +72,16 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
     except NotFoundError:
         log.info("job %s: its model was deleted; dropping it", job_id)
         return
-    variant = registry.get_variant(job.variant_id)
-    if variant is None or variant.status in SETTLED or variant.job_id != job.id:
-        return  # deleted, a redelivery of a job that already finished, or one a retry replaced
+    variant = unsettled_variant(registry, job)
+    if variant is None:
+        return
+    if job.attempts >= MAX_ATTEMPTS:
+        gave_up = (
+            f"gave up after {job.attempts} attempts that ended before the variant settled (a worker "
+            "killed, or the store unreachable); add it again with retry_failed to compile it anew"
+        )
+        _settle_failed(registry, job, VariantStatus.failed, gave_up)
+        return
     registry.update_job(
         job.id,
         status=JobStatus.running,
@@ -94,6 +107,15 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
             return
     # Serving already uses the new variant where its own numbers say so; the race settles it.
     race_version(registry, settings, version, job.target)
+
+
+def unsettled_variant(registry: Registry, job: JobRecord) -> VariantRecord | None:
+    """The variant the job is still to settle; None when it was deleted, settled already (a
+    redelivery of a job that finished) or handed to another job (a retry replaced this one)."""
+    variant = registry.get_variant(job.variant_id)
+    if variant is None or variant.status in SETTLED or variant.job_id != job.id:
+        return None
+    return variant
 
 
 def compile_limit_s(settings: Settings, job: JobRecord) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -21,6 +22,7 @@ from service.races import RACE_TIMEOUT_S
 from service.records import JobRecord
 from service.registry import Registry
 from service.settings import Settings
+from service.store import StoreUnavailableError
 
 log = logging.getLogger("kiln.queue")
 
@@ -106,9 +108,9 @@ def declare_actor(broker: RedisBroker, registry: Registry, settings: Settings) -
 
 
 class DramatiqQueue:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, broker: RedisBroker | None = None) -> None:
         self.settings = settings
-        self.broker = make_broker(settings)
+        self.broker = broker or make_broker(settings)
         self.declared: set[str] = set()
 
     def enqueue(self, job: JobRecord) -> None:
@@ -121,7 +123,27 @@ class DramatiqQueue:
         message: Message[None] = Message(
             queue_name=name, actor_name=ACTOR, args=(job.id,), kwargs={}, options={"time_limit": limit_ms}
         )
-        self.broker.enqueue(message)
+        try:
+            self.broker.enqueue(message)
+        except redis.RedisError as exc:
+            raise StoreUnavailableError(
+                f"the compile queue is unreachable ({exc}); the job is recorded, and a worker "
+                "enqueues it once the queue is back"
+            ) from exc
+
+    def held(self, targets: Iterable[str]) -> set[str]:
+        """The ids of the jobs whose message the broker has, in the queues of `targets`: from
+        enqueue until a worker acknowledges it, `{namespace}:{queue}.msgs` holds it, and while it
+        waits to be retried, `.DQ.msgs` does (under an id of the broker's, not the job's)."""
+        client: redis.Redis = self.broker.client
+        held: set[str] = set()
+        for target in targets:
+            name = f"{self.broker.namespace}:{queue_name(target)}"
+            for suffix in ("", ".DQ"):
+                for data in client.hvals(f"{name}{suffix}.msgs"):
+                    raw = data.encode() if isinstance(data, str) else data
+                    held.add(Message.decode(raw).args[0])
+        return held
 
     def depth(self) -> dict[str, int]:
         """Dramatiq keeps each message in the hash `{namespace}:{queue}.msgs` from enqueue to ack,

@@ -12,8 +12,9 @@ from prometheus_client import start_http_server
 from compiler.backends import availability
 from compiler.threads import set_threads
 from service.jobs import this_worker
-from service.queue import declare_actor, make_broker, queue_name
+from service.queue import DramatiqQueue, declare_actor, make_broker, queue_name
 from service.records import WorkerRecord, now
+from service.redelivery import Redelivery
 from service.registry import Registry
 from service.settings import Settings
 from service.store import StoreUnavailableError, open_store
@@ -90,11 +91,14 @@ def run_worker(settings: Settings) -> None:
     for target, backends in heartbeat.record.backends.items():
         for name, reason in backends.items():
             log.info("target %s: %s %s", target, name, "available" if reason is None else reason)
+    redelivery = Redelivery(registry, DramatiqQueue(settings, broker), settings.queue_requeue_s)
     worker.start()
     heartbeat.start()
+    redelivery.start()
     log.info("worker %s consuming %s", heartbeat.record.id, sorted(queues))
     stop.wait()
     log.info("worker stopping")
+    redelivery.stop()
     heartbeat.stop()
     worker.stop()
     broker.close()

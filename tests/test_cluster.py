@@ -18,6 +18,8 @@ pytestmark = pytest.mark.timeout(1800)
 
 # Short, so a dead worker's job is redelivered within seconds of a new worker starting.
 HEARTBEAT_S = "3"
+# As short: a job whose message was lost is enqueued again seconds after it was recorded.
+REQUEUE_S = "2"
 
 
 class Cluster:
@@ -25,6 +27,7 @@ class Cluster:
         self.env = {
             "KILN_REDIS_URL": redis_url,
             "KILN_QUEUE_HEARTBEAT_TIMEOUT_S": HEARTBEAT_S,
+            "KILN_QUEUE_REQUEUE_S": REQUEUE_S,
             "KILN_THREADS": "1",
             "KILN_COMPILE_WORKERS": "2",
         }
@@ -122,3 +125,25 @@ def test_sigkilled_worker_job_is_redelivered(api1: httpx.Client, cluster: Cluste
     assert tvm["status"] == "ready", tvm["error"]
     job = api1.get(f"/v1/jobs/{job_id}").json()
     assert job["status"] == "succeeded" and job["attempts"] == 2
+
+
+def test_a_job_whose_message_was_lost_is_enqueued_again(api1: httpx.Client, cluster: Cluster) -> None:
+    """The API recorded the job, and its message never reached a worker: the API died, or Redis
+    went away, between the two. A worker's redelivery pass finds it and enqueues it again."""
+    import redis
+
+    cluster.worker.stop()
+    response = upload(api1, MODELS["mlp"], name="mlp-lost", max_batch_size=4, backends=["onnxruntime"])
+    assert response.status_code == 202, response.text
+    ort = by_backend(response.json()["variants"], "onnxruntime")
+    queue = f"kiln-queue:compile.{ort['target']}"
+    client = redis.Redis.from_url(cluster.env["KILN_REDIS_URL"])
+    assert client.delete(queue, f"{queue}.msgs") == 2  # the message, gone
+
+    cluster.worker = cluster.new_worker()
+    cluster.worker.start()
+    variants = wait_settled(api1, "mlp-lost", response.json()["version"], timeout=300)
+    assert by_backend(variants, "onnxruntime")["status"] == "ready", by_backend(variants, "onnxruntime")
+    job = api1.get(f"/v1/jobs/{ort['job_id']}").json()
+    assert job["status"] == "succeeded" and job["attempts"] == 1
+    assert "has no message in the queue: enqueueing it again" in cluster.worker.log.read_text()
