@@ -37,8 +37,9 @@ log = logging.getLogger("kiln.jobs")
 
 # Deliveries of one job that may start and end without settling its variant: Dramatiq retries a
 # raising job 5 times and redelivers a killed worker's job without counting, and a lost message
-# is enqueued again (service.redelivery). Past this, a job that keeps killing its worker or
-# failing fails its variant with a reason, rather than loop forever.
+# is enqueued again (service.redelivery, which counts that as an attempt too). Past this, a job
+# that keeps killing its worker, failing or losing its message fails its variant with a reason,
+# rather than loop forever.
 MAX_ATTEMPTS = 12
 
 
@@ -75,12 +76,7 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
     variant = unsettled_variant(registry, job)
     if variant is None:
         return
-    if job.attempts >= MAX_ATTEMPTS:
-        gave_up = (
-            f"gave up after {job.attempts} attempts that ended before the variant settled (a worker "
-            "killed, or the store unreachable); add it again with retry_failed to compile it anew"
-        )
-        _settle_failed(registry, job, VariantStatus.failed, gave_up)
+    if give_up(registry, job):
         return
     registry.update_job(
         job.id,
@@ -116,6 +112,19 @@ def unsettled_variant(registry: Registry, job: JobRecord) -> VariantRecord | Non
     if variant is None or variant.status in SETTLED or variant.job_id != job.id:
         return None
     return variant
+
+
+def give_up(registry: Registry, job: JobRecord) -> bool:
+    """Fails the job's variant once the job has had MAX_ATTEMPTS deliveries; whether it did."""
+    if job.attempts < MAX_ATTEMPTS:
+        return False
+    reason = (
+        f"gave up after {job.attempts} attempts that ended before the variant settled (a worker "
+        "killed, the store unreachable, or its message lost); add it again with retry_failed to "
+        "compile it anew"
+    )
+    _settle_failed(registry, job, VariantStatus.failed, reason)
+    return True
 
 
 def compile_limit_s(settings: Settings, job: JobRecord) -> float:

@@ -5,6 +5,7 @@ Queues are named by target, so a job only ever reaches a worker with matching ha
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections import Counter
@@ -15,6 +16,7 @@ from typing import Protocol
 import dramatiq
 import redis
 from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
+from dramatiq.errors import DecodeError
 from dramatiq.message import Message
 
 from service.jobs import compile_limit_s, run_compile_job
@@ -136,13 +138,20 @@ class DramatiqQueue:
         enqueue until a worker acknowledges it, `{namespace}:{queue}.msgs` holds it, and while it
         waits to be retried, `.DQ.msgs` does (under an id of the broker's, not the job's)."""
         client: redis.Redis = self.broker.client
+        # One snapshot of both hashes: Dramatiq moves a message between them by adding it to one,
+        # then removing it from the other, so it is always in one, but two reads can miss it.
+        with client.pipeline(transaction=True) as pipe:
+            for target in targets:
+                name = f"{self.broker.namespace}:{queue_name(target)}"
+                pipe.hvals(f"{name}.msgs")
+                pipe.hvals(f"{name}.DQ.msgs")
+            replies: list[list[bytes | str]] = pipe.execute()
         held: set[str] = set()
-        for target in targets:
-            name = f"{self.broker.namespace}:{queue_name(target)}"
-            for suffix in ("", ".DQ"):
-                for data in client.hvals(f"{name}{suffix}.msgs"):
-                    raw = data.encode() if isinstance(data, str) else data
-                    held.add(Message.decode(raw).args[0])
+        for data in itertools.chain.from_iterable(replies):
+            try:
+                held.add(Message.decode(data.encode() if isinstance(data, str) else data).args[0])
+            except (DecodeError, IndexError):  # not a compile job's message
+                log.warning("queue message %r is not a compile job's; ignored", data[:200])
         return held
 
     def depth(self) -> dict[str, int]:

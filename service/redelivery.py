@@ -13,8 +13,9 @@ import logging
 import threading
 
 import redis
+from pydantic import ValidationError
 
-from service.jobs import this_worker, unsettled_variant
+from service.jobs import give_up, this_worker, unsettled_variant
 from service.queue import DramatiqQueue
 from service.records import JobRecord, JobStatus, now
 from service.registry import Registry
@@ -27,17 +28,22 @@ LOCK = "requeue-lost.lock"
 
 def requeue_lost(registry: Registry, queue: DramatiqQueue, older_than_s: float) -> list[str]:
     """Enqueue every unsettled job older than `older_than_s` that the broker does not hold; the
-    ids of those enqueued. The age leaves alone a job whose API is still on its way to enqueue it."""
-    unfinished = (JobRecord.model_validate(doc) for doc in registry.store.list_docs("job"))
-    due = [
-        job
-        for job in unfinished
-        if job.status in (JobStatus.queued, JobStatus.running) and now() - job.created_at >= older_than_s
-    ]
-    held = queue.held({job.target for job in due}) if due else set()
+    ids of those enqueued. The age leaves alone a job whose API is still on its way to enqueue it.
+    Each time counts as one of the job's attempts, so that one whose message keeps going missing
+    fails its variant after MAX_ATTEMPTS, as one that keeps killing its worker does."""
+    lost = []
+    for doc in registry.store.list_docs("job"):
+        try:
+            job = JobRecord.model_validate(doc)
+            if _is_lost(registry, job, older_than_s):
+                lost.append(job)
+        except ValidationError as exc:  # one record that no longer loads must not stop the pass
+            log.warning("job %s is not looked at: a record does not load: %s", doc.get("id"), exc)
+    # Read after the store, which is slower: a message enqueued meanwhile is seen.
+    held = queue.held({job.target for job in lost}) if lost else set()
     requeued = []
-    for job in due:
-        if job.id in held or unsettled_variant(registry, job) is None:
+    for job in lost:
+        if job.id in held or give_up(registry, job):
             continue
         log.warning(
             "job %s (%s for %s) has no message in the queue: enqueueing it again",
@@ -45,9 +51,23 @@ def requeue_lost(registry: Registry, queue: DramatiqQueue, older_than_s: float) 
             job.backend,
             job.target,
         )
+        registry.update_job(job.id, attempts=job.attempts + 1)
         queue.enqueue(job)
         requeued.append(job.id)
     return requeued
+
+
+def _is_lost(registry: Registry, job: JobRecord, older_than_s: float) -> bool:
+    """Whether the job may have lost its message: old enough, unfinished, and its variant listed
+    and still to settle. Not a job whose version does not list its variant: the request that
+    claimed it died before its last write, and the next request for the variant takes it over
+    (an upload that died leaves no version, and nothing to compile)."""
+    return (
+        job.status in (JobStatus.queued, JobStatus.running)
+        and now() - job.created_at >= older_than_s
+        and registry.lists_variant(job)
+        and unsettled_variant(registry, job) is not None
+    )
 
 
 class Redelivery:
@@ -64,7 +84,8 @@ class Redelivery:
     def start(self) -> None:
         self._thread.start()
 
-    def _pass(self) -> None:
+    def run_once(self) -> None:
+        """One pass, unless another worker took one in this interval."""
         broker = self.queue.broker
         lock = f"{broker.namespace}:{LOCK}"
         try:
@@ -77,7 +98,7 @@ class Redelivery:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self._pass()
+            self.run_once()
 
     def stop(self) -> None:
         self._stop.set()

@@ -213,6 +213,11 @@ class Registry:
         held = self._get("job", job.id, JobRecord)
         return held is not None and held.attempts == 0 and now() - held.created_at > CLAIM_S
 
+    def lists_variant(self, job: JobRecord) -> bool:
+        """Whether the job's version exists and lists its variant. Until then, the request that
+        claimed the job may still be writing, and a later request takes the job over."""
+        return self._lists(version_id(job.model, job.version), job.variant_id)
+
     def _lists(self, vid: str, variant_id: str) -> bool:
         doc = self.store.get_doc("version", vid)
         return doc is not None and variant_id in VersionRecord.model_validate(doc).variant_ids

@@ -6,12 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from dramatiq.message import Message
 
 from service.jobs import MAX_ATTEMPTS, run_compile_job
-from service.queue import DramatiqQueue
-from service.records import JobStatus, VariantStatus
-from service.redelivery import requeue_lost
-from service.registry import Registry
+from service.queue import ACTOR, DramatiqQueue, queue_name
+from service.records import JobRecord, JobStatus, VariantRecord, VariantStatus, now
+from service.redelivery import Redelivery, requeue_lost
+from service.registry import Registry, job_for
 from service.settings import Settings
 from service.store import StoreUnavailableError
 from service.store.local import LocalStore
@@ -67,3 +68,86 @@ def test_a_job_that_never_settles_fails_its_variant_after_max_attempts(tmp_path:
     assert failed.error is not None and failed.error.startswith(f"gave up after {MAX_ATTEMPTS} attempts")
     done = registry.get_job(job.id)
     assert (done.status, done.attempts) == (JobStatus.failed, MAX_ATTEMPTS)
+
+
+def one_lost_job(registry: Registry) -> JobRecord:
+    """An ONNX Runtime job added to a ready MLP version, whose API died before enqueueing it."""
+    mlp = MODELS["mlp"]
+    ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE)
+    [(_, job)] = registry.add_variants(registry.get_version(mlp.name, 1), [("onnxruntime", {}, HOST)], [])
+    return job
+
+
+def test_a_message_waiting_for_its_retry_is_held(redis_url: str) -> None:
+    registry = Registry(RedisStore(redis_url))
+    job = one_lost_job(registry)
+    queue = DramatiqQueue(Settings(redis_url=redis_url))
+    name = queue_name(HOST)
+    queue.broker.declare_queue(name)
+    # As Dramatiq's Retries middleware leaves it: in the delay queue, due in a minute.
+    retry = Message(queue_name=name, actor_name=ACTOR, args=(job.id,), kwargs={}, options={})
+    queue.broker.enqueue(retry, delay=60_000)
+    queue.broker.client.hset(f"{queue.broker.namespace}:{name}.msgs", "junk", b"not a message")
+    assert queue.held([HOST]) == {job.id}
+    assert requeue_lost(registry, queue, older_than_s=0) == []
+    queue.close()
+
+
+def test_jobs_that_their_requests_may_still_finish_are_left_to_them(redis_url: str) -> None:
+    """A job whose version does not list its variant yet (its add-variants request died midway:
+    the next request for it takes it over) or has no version at all (its upload died) is not
+    enqueued; nor does a record that no longer loads stop the pass."""
+    registry = Registry(RedisStore(redis_url))
+    lost = one_lost_job(registry)
+    for model, variant_id in (("mlp", "unlisted"), ("never-uploaded", "orphan")):
+        variant = VariantRecord(
+            id=variant_id,
+            model=model,
+            version=1,
+            backend="onnxruntime",
+            target=HOST,
+            status=VariantStatus.queued,
+            job_id=f"{variant_id}-job",
+        )
+        registry.store.put_doc("variant", variant.id, variant.model_dump(mode="json"))
+        registry.store.put_doc(
+            "job", variant.job_id, job_for(variant, f"{variant_id}-job").model_dump(mode="json")
+        )
+    registry.store.put_doc("job", "bad", {"id": "bad", "status": "from a newer Kiln"})
+    queue = DramatiqQueue(Settings(redis_url=redis_url))
+    assert requeue_lost(registry, queue, older_than_s=0) == [lost.id]
+    assert registry.get_job(lost.id).attempts == 1  # the enqueue counts as an attempt
+    queue.close()
+
+
+def test_a_job_whose_message_keeps_going_missing_fails_its_variant(redis_url: str) -> None:
+    registry = Registry(RedisStore(redis_url))
+    job = one_lost_job(registry)
+    registry.update_job(job.id, attempts=MAX_ATTEMPTS - 1)
+    queue = DramatiqQueue(Settings(redis_url=redis_url))
+    assert requeue_lost(registry, queue, older_than_s=0) == [job.id]
+    ns, name = queue.broker.namespace, queue_name(HOST)
+    queue.broker.client.delete(f"{ns}:{name}", f"{ns}:{name}.msgs")  # lost once more
+    assert requeue_lost(registry, queue, older_than_s=0) == []
+    failed = registry.get_variant(job.variant_id)
+    assert failed is not None and failed.status == VariantStatus.failed
+    assert failed.error is not None and failed.error.startswith(f"gave up after {MAX_ATTEMPTS} attempts")
+    assert registry.get_job(job.id).status == JobStatus.failed
+    queue.close()
+
+
+def test_one_worker_per_interval_looks_for_lost_jobs(redis_url: str) -> None:
+    registry = Registry(RedisStore(redis_url))
+    job = one_lost_job(registry)
+    registry.update_job(job.id, created_at=now() - 120)  # older than the interval
+    queues = [DramatiqQueue(Settings(redis_url=redis_url)) for _ in range(2)]
+    first, second = (Redelivery(registry, queue, interval_s=60) for queue in queues)
+    first.run_once()
+    held = queues[0].held
+    assert held([HOST]) == {job.id}
+    ns, name = queues[0].broker.namespace, queue_name(HOST)
+    queues[0].broker.client.delete(f"{ns}:{name}", f"{ns}:{name}.msgs")  # lost again, at once
+    second.run_once()  # another worker, in the same interval: the lock is taken
+    assert held([HOST]) == set()
+    for queue in queues:
+        queue.close()
