@@ -540,3 +540,54 @@ def test_a_cached_record_that_no_longer_loads_is_skipped(
     _commit(database, WorkloadRecords("0123", workload, ['{"root": 1, "nodes": []}']))
     assert "skipping the cached tuning record 0123" in caplog.text
     assert not database.has_workload(mod)
+
+
+def two_stage_workload() -> Any:
+    """A matmul into an intermediate buffer, then an add: a schedule can change the
+    intermediate's dtype, which the kernel's parameters do not allow."""
+    import tvm
+    from tvm import te
+
+    a = te.placeholder((16, 64), name="A")
+    w = te.placeholder((64, 16), name="W")
+    k = te.reduce_axis((0, 64), name="k")
+    c = te.compute((16, 16), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="C")
+    d = te.compute((16, 16), lambda i, j: c[i, j] + 1.0, name="D")
+    return tvm.IRModule({"main": te.create_prim_func([a, w, d])})
+
+
+@pytest.mark.parametrize("with_correct", [True, False])
+def test_a_tuned_schedule_that_computes_wrongly_is_left_out(with_correct: bool) -> None:
+    """MetaSchedule only times schedules. A faster one that sums in FP16 (about 1e-3 off) must
+    not be applied: the next correct one is, or none, and the kernel stays untuned."""
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    from compiler.backends.tvm import host_target
+    from compiler.backends.tvm_tune import TaskReport, _checked_database
+
+    kernel = two_stage_workload()
+    wrong = Schedule(kernel)
+    wrong.unsafe_set_dtype(wrong.get_sblock("C"), 0, "float16")
+    right = Schedule(kernel)
+    right.split(right.get_loops(right.get_sblock("C"))[0], [4, 4])
+    database = ms.database.MemoryDatabase()
+    workload = database.commit_workload(kernel)
+    database.commit_tuning_record(ms.database.TuningRecord(wrong.trace, workload, run_secs=[1e-4]))
+    if with_correct:
+        database.commit_tuning_record(ms.database.TuningRecord(right.trace, workload, run_secs=[2e-4]))
+    target = host_target(1)
+    report = TaskReport("two_stage", "cafe", 1)
+    task = ms.ExtractedTask("two_stage", kernel, target, [kernel], 1)
+
+    checked = _checked_database(database, [task], [report], target)
+
+    assert report.wrong_schedules == 1
+    applied = checked.get_top_k(checked.commit_workload(kernel), 1)
+    if with_correct:
+        (record,) = applied
+        replayed = Schedule(kernel)
+        record.trace.apply_to_schedule(replayed, remove_postproc=False)
+        assert "float16" not in replayed.mod.script() and len(replayed.get_loops("C")) == 4
+    else:
+        assert applied == []

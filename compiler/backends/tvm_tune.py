@@ -7,6 +7,9 @@ The recipe is the one measured in shared/notes/tvm-tuning.md for PyPI apache-tvm
   process here), so builds timed out: `build_candidate` does the same without that import.
 - Records are exchanged as plain JSON, one `WorkloadRecords` per tuned kernel, so the service can
   cache them in its store and a later compile, of any model, skips kernels it has seen.
+- MetaSchedule times schedules but never checks what they compute, and on 0.27 it can pick a
+  wrong one (an LSTM's gate-splitting kernel came out 1.54 off). Each kernel's schedule is checked
+  against its untuned build before it is applied or cached (`_checked_database`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ RECORDS_KEPT = 1
 # tens of GFLOP/s per core, waking the pool (~10 µs here) costs about what parallel loops save
 # on 1 MFLOP; the margin lets measurement decide around there.
 SERIAL_MAX_FLOPS = 1e7
+# Per kernel, the fastest schedules checked in turn until one computes what the untuned kernel
+# does, to within KERNEL_TOLERANCE of its largest output value. The correct schedules measured
+# here agreed to 1.5e-7; the end-to-end tolerance is ~1e4 times looser than this.
+SCHEDULES_CHECKED = 4
+KERNEL_TOLERANCE = 1e-4
 
 
 @dataclass
@@ -61,6 +69,8 @@ class TaskReport:
     new_trials: int = 0
     reused: bool = False
     best_ms: float | None = None
+    # Schedules left out because they computed something else than the untuned kernel.
+    wrong_schedules: int = 0
 
 
 @dataclass
@@ -127,9 +137,11 @@ def tune_and_apply(
             )
         if tracker.trials and tracker.failed == tracker.trials:
             raise RuntimeError(f"every tuning trial failed; the last: {tracker.last_error}")
-        exported = [_export(database, extracted[i].dispatched[0], reports[i]) for i in fresh]
-        with target, tvm.transform.PassContext(opt_level=3):
-            tuned = relax.transform.MetaScheduleApplyDatabase(work_dir, enable_warning=False)(mod)
+        checked = _checked_database(database, extracted, reports, target)
+        exported = [_export(checked, extracted[i].dispatched[0], reports[i]) for i in fresh]
+        # The pass takes the database in context when given no work_dir.
+        with target, tvm.transform.PassContext(opt_level=3), checked:
+            tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
             tuned = _prepack_weights(tuned)
     new_records = [r for r in exported if r.records]
     return tuned, TuningResult(tracker.trials, budget, tracker.failed, reports, new_records)
@@ -357,6 +369,97 @@ def _commit(database: Any, item: WorkloadRecords) -> None:
     database.commit_workload(workload.mod)
     for record in records:
         database.commit_tuning_record(record)
+
+
+def _checked_database(database: Any, tasks: Sequence[Any], reports: Sequence[TaskReport], target: Any) -> Any:
+    """A database with, per kernel, the fastest of its SCHEDULES_CHECKED best schedules that
+    computes what its untuned build does on random inputs; none for a kernel without one, which
+    then stays untuned while the rest of the model is tuned."""
+    from tvm.s_tir import meta_schedule as ms
+
+    checked = ms.database.MemoryDatabase()
+    for task, report in zip(tasks, reports, strict=True):
+        kernel = task.dispatched[0]
+        if not database.has_workload(kernel):
+            continue
+        records = database.get_top_k(database.commit_workload(kernel), SCHEDULES_CHECKED)
+        if not records:
+            continue
+        args = _random_args(kernel)
+        want = _run(kernel, target, args)
+        for record in records:
+            error = _relative_error(_run(_scheduled(kernel, record), target, args), want)
+            if error <= KERNEL_TOLERANCE:
+                workload = checked.commit_workload(kernel)
+                checked.commit_tuning_record(
+                    ms.database.TuningRecord(
+                        record.trace, workload, record.run_secs, record.target, record.args_info
+                    )
+                )
+                break
+            report.wrong_schedules += 1
+            log.warning("kernel %s: a tuned schedule is %.3g off; left out", report.name, error)
+        else:
+            log.warning("kernel %s: no tuned schedule computes it correctly; it stays untuned", report.name)
+    return checked
+
+
+def _random_args(kernel: Any) -> list[Any]:
+    """Normal floats; integers (and booleans) zero, so that indices into a gather stay in range."""
+    import numpy as np
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    rng = np.random.default_rng(0)
+    args = []
+    for info in ArgInfo.from_prim_func(_prim_func(kernel)):
+        shape, dtype = [int(d) for d in info.shape], str(info.dtype)
+        if dtype.startswith(("float", "bfloat")):
+            args.append(rng.standard_normal(shape).astype(dtype))
+        else:
+            args.append(np.zeros(shape, dtype))
+    return args
+
+
+def _prim_func(kernel: Any) -> Any:
+    (function,) = kernel.functions.values()
+    return function
+
+
+def _scheduled(kernel: Any, record: Any) -> Any:
+    """The kernel with the record's schedule applied, as MetaScheduleApplyDatabase applies it."""
+    from tvm.s_tir import Schedule
+
+    schedule = Schedule(kernel)
+    record.trace.apply_to_schedule(schedule, remove_postproc=False)
+    return schedule.mod
+
+
+def _run(kernel: Any, target: Any, args: Sequence[Any]) -> list[Any]:
+    """Every argument after one call, on copies: a kernel writes its outputs into its last ones."""
+    import tvm
+
+    (name,) = [gv.name_hint for gv in kernel.functions]
+    tensors = [tvm.runtime.tensor(arg) for arg in args]
+    tvm.tirx.build(kernel, target=target)[name](*tensors)
+    return [tensor.numpy() for tensor in tensors]
+
+
+def _relative_error(got: Sequence[Any], want: Sequence[Any]) -> float:
+    """The largest difference over the largest value, per argument; NaN or inf where the untuned
+    kernel has it too counts as equal."""
+    import numpy as np
+
+    worst = 0.0
+    for g, w in zip(got, want, strict=True):
+        g, w = g.astype(np.float64), w.astype(np.float64)
+        same = (g == w) | (np.isnan(g) & np.isnan(w))
+        diff = np.where(same, 0.0, np.abs(g - w))
+        if np.isnan(diff).any():
+            return float("inf")
+        finite = np.abs(w[np.isfinite(w)])
+        scale = max(float(finite.max()) if finite.size else 0.0, np.finfo(np.float64).tiny)
+        worst = max(worst, float(diff.max(initial=0.0)) / scale)
+    return worst
 
 
 def _export(database: Any, workload_mod: Any, report: TaskReport) -> WorkloadRecords:
