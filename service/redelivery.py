@@ -10,12 +10,12 @@ whose variant is still to settle and whose message the broker does not hold, and
 from __future__ import annotations
 
 import logging
-import threading
 
 import redis
 from pydantic import ValidationError
 
 from service.jobs import give_up, this_worker, unsettled_variant
+from service.periodic import Periodic
 from service.queue import DramatiqQueue
 from service.records import JobRecord, JobStatus, now
 from service.registry import Registry
@@ -70,19 +70,14 @@ def _is_lost(registry: Registry, job: JobRecord, older_than_s: float) -> bool:
     )
 
 
-class Redelivery:
+class Redelivery(Periodic):
     """A thread of `kiln worker` that runs `requeue_lost` every `interval_s`, when no other
     worker ran it in that interval: the lock in Redis expires with the interval."""
 
     def __init__(self, registry: Registry, queue: DramatiqQueue, interval_s: float) -> None:
+        super().__init__("kiln-redelivery", interval_s)
         self.registry = registry
         self.queue = queue
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kiln-redelivery", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def run_once(self) -> None:
         """One pass, unless another worker took one in this interval."""
@@ -95,11 +90,3 @@ class Redelivery:
             log.warning("lost jobs not looked for: %s", exc)
         except Exception:  # a bug: logged, and the thread lives on
             log.exception("looking for lost jobs failed")
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.run_once()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()

@@ -12,6 +12,7 @@ from prometheus_client import start_http_server
 from compiler.backends import availability
 from compiler.threads import set_threads
 from service.jobs import this_worker
+from service.periodic import Periodic
 from service.queue import DramatiqQueue, declare_actor, make_broker, queue_name
 from service.records import WorkerRecord, now
 from service.redelivery import Redelivery
@@ -32,38 +33,31 @@ def serve_metrics(port: int) -> None:
     log.info("worker metrics on :%d/metrics", port)
 
 
-class Heartbeat:
+class Heartbeat(Periodic):
     """Announces this worker's targets (and its backends' availability on each) every few
     seconds, so uploads with targets ["auto"] compile for them; withdraws them on a clean stop."""
 
     def __init__(self, registry: Registry, targets: list[str], interval_s: float) -> None:
+        super().__init__("kiln-heartbeat", interval_s)
         self.registry = registry
-        self.interval_s = interval_s
         # Computed once: it imports every backend, and what is installed does not change.
         self.record = WorkerRecord(
             id=this_worker(), targets=targets, backends={t: availability(t) for t in targets}
         )
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kiln-heartbeat", daemon=True)
 
     def start(self) -> None:
-        self._beat()  # before consuming: the first upload after start already sees us
-        self._thread.start()
+        self.run_once()  # before consuming: the first upload after start already sees us
+        super().start()
 
-    def _beat(self) -> None:
+    def run_once(self) -> None:
         self.record.last_seen = now()
         try:
             self.registry.announce_worker(self.record)
         except StoreUnavailableError as exc:  # the queue notices the outage too; keep beating
             log.warning("heartbeat not stored: %s", exc)
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._beat()
-
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        super().stop()
         try:
             self.registry.remove_worker(self.record.id)
         except StoreUnavailableError as exc:  # the doc goes stale instead

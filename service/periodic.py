@@ -1,0 +1,28 @@
+"""A worker's background duties that repeat on an interval (heartbeat, redelivery)."""
+
+from __future__ import annotations
+
+import threading
+
+
+class Periodic:
+    """Runs `run_once` every `interval_s` on a daemon thread, from `start` until `stop`."""
+
+    def __init__(self, name: str, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def run_once(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.run_once()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
