@@ -26,7 +26,7 @@ from compiler.errors import CompilerError
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service.errors import ConflictError
-from service.memory import freeze_heap, release_memory
+from service.memory import YOUNG_COLLECTION_ALLOCATIONS, collect_young_less_often, freeze_heap, release_memory
 from service.registry import ModelView, Registry
 from service.runtime import Prediction, Runtime
 from service.settings import Settings
@@ -107,6 +107,25 @@ def test_released_memory_includes_cycles_frozen_out_of_the_collector() -> None:
     release_memory()
     assert alive() is None
     assert gc.get_freeze_count() > 0  # and what is still alive is frozen again
+
+
+def test_young_collections_run_less_often_and_still_free_cycles() -> None:
+    before = gc.get_threshold()
+    try:
+        collect_young_less_often()
+        assert gc.get_threshold() == (YOUNG_COLLECTION_ALLOCATIONS, *before[1:])
+
+        class Node:
+            pass
+
+        a, b = Node(), Node()
+        a.other, b.other = b, a  # type: ignore[attr-defined]
+        alive = weakref.ref(a)
+        del a, b
+        gc.collect(0)
+        assert alive() is None
+    finally:
+        gc.set_threshold(*before)
 
 
 def test_a_variant_that_fails_to_load_gives_way_to_the_next_best(

@@ -20,7 +20,7 @@ from service.api.auth import parse_keys
 from service.api.deps import Services
 from service.api.middleware import RequestContext
 from service.api.v2_grpc import start_grpc
-from service.memory import freeze_heap
+from service.memory import collect_young_less_often, freeze_heap
 from service.preload import Preload
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
 from service.records import JobRecord, JobStatus
@@ -83,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
             preload.start()
             freeze_heap()  # what startup imported stays out of every later full collection
+            collect_young_less_often()
             log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
             yield
         finally:
