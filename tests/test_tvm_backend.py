@@ -557,9 +557,13 @@ def two_stage_workload() -> Any:
 
 
 @pytest.mark.parametrize("with_correct", [True, False])
-def test_a_tuned_schedule_that_computes_wrongly_is_left_out(with_correct: bool) -> None:
+def test_a_tuned_schedule_that_computes_wrongly_is_left_out(
+    with_correct: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     """MetaSchedule only times schedules. A faster one that sums in FP16 (about 1e-3 off) must
-    not be applied: the next correct one is, or none, and the kernel stays untuned."""
+    not be applied, nor one that no longer applies (a stale cached record): the next correct
+    one is, or none, and the kernel stays untuned."""
+    from tvm import te
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
@@ -571,9 +575,13 @@ def test_a_tuned_schedule_that_computes_wrongly_is_left_out(with_correct: bool) 
     wrong.unsafe_set_dtype(wrong.get_sblock("C"), 0, "float16")
     right = Schedule(kernel)
     right.split(right.get_loops(right.get_sblock("C"))[0], [4, 4])
+    x = te.placeholder((4,), name="X")
+    other = Schedule(te.create_prim_func([x, te.compute((4,), lambda i: x[i] * 2, name="E")]))
+    other.split(other.get_loops(other.get_sblock("E"))[0], [2, 2])  # no block E in this kernel
     database = ms.database.MemoryDatabase()
     workload = database.commit_workload(kernel)
-    database.commit_tuning_record(ms.database.TuningRecord(wrong.trace, workload, run_secs=[1e-4]))
+    for trace, secs in ((wrong.trace, 1e-4), (other.trace, 1.5e-4)):
+        database.commit_tuning_record(ms.database.TuningRecord(trace, workload, run_secs=[secs]))
     if with_correct:
         database.commit_tuning_record(ms.database.TuningRecord(right.trace, workload, run_secs=[2e-4]))
     target = host_target(1)
@@ -582,7 +590,8 @@ def test_a_tuned_schedule_that_computes_wrongly_is_left_out(with_correct: bool) 
 
     checked = _checked_database(database, [task], [report], target)
 
-    assert report.wrong_schedules == 1
+    assert report.wrong_schedules == 2
+    assert "a tuned schedule is 0.00" in caplog.text and "fails to apply, build or run" in caplog.text
     applied = checked.get_top_k(checked.commit_workload(kernel), 1)
     if with_correct:
         (record,) = applied

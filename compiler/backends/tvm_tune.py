@@ -388,8 +388,8 @@ def _checked_database(database: Any, tasks: Sequence[Any], reports: Sequence[Tas
         args = _random_args(kernel)
         want = _run(kernel, target, args)
         for record in records:
-            error = _relative_error(_run(_scheduled(kernel, record), target, args), want)
-            if error <= KERNEL_TOLERANCE:
+            problem = _schedule_problem(kernel, record, target, args, want)
+            if problem is None:
                 workload = checked.commit_workload(kernel)
                 checked.commit_tuning_record(
                     ms.database.TuningRecord(
@@ -398,10 +398,22 @@ def _checked_database(database: Any, tasks: Sequence[Any], reports: Sequence[Tas
                 )
                 break
             report.wrong_schedules += 1
-            log.warning("kernel %s: a tuned schedule is %.3g off; left out", report.name, error)
+            log.warning("kernel %s: a tuned schedule %s; left out", report.name, problem)
         else:
             log.warning("kernel %s: no tuned schedule computes it correctly; it stays untuned", report.name)
     return checked
+
+
+def _schedule_problem(
+    kernel: Any, record: Any, target: Any, args: Sequence[Any], want: Sequence[Any]
+) -> str | None:
+    """What is wrong with the record's schedule of the kernel, if anything. One that no longer
+    applies or builds (a cached record of another TVM, say) is left out like a wrong one."""
+    try:
+        error = _relative_error(_run(_scheduled(kernel, record), target, args), want)
+    except Exception as exc:  # TVM raises many types, with C++ traces
+        return f"fails to apply, build or run ({_last_line(str(exc))})"
+    return None if error <= KERNEL_TOLERANCE else f"is {error:.3g} off"
 
 
 def _random_args(kernel: Any) -> list[Any]:
