@@ -600,3 +600,42 @@ def test_a_tuned_schedule_that_computes_wrongly_is_left_out(
         assert "float16" not in replayed.mod.script() and len(replayed.get_loops("C")) == 4
     else:
         assert applied == []
+
+
+def test_metaschedules_wrong_weight_layout_for_a_split_is_left_out() -> None:
+    """The bug behind the LSTM's wrong kernel, as MetaSchedule's own postprocessor makes it on
+    TVM 0.27: a bias (a layout-free buffer) added before a split is inlined into the four split
+    blocks, and RewriteLayout packs it by the last block's reads alone (`B[i % 32]`), so the
+    first three outputs add the last quarter of the bias."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    from compiler.backends.tvm import host_target
+    from compiler.backends.tvm_tune import TaskReport, _checked_database
+
+    x, bias = te.placeholder((128,), name="X"), te.placeholder((128,), name="B")
+    added = te.compute((128,), lambda i: x[i] + bias[i], name="T_add")
+
+    def quarter(k: int) -> te.Tensor:
+        return te.compute((32,), lambda i: added[i + 32 * k], name=f"T_split_{k}")
+
+    func = te.create_prim_func([x, bias, *(quarter(k) for k in range(4))])
+    kernel = tvm.IRModule({"main": func.with_attr("layout_free_buffers", [1])})
+    target = host_target(1)
+    schedule = Schedule(kernel)
+    schedule.compute_inline(schedule.get_sblock("T_add"))
+    schedule.enter_postproc()
+    assert ms.postproc.RewriteLayout().apply(schedule)
+    database = ms.database.MemoryDatabase()
+    workload = database.commit_workload(kernel)
+    database.commit_tuning_record(ms.database.TuningRecord(schedule.trace, workload, run_secs=[1e-6]))
+    report = TaskReport("split", "cafe", 1)
+
+    checked = _checked_database(
+        database, [ms.ExtractedTask("split", kernel, target, [kernel], 1)], [report], target
+    )
+
+    assert report.wrong_schedules == 1
+    assert checked.get_top_k(checked.commit_workload(kernel), 1) == []

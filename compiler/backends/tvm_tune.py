@@ -8,8 +8,10 @@ The recipe is the one measured in shared/notes/tvm-tuning.md for PyPI apache-tvm
 - Records are exchanged as plain JSON, one `WorkloadRecords` per tuned kernel, so the service can
   cache them in its store and a later compile, of any model, skips kernels it has seen.
 - MetaSchedule times schedules but never checks what they compute, and on 0.27 it can pick a
-  wrong one (an LSTM's gate-splitting kernel came out 1.54 off). Each kernel's schedule is checked
-  against its untuned build before it is applied or cached (`_checked_database`).
+  wrong one: its RewriteLayout packs a weight that several blocks read by one block's reads alone
+  (an LSTM's bias, added before the split into gates: that kernel came out 1.54 off). Each
+  kernel's schedule is checked against its untuned build before it is applied or cached
+  (`_checked_database`).
 """
 
 from __future__ import annotations
