@@ -84,6 +84,8 @@ def test_tuned_variant_is_verified_ready_and_shows_progress(
     tuning = job["tuning"]
     assert tuning["trials_done"] >= TRIALS and tuning["trials_done"] == tuning["trials_total"]
     assert tuning["tasks"] and all(t["new_trials"] > 0 and not t["reused"] for t in tuning["tasks"])
+    # Every kernel's schedule was checked against its untuned build, and none was wrong here.
+    assert all(t["wrong_schedules"] == 0 for t in tuning["tasks"])
     partial = [j["tuning"] for j in first["seen"] if j["status"] == "running" and j["tuning"]]
     assert any(t["trials_done"] < t["trials_total"] for t in partial), "no progress was seen mid-tuning"
 
