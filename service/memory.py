@@ -16,8 +16,8 @@ def _libc() -> ctypes.CDLL | None:
 
 
 # Objects allocated between two young collections; CPython's default is 700. Each young
-# collection walks every request in flight, and at the default they took ~7% of the MLP's
-# throughput (3,144 -> 3,368 requests/s, means of 3 and 4 A/B runs: one process, wrk at
+# collection walks every request in flight, and at the default they took ~8% of the MLP's
+# throughput (3,159 -> 3,409 requests/s, means of 3 and 4 A/B runs: one process, wrk at
 # concurrency 16); garbage in reference cycles waits a little longer to be freed.
 YOUNG_COLLECTION_ALLOCATIONS = 20_000
 
