@@ -542,6 +542,25 @@ def test_a_cached_record_that_no_longer_loads_is_skipped(
     assert not database.has_workload(mod)
 
 
+def checked_schedules(kernel: Any, timed_traces: list[tuple[Any, float]]) -> tuple[list[Any], Any]:
+    """What `_checked_database` applies for a kernel whose tuning recorded these (trace, seconds),
+    and the kernel's report."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from compiler.backends.tvm import host_target
+    from compiler.backends.tvm_tune import TaskReport, _checked_database
+
+    database = ms.database.MemoryDatabase()
+    workload = database.commit_workload(kernel)
+    for trace, secs in timed_traces:
+        database.commit_tuning_record(ms.database.TuningRecord(trace, workload, run_secs=[secs]))
+    target = host_target(1)
+    report = TaskReport("kernel", "cafe", 1)
+    task = ms.ExtractedTask("kernel", kernel, target, [kernel], 1)
+    checked = _checked_database(database, [task], [report], target)
+    return checked.get_top_k(checked.commit_workload(kernel), 1), report
+
+
 def two_stage_workload() -> Any:
     """A matmul into an intermediate buffer, then an add: a schedule can change the
     intermediate's dtype, which the kernel's parameters do not allow."""
@@ -565,10 +584,6 @@ def test_a_tuned_schedule_that_computes_wrongly_is_left_out(
     one is, or none, and the kernel stays untuned."""
     from tvm import te
     from tvm.s_tir import Schedule
-    from tvm.s_tir import meta_schedule as ms
-
-    from compiler.backends.tvm import host_target
-    from compiler.backends.tvm_tune import TaskReport, _checked_database
 
     kernel = two_stage_workload()
     wrong = Schedule(kernel)
@@ -578,21 +593,12 @@ def test_a_tuned_schedule_that_computes_wrongly_is_left_out(
     x = te.placeholder((4,), name="X")
     other = Schedule(te.create_prim_func([x, te.compute((4,), lambda i: x[i] * 2, name="E")]))
     other.split(other.get_loops(other.get_sblock("E"))[0], [2, 2])  # no block E in this kernel
-    database = ms.database.MemoryDatabase()
-    workload = database.commit_workload(kernel)
-    for trace, secs in ((wrong.trace, 1e-4), (other.trace, 1.5e-4)):
-        database.commit_tuning_record(ms.database.TuningRecord(trace, workload, run_secs=[secs]))
-    if with_correct:
-        database.commit_tuning_record(ms.database.TuningRecord(right.trace, workload, run_secs=[2e-4]))
-    target = host_target(1)
-    report = TaskReport("two_stage", "cafe", 1)
-    task = ms.ExtractedTask("two_stage", kernel, target, [kernel], 1)
+    timed = [(wrong.trace, 1e-4), (other.trace, 1.5e-4), *([(right.trace, 2e-4)] if with_correct else [])]
 
-    checked = _checked_database(database, [task], [report], target)
+    applied, report = checked_schedules(kernel, timed)
 
     assert report.wrong_schedules == 2
     assert "a tuned schedule is 0.00" in caplog.text and "fails to apply, build or run" in caplog.text
-    applied = checked.get_top_k(checked.commit_workload(kernel), 1)
     if with_correct:
         (record,) = applied
         replayed = Schedule(kernel)
@@ -612,9 +618,6 @@ def test_metaschedules_wrong_weight_layout_for_a_split_is_left_out() -> None:
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
-    from compiler.backends.tvm import host_target
-    from compiler.backends.tvm_tune import TaskReport, _checked_database
-
     x, bias = te.placeholder((128,), name="X"), te.placeholder((128,), name="B")
     added = te.compute((128,), lambda i: x[i] + bias[i], name="T_add")
 
@@ -623,19 +626,12 @@ def test_metaschedules_wrong_weight_layout_for_a_split_is_left_out() -> None:
 
     func = te.create_prim_func([x, bias, *(quarter(k) for k in range(4))])
     kernel = tvm.IRModule({"main": func.with_attr("layout_free_buffers", [1])})
-    target = host_target(1)
     schedule = Schedule(kernel)
     schedule.compute_inline(schedule.get_sblock("T_add"))
     schedule.enter_postproc()
     assert ms.postproc.RewriteLayout().apply(schedule)
-    database = ms.database.MemoryDatabase()
-    workload = database.commit_workload(kernel)
-    database.commit_tuning_record(ms.database.TuningRecord(schedule.trace, workload, run_secs=[1e-6]))
-    report = TaskReport("split", "cafe", 1)
 
-    checked = _checked_database(
-        database, [ms.ExtractedTask("split", kernel, target, [kernel], 1)], [report], target
-    )
+    applied, report = checked_schedules(kernel, [(schedule.trace, 1e-6)])
 
     assert report.wrong_schedules == 1
-    assert checked.get_top_k(checked.commit_workload(kernel), 1) == []
+    assert applied == []

@@ -425,18 +425,14 @@ def _random_args(kernel: Any) -> list[Any]:
 
     rng = np.random.default_rng(0)
     args = []
-    for info in ArgInfo.from_prim_func(_prim_func(kernel)):
+    (function,) = kernel.functions.values()
+    for info in ArgInfo.from_prim_func(function):
         shape, dtype = [int(d) for d in info.shape], str(info.dtype)
         if dtype.startswith(("float", "bfloat")):
             args.append(rng.standard_normal(shape).astype(dtype))
         else:
             args.append(np.zeros(shape, dtype))
     return args
-
-
-def _prim_func(kernel: Any) -> Any:
-    (function,) = kernel.functions.values()
-    return function
 
 
 def _scheduled(kernel: Any, record: Any) -> Any:
