@@ -14,6 +14,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("kiln.hardware")
 
@@ -192,6 +193,20 @@ def _from_torch() -> list[CudaDevice]:
 def cuda_devices() -> list[CudaDevice]:
     found = _from_nvidia_smi()
     return found if found is not None else _from_torch()
+
+
+def torch_cuda_device(target: str) -> Any:
+    """The torch.device of the first GPU CUDA numbers with `target`'s architecture, or None.
+    Asked of CUDA, not nvidia-smi: their orders differ unless CUDA_DEVICE_ORDER=PCI_BUS_ID."""
+    import torch
+
+    capability = cuda_capability(target)
+    if capability is None or not torch.version.cuda or not torch.cuda.is_available():
+        return None
+    for index in range(torch.cuda.device_count()):
+        if torch.cuda.get_device_capability(index) == capability:
+            return torch.device("cuda", index)
+    return None
 
 
 def local_targets() -> list[str]:

@@ -107,18 +107,20 @@ def close_to_leader(samples: Mapping[str, list[float]]) -> list[str]:
 def race_artifacts(
     model: bytes,
     spec_doc: dict[str, Any],
+    target: str,
     artifacts: Mapping[str, bytes],
     threads: int,
     rounds: int,
     progress: Callable[[dict[str, Any]], None],
 ) -> Timings:
-    """Load packed artifacts (id -> bytes) and race them with the TorchScript model, timed
-    under the key `REFERENCE`, at batch 1 and the largest; for a sandboxed child process
-    (`progress` is its channel to the parent, which a race does not need)."""
+    """Load packed artifacts (id -> bytes) and race them with the TorchScript model where
+    `target` runs it (on its GPU for a cuda target), timed under the key `REFERENCE`, at batch 1
+    and the largest; for a sandboxed child process (`progress` is its channel to the parent,
+    which a race does not need)."""
     set_threads(threads)
     spec = InputSpec.from_dicts(spec_doc["inputs"], spec_doc["max_batch_size"])
     reference = get_backend(REFERENCE)
-    runners: dict[str, Runner] = {REFERENCE: reference.load(reference.compile(model, spec, "any", {}))}
+    runners: dict[str, Runner] = {REFERENCE: reference.load(reference.compile(model, spec, target, {}))}
     for name, packed in artifacts.items():
         artifact = Artifact.unpack(packed)
         runners[name] = get_backend(artifact.backend).load(artifact)

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from compiler.artifact import Artifact, artifact_key
-from compiler.backends import get_backend
+from compiler.backends import REFERENCE, get_backend
 from compiler.errors import CompilerError, VerificationError
 from compiler.pipeline import CompileOptions, compile_to_bytes
 from service import metrics, tuning
@@ -30,6 +30,7 @@ from service.records import (
     now,
 )
 from service.registry import MODEL_BLOB, Registry
+from service.router import reference_target
 from service.sandbox import SandboxError, run_in_child
 from service.settings import Settings
 
@@ -245,13 +246,16 @@ def _mark_ready(
 
 
 def _record_baseline(registry: Registry, job: JobRecord, record: ArtifactRecord) -> None:
-    """Give the version's TorchScript variant the latency its worker measured, for display."""
+    """Give the version's TorchScript variant that the job was timed against (on the CPU, or on
+    the job's GPU) the latency its worker measured, for display."""
     try:
         version = registry.get_version(job.model, job.version)
     except NotFoundError:
         return  # deleted since the job began
+    timed_against = reference_target(job.target)
     for variant in registry.variants_of(version):
-        if variant.backend == "torchscript" and not variant.latency_ms_by_batch:
+        shows = variant.backend == REFERENCE and variant.target == timed_against
+        if shows and not variant.latency_ms_by_batch:
             baseline = record.baseline_latency_ms_by_batch
             registry.update_variant(
                 variant.id,

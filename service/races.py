@@ -15,6 +15,7 @@ from compiler.race import race_artifacts
 from service import metrics
 from service.records import VariantRecord, VariantStatus, VersionRecord, now, variant_label
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
+from service.router import reference_target
 from service.sandbox import run_in_child
 from service.settings import Settings
 
@@ -57,6 +58,7 @@ def race_version(registry: Registry, settings: Settings, version: VersionRecord,
     variant's compile-time numbers, which were good enough to serve, in place."""
     if settings.race_rounds <= 0:
         return
+    serves = reference_target(target)
     started, stamp = time.monotonic(), now()
     try:
         raced = contestants(registry.variants_of(version), target)
@@ -67,7 +69,7 @@ def race_version(registry: Registry, settings: Settings, version: VersionRecord,
         artifacts = {v.id: store.get_blob(ARTIFACT_BLOB.format(key=v.artifact_key)) for v in raced}
         timings = run_in_child(
             race_artifacts,
-            (model, version.spec().to_dict(), artifacts, settings.threads, settings.race_rounds),
+            (model, version.spec().to_dict(), target, artifacts, settings.threads, settings.race_rounds),
             timeout_s=RACE_TIMEOUT_S,
             memory_mb=settings.compile_memory_mb,
         )
@@ -87,8 +89,9 @@ def race_version(registry: Registry, settings: Settings, version: VersionRecord,
                 baseline_latency_ms_by_batch=baseline,
                 raced_at=stamp,
             )
-        # TorchScript's own row shows the numbers its rivals were just compared against.
-        for reference in (v for v in current.values() if v.backend == REFERENCE):
+        # TorchScript's own row on this target's device shows the numbers its rivals were just
+        # compared against.
+        for reference in (v for v in current.values() if v.backend == REFERENCE and v.target == serves):
             registry.update_variant(reference.id, latency_ms=baseline.get(1), latency_ms_by_batch=baseline)
     except Exception as exc:  # store outage, deleted model, a runner that fails or hangs
         metrics.RACE_SECONDS.labels("failed").observe(time.monotonic() - started)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from compiler.hardware import cuda_capability
 from service.errors import NotFoundError
 from service.records import VariantRecord, VariantStatus, VersionRecord
 from service.registry import ModelView
@@ -28,6 +29,21 @@ def servable(variants: Iterable[VariantRecord], targets: set[str]) -> list[Varia
     ]
 
 
+def reference_target(target: str) -> str:
+    """The target of the TorchScript variant that `target`'s variants are timed against: a GPU
+    target's own (the upload on that GPU), else `any` (the upload on the CPU)."""
+    return target if cuda_capability(target) is not None else ANY_TARGET
+
+
+def serving_group(ready: list[VariantRecord]) -> list[VariantRecord]:
+    """The ready variants a host serves from, all timed against one TorchScript: those of its
+    first GPU target whose TorchScript is ready there, since a host with a GPU serves from it;
+    else the CPU's (`any` and cpu targets). Speedups against different baselines do not compare."""
+    gpus = sorted({v.target for v in ready if v.backend == REFERENCE and v.target != ANY_TARGET})
+    group = gpus[0] if gpus else ANY_TARGET
+    return [v for v in ready if reference_target(v.target) == group]
+
+
 def choose_variant(
     variants: Iterable[VariantRecord], targets: set[str], batch: int, backend: str | None = None
 ) -> VariantRecord:
@@ -47,11 +63,12 @@ def choose_variant(
         if not pinned:
             raise NotFoundError(f"no ready {backend!r} variant for this host's targets")
         return min(pinned, key=lambda v: latency_at(v.latency_ms_by_batch, batch) or 0.0)
-    reference = [v for v in ready if v.backend == REFERENCE]
+    group = serving_group(ready)
+    reference = [v for v in group if v.backend == REFERENCE]
     if not reference:
         raise NotFoundError("no ready variant for this host")
     best, best_ratio = reference[0], 1.0
-    for variant in ready:
+    for variant in group:
         ratio = cost_ratio(variant, batch)
         if variant.backend != REFERENCE and ratio is not None and ratio < best_ratio:
             best, best_ratio = variant, ratio

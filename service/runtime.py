@@ -36,7 +36,15 @@ from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
 from service.response_cache import HASH_INLINE_BYTES, Key, ResponseCache, response_key
-from service.router import ANY_TARGET, REFERENCE, choose_variant, cost_ratio, servable, serving_version
+from service.router import (
+    ANY_TARGET,
+    REFERENCE,
+    choose_variant,
+    cost_ratio,
+    servable,
+    serving_group,
+    serving_version,
+)
 from service.settings import Settings
 from service.stats import Stats
 from service.store import StoreUnavailableError
@@ -473,7 +481,7 @@ class Runtime:
         """The fastest variant of the route's version that is loaded already and no slower than
         TorchScript at this batch size (a stand-in never serves slower than the upload), if any."""
         candidates = []
-        for v in servable(route.variants, self.targets):
+        for v in serving_group(servable(route.variants, self.targets)):
             ratio = cost_ratio(v, batch)
             if ratio is not None and ratio <= 1:
                 with self._lock:  # looked at, not touched: only the one that serves is used

@@ -1,9 +1,10 @@
-"""TensorRT and TVM on a real GPU: compile, verify, pack, load back and run every test model
-(TensorRT in fp32 and fp16).
+"""TensorRT, TVM and TorchScript on a real GPU: compile, verify, pack, load back and run every
+test model (TensorRT in fp32 and fp16).
 
 Each backend's tests skip where it cannot run for this GPU (CI, and every CPU host): TensorRT
 needs a CUDA device and torch_tensorrt; TVM needs a CUDA device, TVM's CUDA runtime and a CUDA C
-compiler for TVM (cuda-bindings for NVRTC, or nvcc with TVM_CUDA_COMPILE_MODE=nvcc).
+compiler for TVM (cuda-bindings for NVRTC, or nvcc with TVM_CUDA_COMPILE_MODE=nvcc); TorchScript
+on the GPU, the baseline GPU variants are timed against, needs a CUDA build of torch.
 scripts/gpu_check.sh runs them on a GPU host, then the whole service end to end.
 """
 
@@ -14,6 +15,7 @@ import pytest
 
 from compiler.artifact import Artifact
 from compiler.backends import get_backend, tvm_cuda
+from compiler.backends.torchscript import TorchScriptRunner
 from compiler.hardware import cuda_devices
 from compiler.pipeline import CompileOptions, compile_and_check
 from compiler.runner import Runner
@@ -24,9 +26,11 @@ from tests.models import MODELS, TestModel
 
 TENSORRT = get_backend("tensorrt")
 TVM = get_backend("tvm")
+TORCHSCRIPT = get_backend("torchscript")
 TARGET = cuda_devices()[0].target if cuda_devices() else "cuda-sm90"
 UNAVAILABLE = TENSORRT.unavailable_reason(TARGET)
 TVM_UNAVAILABLE = TVM.unavailable_reason(TARGET)
+TORCHSCRIPT_UNAVAILABLE = TORCHSCRIPT.unavailable_reason(TARGET)
 MAX_BATCH = 8
 
 needs_tensorrt = pytest.mark.skipif(
@@ -37,6 +41,13 @@ needs_tvm_cuda = pytest.mark.skipif(
     TVM_UNAVAILABLE is not None,
     reason="needs a CUDA device, TVM's CUDA runtime and a CUDA C compiler for TVM; run "
     f"scripts/gpu_check.sh on a GPU host ({TVM_UNAVAILABLE})",
+)
+
+
+needs_cuda_torch = pytest.mark.skipif(
+    TORCHSCRIPT_UNAVAILABLE is not None,
+    reason=f"needs a CUDA device and a CUDA build of torch; run scripts/gpu_check.sh on a GPU host "
+    f"({TORCHSCRIPT_UNAVAILABLE})",
 )
 
 
@@ -107,3 +118,21 @@ def test_tvm_cuda_source_artifact_compiles_as_it_loads(monkeypatch: pytest.Monke
     monkeypatch.delenv("TVM_COMPILE_FORCE_FALLBACK")
     assert artifact.meta["cuda_code"] == tvm_cuda.SOURCE
     assert_like_eager(TVM.load(Artifact.unpack(artifact.pack())), model, spec, 1e-4, 1e-5)
+
+
+@needs_cuda_torch
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_torchscript_on_the_gpu_is_verified_and_reloads_there(name: str) -> None:
+    model = MODELS[name]
+    rtol, atol = ModelConfig.model_validate(model.config(max_batch_size=MAX_BATCH)).tolerance({})
+    spec = InputSpec.from_dicts(model.inputs, MAX_BATCH)
+    options = CompileOptions(rtol=rtol, atol=atol, threads=1)
+
+    # Verified against TorchScript on the CPU, and timed against itself on the GPU.
+    result = compile_and_check(model.torchscript(), spec, "torchscript", TARGET, options)
+    assert result.artifact.target == TARGET
+    assert set(result.latency_ms) == set(result.baseline_latency_ms) == {1, MAX_BATCH}
+    runner = TORCHSCRIPT.load(Artifact.unpack(result.artifact.pack()))
+    assert isinstance(runner, TorchScriptRunner)
+    assert runner.device is not None and runner.device.type == "cuda"
+    assert_like_eager(runner, model, spec, rtol, atol)

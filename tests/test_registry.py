@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from service.errors import NotFoundError
-from service.jobs import run_compile_job
-from service.records import VariantStatus
+from service.jobs import _record_baseline, run_compile_job
+from service.records import ArtifactRecord, JobRecord, ModelConfig, VariantRecord, VariantStatus
 from service.registry import ARTIFACT_BLOB, CLAIM_S, MODEL_BLOB, Registry, version_id
 from service.settings import Settings
 from service.store.local import LocalStore
@@ -158,3 +158,42 @@ def test_a_request_that_died_midway_is_finished_by_the_next(tmp_path: Path) -> N
     ]
     # Finished, the claims are no longer abandoned: a further request adds nothing.
     assert registry.add_variants(current, [ort], []) == []
+
+
+def test_a_compile_shows_its_baseline_on_the_torchscript_it_was_timed_against(tmp_path: Path) -> None:
+    """A GPU variant is timed against TorchScript on its GPU, a CPU one against TorchScript on the
+    CPU: each job's numbers go to that TorchScript variant's row, never to the other's."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    mlp = MODELS["mlp"]
+    targets = {"cpu-ts": ("torchscript", "any"), "gpu-ts": ("torchscript", "cuda-sm90")}
+    targets |= {"gpu-tvm": ("tvm", "cuda-sm90"), "cpu-tvm": ("tvm", HOST)}
+
+    def plan(name: str, number: int) -> tuple[list[VariantRecord], list[JobRecord]]:
+        return [
+            VariantRecord(id=i, model=name, version=number, backend=b, target=t, status=VariantStatus.ready)
+            for i, (b, t) in targets.items()
+        ], []
+
+    registry.create_version(ModelConfig.model_validate(mlp.config()), "0" * 64, [], plan)
+
+    def finish(variant_id: str, baseline: dict[int, float]) -> dict[str, dict[int, float]]:
+        backend, target = targets[variant_id]
+        job = JobRecord(
+            id="j", variant_id=variant_id, model=mlp.name, version=1, backend=backend, target=target
+        )
+        record = ArtifactRecord(
+            key="k",
+            backend=backend,
+            target=target,
+            size=1,
+            compile_s=1,
+            max_abs_error=0,
+            latency_ms_by_batch=baseline,
+            baseline_latency_ms_by_batch=baseline,
+        )
+        _record_baseline(registry, job, record)
+        variants = registry.variants_of(registry.get_version(mlp.name, 1))
+        return {v.id: v.latency_ms_by_batch for v in variants if v.backend == "torchscript"}
+
+    assert finish("gpu-tvm", {1: 1.5}) == {"cpu-ts": {}, "gpu-ts": {1: 1.5}}
+    assert finish("cpu-tvm", {1: 9.0}) == {"cpu-ts": {1: 9.0}, "gpu-ts": {1: 1.5}}

@@ -10,6 +10,7 @@ from service.registry import ModelView
 from service.router import ANY_TARGET, choose_variant, latency_at, serving_version
 
 HOST = "cpu-x86_64-test-avx2"
+GPU = "cuda-sm90"
 
 
 def variant(
@@ -17,14 +18,16 @@ def variant(
     status: VariantStatus = VariantStatus.ready,
     ms: dict[int, float] | None = None,
     base: dict[int, float] | None = None,
-    target: str = HOST,
+    target: str | None = None,
 ) -> VariantRecord:
+    """`target` by default: TorchScript's on the CPU (`any`) for torchscript, else HOST."""
+    target = target or (ANY_TARGET if backend == "torchscript" else HOST)
     return VariantRecord(
         id=f"{backend}-{status}-{target}",
         model="m",
         version=1,
         backend=backend,
-        target=ANY_TARGET if backend == "torchscript" else target,
+        target=target,
         status=status,
         latency_ms_by_batch=ms or {},
         baseline_latency_ms_by_batch=base or {},
@@ -91,6 +94,25 @@ def test_pinned_backend() -> None:
     assert choose_variant([ts, slow], {HOST}, 1, backend="tvm") is slow
     with pytest.raises(NotFoundError):
         choose_variant([ts, variant("tvm", VariantStatus.failed)], {HOST}, 1, backend="tvm")
+
+
+def test_a_gpu_host_serves_from_its_gpu_once_torchscript_runs_there() -> None:
+    """GPU variants are timed against the upload on the GPU, CPU ones against it on the CPU, so
+    their speedups do not compare: a host with both serves from its GPU, where a compiled variant
+    replaces TorchScript only if it beats TorchScript on that GPU."""
+    cpu_ts = variant("torchscript")
+    ort = variant("onnxruntime", ms={1: 1.0, 8: 4.0}, base={1: 10.0, 8: 40.0})
+    gpu_tvm = variant("tvm", ms={1: 0.5, 8: 5.0}, base={1: 1.0, 8: 2.5}, target=GPU)
+    gpu_ts = variant("torchscript", target=GPU)
+    compiling = variant("torchscript", VariantStatus.compiling, target=GPU)
+    # Until TorchScript is ready on the GPU, the GPU's variants have no baseline to serve against.
+    assert choose_variant([cpu_ts, ort, gpu_tvm, compiling], {HOST, GPU}, 1) is ort
+    assert choose_variant([cpu_ts, ort, gpu_tvm, gpu_ts], {HOST, GPU}, 1) is gpu_tvm
+    # At batch 8 TVM is 2x slower than the upload on the GPU: the upload serves, and ORT's 0.1x
+    # against the CPU's TorchScript does not count.
+    assert choose_variant([cpu_ts, ort, gpu_tvm, gpu_ts], {HOST, GPU}, 8) is gpu_ts
+    # A host without the GPU serves from its CPU.
+    assert choose_variant([cpu_ts, ort, gpu_tvm, gpu_ts], {HOST}, 1) is ort
 
 
 def version(n: int) -> VersionRecord:

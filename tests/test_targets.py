@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from compiler import hardware
 from compiler.artifact import Artifact
@@ -172,6 +173,29 @@ def test_tensorrt_reasons_with_a_gpu_but_a_cpu_torch(
     )
     assert "no cuda-sm80 device on this host" in (backend.unavailable_reason("cuda-sm80") or "")
     assert "is a CPU build" in (backend.unavailable_reason("cuda-sm90") or "")
+
+
+def test_torchscript_on_a_gpu_target_needs_that_gpu_and_a_cuda_torch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fresh_detection: None
+) -> None:
+    backend = get_backend("torchscript")
+    assert backend.unavailable_reason("any") is None
+    assert backend.unavailable_reason(cpu_target()) is None
+    assert backend.unavailable_reason("cuda-sm90") == (
+        f"torchscript: unavailable for cuda-sm90 (torch {torch.__version__} is a CPU build)"
+    )
+    spec = InputSpec.parse(["x:float32[-1,64]"], 8)
+    with pytest.raises(BackendUnavailableError, match="CUDA sees no cuda-sm90 device"):
+        backend.load(Artifact("torchscript", "cuda-sm90", spec, MLP.torchscript()))
+    # Two H100s and a CUDA build of torch: sm90 is there, sm80 is not.
+    fake_nvidia_smi(tmp_path, H100_ROWS)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    assert backend.unavailable_reason("cuda-sm90") is None
+    assert backend.unavailable_reason("cuda-sm80") == (
+        "torchscript: unavailable for cuda-sm80 (no cuda-sm80 device on this host; it has ['cuda-sm90'])"
+    )
 
 
 def test_tensorrt_options_are_checked() -> None:

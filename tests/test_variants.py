@@ -143,7 +143,7 @@ def test_what_cannot_be_compiled_is_refused_by_name(http: httpx.Client) -> None:
 def test_a_target_that_joined_after_the_upload_gets_its_variants(redis_url: str, tmp_path: Path) -> None:
     """Uploaded with targets ["auto"] while only this host compiled; a GPU worker joins, and an
     empty request plans the version's backends for its target too, once, except the tuned TVM
-    variant, which is for cpu targets."""
+    variant, which is for cpu targets, and TorchScript on the GPU, the baseline there."""
     api = KilnServer({"KILN_REDIS_URL": redis_url, "KILN_THREADS": "1"}, tmp_path / "api.log")
     registry = Registry(open_store(Settings(redis_url=redis_url)))
     with running(api), httpx.Client(base_url=api.url, timeout=120) as http:
@@ -158,7 +158,7 @@ def test_a_target_that_joined_after_the_upload_gets_its_variants(redis_url: str,
         added = add(http, "joined", 1)
         assert added.status_code == 202, added.text
         queued = {(v["backend"], v["target"]): v for v in added.json()["queued"]}
-        assert set(queued) == {("tvm", "cuda-sm90"), ("tensorrt", "cuda-sm90")}
+        assert set(queued) == {("torchscript", "cuda-sm90"), ("tvm", "cuda-sm90"), ("tensorrt", "cuda-sm90")}
         for v in queued.values():
             job = http.get(f"/v1/jobs/{v['job_id']}").json()
             assert (job["status"], job["target"], job["variant_id"]) == ("queued", "cuda-sm90", v["id"])
@@ -171,6 +171,6 @@ def test_a_target_that_joined_after_the_upload_gets_its_variants(redis_url: str,
         assert reasons["cuda-sm90"].startswith("tvm: tuning_trials is for cpu targets;")
         assert add(http, "joined", 1).status_code == 200
         version = http.get("/v1/models/joined/versions/1").json()
-        assert len(version["variants"]) == len(before) + 2
+        assert len(version["variants"]) == len(before) + 3
         assert {v["target"] for v in version["variants"]} == {"any", cpu_target(), "cuda-sm90"}
     registry.store.close()

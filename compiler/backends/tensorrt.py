@@ -28,7 +28,7 @@ from compiler.backends import option_problems
 from compiler.backends.base import export_for
 from compiler.backends.torchscript import flatten_outputs
 from compiler.errors import BackendUnavailableError, ConversionError
-from compiler.hardware import cuda_devices
+from compiler.hardware import cuda_devices, torch_cuda_device
 from compiler.runner import output_names
 from compiler.spec import DTYPES, InputSpec
 
@@ -167,12 +167,10 @@ def _precision_settings(precision: str) -> dict[str, Any]:
 
 
 def _device(target: str) -> torch.device:
-    """The first device CUDA numbers with this architecture. Asked of CUDA, not nvidia-smi:
-    their orders differ unless CUDA_DEVICE_ORDER=PCI_BUS_ID."""
-    for index in range(torch.cuda.device_count()):
-        if "cuda-sm{}{}".format(*torch.cuda.get_device_capability(index)) == target:
-            return torch.device("cuda", index)
-    raise BackendUnavailableError(f"tensorrt: unavailable (CUDA sees no {target} device)")
+    device: torch.device | None = torch_cuda_device(target)
+    if device is None:
+        raise BackendUnavailableError(f"tensorrt: unavailable (CUDA sees no {target} device)")
+    return device
 
 
 def _trt_inputs(torch_tensorrt: Any, spec: InputSpec, opt_batch: int) -> list[Any]:

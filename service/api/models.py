@@ -44,7 +44,7 @@ from service.records import (
     options_key,
 )
 from service.registry import MODEL_BLOB, ModelView, job_for
-from service.router import ANY_TARGET, REFERENCE, serving_version
+from service.router import ANY_TARGET, REFERENCE, reference_target, serving_version
 from service.sandbox import SandboxError, run_in_child
 
 router = APIRouter(tags=["models"])
@@ -158,10 +158,18 @@ def unavailable(svc: Services, request: BackendRequest, target: str) -> str | No
     return reason or options_reason(request.name, request.options, target)
 
 
+def planned(requests: list[BackendRequest], targets: list[str]) -> list[tuple[BackendRequest, str]]:
+    """Each requested backend on each target, after TorchScript on each GPU target: the upload on
+    that GPU, which its variants are timed against and which serves there until one beats it."""
+    on_gpus = [(BackendRequest(name=REFERENCE), t) for t in targets if reference_target(t) == t]
+    return on_gpus + [(request, target) for request in requests for target in targets]
+
+
 def plan_variants(
     svc: Services, config: ModelConfig, name: str, number: int
 ) -> tuple[list[VariantRecord], list[JobRecord]]:
-    """TorchScript serves at once; each requested backend gets a variant per planned target."""
+    """TorchScript serves at once (on the CPU); each requested backend gets a variant per planned
+    target, and TorchScript one per GPU target."""
     variants = [
         VariantRecord(
             id=new_id(),
@@ -173,26 +181,24 @@ def plan_variants(
         )
     ]
     jobs = []
-    targets = plan_targets(svc, config.targets)
-    for request in config.backend_requests():
-        for target in targets:
-            variant = VariantRecord(
-                id=new_id(),
-                model=name,
-                version=number,
-                backend=request.name,
-                target=target,
-                options=request.options,
-                status=VariantStatus.queued,
-            )
-            reason = unavailable(svc, request, target)
-            if reason is not None:
-                variant.status, variant.error = VariantStatus.failed, reason
-            else:
-                job = job_for(variant, new_id())
-                variant.job_id = job.id
-                jobs.append(job)
-            variants.append(variant)
+    for request, target in planned(config.backend_requests(), plan_targets(svc, config.targets)):
+        variant = VariantRecord(
+            id=new_id(),
+            model=name,
+            version=number,
+            backend=request.name,
+            target=target,
+            options=request.options,
+            status=VariantStatus.queued,
+        )
+        reason = unavailable(svc, request, target)
+        if reason is not None:
+            variant.status, variant.error = VariantStatus.failed, reason
+        else:
+            job = job_for(variant, new_id())
+            variant.job_id = job.id
+            jobs.append(job)
+        variants.append(variant)
     return variants, jobs
 
 

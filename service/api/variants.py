@@ -10,9 +10,10 @@ from fastapi.responses import JSONResponse
 
 from service.api.auth import admin_scope
 from service.api.deps import Services, services
-from service.api.models import check_backends, check_targets, plan_targets, unavailable
+from service.api.models import check_backends, check_targets, plan_targets, planned, unavailable
 from service.api.schemas import CompileIn, CompileOut, Problem, SkippedOut, VariantOut, error_responses
 from service.records import Options, VariantRecord, VariantStatus, options_key
+from service.router import REFERENCE
 
 router = APIRouter(tags=["models"])
 RETRIED = {VariantStatus.failed, VariantStatus.rejected}
@@ -55,20 +56,20 @@ def compile_version(
     wanted: list[Wanted] = []
     retried: list[VariantRecord] = []
     skipped: list[SkippedOut] = []
-    for request in requests:
-        for target in targets:
-            found = existing.get(identity(request.name, request.options, target))
-            reason = unavailable(svc, request, target)
-            if found is not None and found.status not in RETRIED:
-                reason = f"already {found.status}"
-            elif found is not None and not body.retry_failed:
-                reason = f"already {found.status}: {found.error} (retry_failed compiles it again)"
-            if reason is not None:
+    for request, target in planned(requests, targets):
+        found = existing.get(identity(request.name, request.options, target))
+        reason = unavailable(svc, request, target)
+        if found is not None and found.status not in RETRIED:
+            reason = f"already {found.status}"
+        elif found is not None and not body.retry_failed:
+            reason = f"already {found.status}: {found.error} (retry_failed compiles it again)"
+        if reason is not None:
+            if found is None or request.name != REFERENCE:  # a GPU's TorchScript was not asked for
                 skipped.append(skip((request.name, request.options, target), reason))
-            elif found is None:
-                wanted.append((request.name, request.options, target))
-            else:
-                retried.append(found)
+        elif found is None:
+            wanted.append((request.name, request.options, target))
+        else:
+            retried.append(found)
     queued = svc.registry.add_variants(record, wanted, retried)
     for _, job in queued:
         svc.queue.enqueue(job)
