@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
-# Kiln on a GPU host, end to end: the GPU unit tests, then redis-server, `kiln serve` and a GPU
-# `kiln worker` on loopback, the test models compiled with TensorRT (fp32, fp16) and TVM (for the
-# CPU and for the GPU), and a table of each variant's latency and error against eager
-# (scripts/gpu_report.py).
+# Kiln on a GPU host, end to end: the GPU unit tests and, beside them, redis-server, `kiln serve`
+# and a GPU `kiln worker` on loopback, the test models and a ResNet-18 compiled with TensorRT
+# (fp32, fp16) and TVM (for the CPU and for the GPU), and a table of each variant's latency and
+# error against eager, with the speed goals (scripts/gpu_report.py).
 #
-#   scripts/gpu_check.sh WHEELS_DIR
+#   scripts/gpu_check.sh [--wheels WHEELS_DIR] [gpu_report.py options, e.g. --targets cuda-sm90]
 #
 # For a bare host that has a CUDA build of torch 2.13 (the CUDA torch image). What else Kiln needs
 # (torch-tensorrt, TVM, FastAPI, ...) is installed from the wheels in WHEELS_DIR, never from an
-# index: pip install --no-index --find-links WHEELS_DIR. Without redis-server on PATH the check
-# runs `kiln serve` in embedded mode instead, which compiles for every local target itself.
+# index: pip install --no-index --find-links WHEELS_DIR. Without --wheels the check uses the
+# packages already importable (PYTHONPATH included). Without redis-server on PATH it runs `kiln
+# serve` in embedded mode instead, which compiles for every local target itself.
 # Exit status: non-zero when the GPU tests fail or any variant fails verification.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-WHEELS=${1:?usage: scripts/gpu_check.sh WHEELS_DIR (wheels for what this host lacks)}
+WHEELS=
+if [[ ${1:-} == --wheels ]]; then
+    WHEELS=${2:?usage: scripts/gpu_check.sh [--wheels WHEELS_DIR] [gpu_report.py options]}
+    shift 2
+fi
 PYTHON=${PYTHON:-python3}
 WORK=$(mktemp -d -t kiln-gpu-check-XXXXXX)
 PIDS=()
@@ -46,7 +51,9 @@ print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))' ||
 
 # Everything pyproject.toml asks for, the gpu extra and the test runner, but torch: the CUDA
 # torch is already here, and a wheel from WHEELS_DIR must never replace it.
-mapfile -t REQUIREMENTS < <("$PYTHON" - "$ROOT/pyproject.toml" <<'EOF'
+install_wheels() {
+    local requirements
+    mapfile -t requirements < <("$PYTHON" - "$ROOT/pyproject.toml" <<'EOF'
 import re, sys, tomllib
 project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 extras = project["optional-dependencies"]
@@ -55,10 +62,17 @@ for requirement in project["dependencies"] + extras["gpu"] + dev:
     if not re.match(r"torch\b(?!-)", requirement):
         print(requirement)
 EOF
-)
-"$PYTHON" -m pip install --no-index --find-links "$WHEELS" "${REQUIREMENTS[@]}" ||
-    fail "could not install ${REQUIREMENTS[*]} from $WHEELS"
-"$PYTHON" -c 'import torch; assert torch.version.cuda, "pip replaced the CUDA torch"'
+    )
+    "$PYTHON" -m pip install --no-index --find-links "$WHEELS" "${requirements[@]}" ||
+        fail "could not install ${requirements[*]} from $WHEELS"
+    "$PYTHON" -c 'import torch; assert torch.version.cuda, "pip replaced the CUDA torch"'
+}
+
+if [[ -n $WHEELS ]]; then
+    install_wheels
+else
+    echo "gpu_check: no --wheels; using the packages already installed" >&2
+fi
 
 # TVM turns its CUDA C into cubins with NVRTC through cuda-bindings by default; without that
 # package, nvcc does it (TVM_CUDA_COMPILE_MODE, read by TVM at each compile).
@@ -72,10 +86,18 @@ export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
 cd "$ROOT"
 "$PYTHON" -m service.cli targets
 
-status=0
-"$PYTHON" -m pytest -q -p no:cacheprovider tests/test_gpu.py || status=1
+# The GPU tests run beside the service: each compiles on its own CPU cores, and the device time
+# a GPU host is lent for is short. pytest-xdist, where present, spreads them over 4 processes.
+PYTEST=(-q -p no:cacheprovider tests/test_gpu.py)
+if "$PYTHON" -c 'import xdist' 2>/dev/null; then
+    PYTEST+=(-n 4)
+fi
+"$PYTHON" -m pytest "${PYTEST[@]}" >"$WORK/pytest.log" 2>&1 &
+TESTS=$!
+PIDS+=("$TESTS")
 
 export KILN_DATA_DIR=$WORK/data KILN_WORKER_METRICS_PORT=0 KILN_LOG_FORMAT=text
+export KILN_COMPILE_WORKERS=${KILN_COMPILE_WORKERS:-4}
 if command -v redis-server >/dev/null; then
     REDIS_PORT=$(free_port)
     redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
@@ -109,9 +131,13 @@ EOF
     fail "kiln serve did not come up"
 fi
 
-"$PYTHON" scripts/gpu_report.py --url "http://127.0.0.1:$PORT" || {
+status=0
+"$PYTHON" scripts/gpu_report.py --url "http://127.0.0.1:$PORT" "$@" || {
     status=1
-    tail -n 60 "$WORK"/*.log
+    tail -n 60 "$WORK"/serve.log "$WORK"/worker.log 2>/dev/null || true
 }
+wait "$TESTS" || status=1
+echo "gpu_check: tests/test_gpu.py"
+tail -n 40 "$WORK/pytest.log"
 echo "gpu_check: logs in $WORK"
 exit $status

@@ -2,14 +2,16 @@
 
     PYTHONPATH=. python scripts/gpu_report.py --url http://127.0.0.1:8000
 
-Each model is uploaded with TensorRT fp32, TensorRT fp16 and TVM, for every target a live worker
-announced, so TVM gets a CPU row and a CUDA row (`tvm @ cuda-sm90`). Once all settle, this process
+Each model (the test models and a ResNet-18 at 224x224) is uploaded with TensorRT fp32, TensorRT
+fp16 and TVM, for every target a live worker announced (or those --targets names), so TVM gets a
+CPU row and a CUDA row (`tvm @ cuda-sm90`). Once all settle, this process
 loads each artifact from the store Kiln uses (the same KILN_* environment), runs it on the same
 inputs as the eager model on the GPU, and prints a table: the worker's latency, the latency
 measured here, and the error against eager. Exit status 1 when a variant was rejected (failed
 verification), a TensorRT or TVM variant for a GPU target is not ready, or a ready variant misses
 its tolerance against eager here. Other failures (TensorRT on the CPU target) are listed with
-their reasons.
+their reasons. Last come the speed goals at the largest batch, for ResNet-18 and the encoder:
+TensorRT fp16 at <= 0.3x eager's latency, TVM untuned at <= 1.0x.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.models import RESNET18, ResNet18
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
 from compiler.benchmark import time_runner
@@ -45,8 +48,11 @@ BACKENDS: list[Any] = [
     "tvm",
 ]
 # The backends this check is for: any of their variants on a GPU target that is not ready fails it.
-REQUIRED = ("tensorrt", "tvm")
+REQUIRED = ("torchscript", "tensorrt", "tvm")
 SETTLED = {"ready", "failed", "rejected"}
+REPORTED = {**MODELS, "resnet18": TestModel("resnet18", ResNet18, RESNET18.inputs())}
+# Latency goals on a GPU target at the largest batch, as a fraction of eager's: (model, variant, most).
+GOALS = [(m, v, most) for m in ("resnet18", "encoder") for v, most in (("tensorrt fp16", 0.3), ("tvm", 1.0))]
 
 
 class TorchRunner:
@@ -63,10 +69,11 @@ class TorchRunner:
             return {"output0": self.module(*tensors).cpu().numpy()}
 
 
-def upload_all(http: httpx.Client, batch: int) -> dict[str, int]:
+def upload_all(http: httpx.Client, models: list[str], batch: int, targets: list[str]) -> dict[str, int]:
     versions = {}
-    for name, model in MODELS.items():
-        config = model.config(max_batch_size=batch, backends=BACKENDS, targets=["auto"])
+    for name in models:
+        model = REPORTED[name]
+        config = model.config(max_batch_size=batch, backends=BACKENDS, targets=targets)
         response = http.post(
             "/v1/models",
             files={"file": ("model.pt", model.torchscript())},
@@ -78,11 +85,10 @@ def upload_all(http: httpx.Client, batch: int) -> dict[str, int]:
 
 
 def wait_all(http: httpx.Client, versions: dict[str, int], timeout: float) -> dict[str, list[dict[str, Any]]]:
+    """Each model whose variants all settled within `timeout` seconds, with its variants."""
     deadline = time.monotonic() + timeout
     settled: dict[str, list[dict[str, Any]]] = {}
-    while len(settled) < len(versions):
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout:g} s; settled: {sorted(settled)}")
+    while len(settled) < len(versions) and time.monotonic() < deadline:
         for name, number in versions.items():
             variants = http.get(f"/v1/models/{name}/versions/{number}").json()["variants"]
             if all(v["status"] in SETTLED for v in variants):
@@ -108,7 +114,9 @@ def compare(
 
 def report(
     model: TestModel, variants: list[dict[str, Any]], registry: Registry, batch: int
-) -> tuple[Table, list[str]]:
+) -> tuple[Table, list[str], dict[str, float]]:
+    """The model's table, its problems, and ms at `batch` by row: `eager`, and each ready variant
+    of a GPU target by its label."""
     config = ModelConfig.model_validate(model.config(max_batch_size=batch))
     spec = InputSpec.from_dicts(model.inputs, batch)
     rng = np.random.default_rng(0)
@@ -127,12 +135,14 @@ def report(
         title=f"{model.name} (latency measured here on the GPU host; worker ms from Kiln)",
     )
     problems: list[str] = []
+    largest: dict[str, float] = {}
     for backend in REQUIRED:
         if not any(v["backend"] == backend and v["target"].startswith("cuda-") for v in variants):
             problems.append(f"{model.name}: no {backend} variant for a GPU target was planned")
     scripted = TorchRunner("torchscript", torch.jit.load(io.BytesIO(model.torchscript())), spec)
     for local in (eager, scripted):
         first, last, error, _ = compare(local, inputs, wants)
+        largest.setdefault(local.backend, last)
         table.add_row(
             local.backend, "this GPU", "local", "", f"{first:.3f}", f"{last:.3f}", f"{error:.2e}", ""
         )
@@ -159,10 +169,55 @@ def report(
         note = "" if fits else f"misses rtol={rtol:g} atol={atol:g} against eager"
         if not fits:
             problems.append(f"{model.name}: {name} {note}")
+        if v["target"].startswith("cuda-"):
+            largest[label(v)] = last
         table.add_row(
             label(v), v["target"], "ready", worker_ms, f"{first:.3f}", f"{last:.3f}", f"{error:.2e}", note
         )
-    return table, problems
+    return table, problems, largest
+
+
+def check_served(
+    http: httpx.Client, model: TestModel, variants: list[dict[str, Any]]
+) -> tuple[str, list[str]]:
+    """One batch-1 v2 inference through the API against eager on the GPU: which variant the
+    replica served it with, and a problem if the answer misses that variant's tolerance."""
+    spec = InputSpec.from_dicts(model.inputs, 1)
+    x = spec.random_inputs(1, np.random.default_rng(1))["x"]
+    want = TorchRunner("eager", model.module(), spec).run({"x": x})["output0"]
+    body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    response = http.post(f"/v2/models/{model.name}/infer", json=body)
+    if response.status_code != 200:
+        return "nothing", [f"{model.name}: v2 infer answered {response.status_code}: {response.text[:200]}"]
+    got = np.asarray(response.json()["outputs"][0]["data"], dtype=np.float64).reshape(want.shape)
+    active = http.get(f"/v1/models/{model.name}").json()["active"] or {}
+    served = next((v for v in variants if v["id"] == active.get("variant_id")), None)
+    if served is None:
+        return "unknown", [f"{model.name}: the API names no active variant ({active})"]
+    rtol, atol = ModelConfig.model_validate(model.config()).tolerance(served["options"])
+    name = f"{label(served)} @ {served['target']}"
+    error = float(np.abs(got - want).max())
+    line = f"{model.name}: the API served b1 with {name}, max |err| vs eager {error:.2e}"
+    fits = np.allclose(got, want, rtol=rtol, atol=atol)
+    return line, [] if fits else [f"{model.name}: v2 infer by {name} misses rtol={rtol:g} atol={atol:g}"]
+
+
+def goal_lines(largest: dict[str, dict[str, float]], batch: int) -> list[str]:
+    lines = []
+    for model, variant, most in GOALS:
+        if model not in largest:
+            continue  # not asked for (--models)
+        ms = largest[model]
+        if variant not in ms:
+            lines.append(f"{model} b{batch}: {variant} <= {most}x eager: not measured (no ready GPU variant)")
+            continue
+        ratio = ms[variant] / ms["eager"]
+        verdict = "PASS" if ratio <= most else "FAIL"
+        lines.append(
+            f"{model} b{batch}: {variant} {ms[variant]:.3f} ms against eager {ms['eager']:.3f} ms,"
+            f" {ratio:.2f}x (goal <= {most}x): {verdict}"
+        )
+    return lines
 
 
 def main() -> int:
@@ -170,21 +225,32 @@ def main() -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for every variant to settle")
+    parser.add_argument("--models", default=",".join(REPORTED), help="comma-separated: " + ",".join(REPORTED))
+    parser.add_argument("--targets", default="auto", help="comma-separated; auto: every live worker's")
     args = parser.parse_args()
+    models = args.models.split(",")
+    if unknown := set(models) - set(REPORTED):
+        parser.error(f"unknown models {sorted(unknown)}; known: {', '.join(REPORTED)}")
     # Eager is the reference: TF32 would make it the least exact row of the table.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     console = Console(width=200)
     registry = Registry(open_store(Settings()))
     with httpx.Client(base_url=args.url, timeout=300) as http:
-        versions = upload_all(http, args.max_batch_size)
+        versions = upload_all(http, models, args.max_batch_size, args.targets.split(","))
         console.print(f"uploaded {versions}; waiting for every variant to settle")
         settled = wait_all(http, versions, args.timeout)
-    problems = []
-    for name, variants in settled.items():
-        table, found = report(MODELS[name], variants, registry, args.max_batch_size)
-        console.print(table)
-        problems += found
+        # A lent GPU host is short-lived: what settled is still reported.
+        problems = [f"{name}: not settled after {args.timeout:g} s" for name in set(versions) - set(settled)]
+        largest = {}
+        for name, variants in settled.items():
+            table, found, largest[name] = report(REPORTED[name], variants, registry, args.max_batch_size)
+            console.print(table)
+            line, wrong = check_served(http, REPORTED[name], variants)
+            console.print(line)
+            problems += found + wrong
+    for line in goal_lines(largest, args.max_batch_size):
+        console.print(line)
     for problem in problems:
         console.print(f"[red]FAIL[/red] {problem}")
     console.print("[green]all variants verified[/green]" if not problems else f"{len(problems)} problem(s)")
