@@ -10,6 +10,11 @@ scripts/gpu_check.sh runs them on a GPU host, then the whole service end to end.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -32,6 +37,7 @@ UNAVAILABLE = TENSORRT.unavailable_reason(TARGET)
 TVM_UNAVAILABLE = TVM.unavailable_reason(TARGET)
 TORCHSCRIPT_UNAVAILABLE = TORCHSCRIPT.unavailable_reason(TARGET)
 MAX_BATCH = 8
+ROOT = Path(__file__).resolve().parent.parent
 
 needs_tensorrt = pytest.mark.skipif(
     UNAVAILABLE is not None,
@@ -136,3 +142,20 @@ def test_torchscript_on_the_gpu_is_verified_and_reloads_there(name: str) -> None
     assert isinstance(runner, TorchScriptRunner)
     assert runner.device is not None and runner.device.type == "cuda"
     assert_like_eager(runner, model, spec, rtol, atol)
+
+
+@pytest.mark.skipif(TORCHSCRIPT_UNAVAILABLE is None, reason="this host has a CUDA torch and a GPU")
+def test_the_gpu_check_refuses_a_host_without_a_gpu_and_says_why() -> None:
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+
+    def run(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+    check = run("bash", "scripts/gpu_check.sh")
+    assert check.returncode == 1
+    assert "gpu_check: needs a CUDA build of torch and a visible GPU" in check.stderr
+    assert "is a CPU build" in check.stderr or "CUDA is not available" in check.stderr
+    usage = run(sys.executable, "scripts/gpu_report.py", "--help")
+    assert usage.returncode == 0 and "resnet18" in usage.stdout
+    unknown = run(sys.executable, "scripts/gpu_report.py", "--models", "mlp,resnet50")
+    assert unknown.returncode == 2 and "unknown models ['resnet50']" in unknown.stderr
