@@ -34,8 +34,9 @@ disable_created_metrics()
 REQUEST_SECONDS = Histogram(
     "kiln_request_duration_seconds",
     "Time to answer a prediction, from routing to outputs (loading a runner included), "
-    "by model, version and the backend of the variant that ran it.",
-    ["model", "version", "backend"],
+    "by model, version and the backend and target of the variant that ran it (`any`: TorchScript "
+    "on the CPU; backend `cache` and no target: the response cache answered).",
+    ["model", "version", "backend", "target"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 QUEUE_SECONDS = Histogram(

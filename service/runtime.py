@@ -330,7 +330,7 @@ class Runtime:
             if cached is not None:
                 self.stats.cache_hit(name, number, done - started)
                 metrics.RESPONSE_CACHE.labels(name, "hit").inc()
-                metrics.REQUEST_SECONDS.labels(name, str(number), "cache").observe(done - begun)
+                metrics.REQUEST_SECONDS.labels(name, str(number), "cache", "").observe(done - begun)
                 return Prediction(dict(cached.outputs), number, cached.variant)
             looked_up = done - started
         # The variant for this request alone is loaded here, in the request's context (its log
@@ -353,7 +353,9 @@ class Runtime:
             metrics.RESPONSE_CACHE.labels(name, "miss").inc()
         done = time.perf_counter()
         self.stats.request(name, number, done - started, ok=True)
-        metrics.REQUEST_SECONDS.labels(name, str(number), variant.backend).observe(done - begun)
+        metrics.REQUEST_SECONDS.labels(name, str(number), variant.backend, variant.target).observe(
+            done - begun
+        )
         return Prediction(outputs, number, variant)
 
     async def _response_key(self, name: str, number: int, arrays: Arrays) -> Key:

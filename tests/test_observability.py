@@ -151,6 +151,10 @@ def test_metrics_cover_every_series(server: KilnServer, http: httpx.Client) -> N
     samples = scrape(http)
     assert value(samples, "kiln_grpc_errors_total", code="NOT_FOUND", method="ModelMetadata") == 1
     assert value(samples, "kiln_response_cache_lookups_total", model="mlp-cached", result="hit") == 1
+    # The miss ran TorchScript on the CPU; the hit ran nothing.
+    cached = {"name": "kiln_request_duration_seconds_count", "model": "mlp-cached"}
+    assert value(samples, **cached, backend="torchscript", target="any") == 1
+    assert value(samples, **cached, backend="cache", target="") == 1
     assert value(samples, "kiln_request_duration_seconds_count", model="mlp", version="1") >= 1
     assert value(samples, "kiln_batch_size_count", model="mlp") >= 1
     assert value(samples, "kiln_batch_size_sum", model="mlp") >= 3
