@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Kiln on a GPU host, end to end: the GPU unit tests and, beside them, redis-server, `kiln serve`
 # and a GPU `kiln worker` on loopback, the test models and a ResNet-18 compiled with TensorRT
-# (fp32, fp16) and TVM (for the CPU and for the GPU), and a table of each variant's latency and
-# error against eager, with the speed goals (scripts/gpu_report.py).
+# (fp32, fp16) and TVM (for the CPU and for the GPU), a table of each variant's latency and error
+# against eager, what the API serves alone and batched, and the speed goals (scripts/gpu_report.py).
 #
 #   scripts/gpu_check.sh [--wheels WHEELS_DIR] [gpu_report.py options, e.g. --targets cuda-sm90]
 #

@@ -10,13 +10,16 @@ inputs as the eager model on the GPU, and prints a table: the worker's latency, 
 measured here, and the error against eager. Exit status 1 when a variant was rejected (failed
 verification), a TensorRT or TVM variant for a GPU target is not ready, or a ready variant misses
 its tolerance against eager here. Other failures (TensorRT on the CPU target) are listed with
-their reasons. Last come the speed goals at the largest batch, for ResNet-18 and the encoder:
-TensorRT fp16 at <= 0.3x eager's latency, TVM untuned at <= 1.0x.
+their reasons. Each model is then asked through the API's v2 endpoint, once and by 32 concurrent
+batch-1 requests, whose answers must match eager and merge into fewer batches. Last come the
+speed goals at the largest batch, for ResNet-18 and the encoder: TensorRT fp16 at <= 0.3x
+eager's latency, TVM untuned at <= 1.0x.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
 import sys
@@ -31,6 +34,7 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.models import RESNET18, ResNet18
+from benchmarks.serving import HEADER_LENGTH, Target, v2_target
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
 from compiler.benchmark import time_runner
@@ -40,6 +44,7 @@ from service.records import ModelConfig
 from service.registry import ARTIFACT_BLOB, Registry
 from service.settings import Settings
 from service.store import open_store
+from tests.client import scrape, value
 from tests.models import MODELS, TestModel
 
 BACKENDS: list[Any] = [
@@ -51,6 +56,9 @@ BACKENDS: list[Any] = [
 REQUIRED = ("torchscript", "tensorrt", "tvm")
 SETTLED = {"ready", "failed", "rejected"}
 REPORTED = {**MODELS, "resnet18": TestModel("resnet18", ResNet18, RESNET18.inputs())}
+# Concurrent batch-1 requests per model, and the batching delay they are uploaded with.
+CONCURRENT = 32
+QUEUE_DELAY_US = 2000
 # Latency goals on a GPU target at the largest batch, as a fraction of eager's: (model, variant, most).
 GOALS = [(m, v, most) for m in ("resnet18", "encoder") for v, most in (("tensorrt fp16", 0.3), ("tvm", 1.0))]
 
@@ -73,7 +81,9 @@ def upload_all(http: httpx.Client, models: list[str], batch: int, targets: list[
     versions = {}
     for name in models:
         model = REPORTED[name]
-        config = model.config(max_batch_size=batch, backends=BACKENDS, targets=targets)
+        config = model.config(
+            max_batch_size=batch, max_queue_delay_us=QUEUE_DELAY_US, backends=BACKENDS, targets=targets
+        )
         response = http.post(
             "/v1/models",
             files={"file": ("model.pt", model.torchscript())},
@@ -177,6 +187,16 @@ def report(
     return table, problems, largest
 
 
+def served(http: httpx.Client, model: TestModel, variants: list[dict[str, Any]]) -> tuple[str, float, float]:
+    """The variant the replica serves batch 1 with now, as `backend @ target`, and its tolerance."""
+    active = http.get(f"/v1/models/{model.name}").json()["active"] or {}
+    variant = next((v for v in variants if v["id"] == active.get("variant_id")), None)
+    if variant is None:
+        raise SystemExit(f"{model.name}: the API names no active variant ({active})")
+    rtol, atol = ModelConfig.model_validate(model.config()).tolerance(variant["options"])
+    return f"{label(variant)} @ {variant['target']}", rtol, atol
+
+
 def check_served(
     http: httpx.Client, model: TestModel, variants: list[dict[str, Any]]
 ) -> tuple[str, list[str]]:
@@ -190,16 +210,58 @@ def check_served(
     if response.status_code != 200:
         return "nothing", [f"{model.name}: v2 infer answered {response.status_code}: {response.text[:200]}"]
     got = np.asarray(response.json()["outputs"][0]["data"], dtype=np.float64).reshape(want.shape)
-    active = http.get(f"/v1/models/{model.name}").json()["active"] or {}
-    served = next((v for v in variants if v["id"] == active.get("variant_id")), None)
-    if served is None:
-        return "unknown", [f"{model.name}: the API names no active variant ({active})"]
-    rtol, atol = ModelConfig.model_validate(model.config()).tolerance(served["options"])
-    name = f"{label(served)} @ {served['target']}"
+    name, rtol, atol = served(http, model, variants)
     error = float(np.abs(got - want).max())
     line = f"{model.name}: the API served b1 with {name}, max |err| vs eager {error:.2e}"
     fits = np.allclose(got, want, rtol=rtol, atol=atol)
     return line, [] if fits else [f"{model.name}: v2 infer by {name} misses rtol={rtol:g} atol={atol:g}"]
+
+
+async def _post_all(targets: list[Target]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=300) as client:
+        return await asyncio.gather(*(client.post(t.url, content=t.body, headers=t.headers) for t in targets))
+
+
+def check_batching(
+    http: httpx.Client, model: TestModel, variants: list[dict[str, Any]]
+) -> tuple[str, list[str]]:
+    """CONCURRENT batch-1 requests at once (v2, binary tensors): each answer against eager on the
+    GPU, and the batches the server ran them in (its kiln_batch_size histogram)."""
+    spec = InputSpec.from_dicts(model.inputs, 1)
+    rng = np.random.default_rng(2)
+    xs = [spec.random_inputs(1, rng)["x"] for _ in range(CONCURRENT)]
+    eager = TorchRunner("eager", model.module(), spec)
+    wants = [eager.run({"x": x})["output0"] for x in xs]
+    base = str(http.base_url).rstrip("/")
+    targets = [v2_target(model.name, base, 0, model.name, x) for x in xs]
+    before = scrape(http)
+    started = time.perf_counter()
+    responses = asyncio.run(_post_all(targets))
+    seconds = time.perf_counter() - started
+    after = scrape(http)
+    runs, rows = (
+        value(after, f"kiln_batch_size_{part}", model=model.name)
+        - value(before, f"kiln_batch_size_{part}", model=model.name)
+        for part in ("count", "sum")
+    )
+    name, rtol, atol = served(http, model, variants)
+    problems = []
+    for response, want in zip(responses, wants, strict=True):
+        if response.status_code != 200:
+            problems.append(f"{model.name}: a request got {response.status_code}: {response.text[:200]}")
+            continue
+        length = int(response.headers[HEADER_LENGTH])
+        got = np.frombuffer(response.content, "<f4", offset=length).reshape(want.shape)
+        if not np.allclose(got, want, rtol=rtol, atol=atol):
+            problems.append(f"{model.name}: a batched answer misses rtol={rtol:g} atol={atol:g}")
+    if runs >= CONCURRENT:
+        problems.append(f"{model.name}: {CONCURRENT} concurrent requests ran in {runs:g} runs: none merged")
+    rate = CONCURRENT / seconds
+    line = (
+        f"{model.name}: {CONCURRENT} concurrent b1 requests in {seconds:.3f} s ({rate:.0f} req/s),"
+        f" {runs:g} runs of {rows / max(runs, 1):.1f} on average, now served by {name}"
+    )
+    return line, problems
 
 
 def goal_lines(largest: dict[str, dict[str, float]], batch: int) -> list[str]:
@@ -246,9 +308,11 @@ def main() -> int:
         for name, variants in settled.items():
             table, found, largest[name] = report(REPORTED[name], variants, registry, args.max_batch_size)
             console.print(table)
-            line, wrong = check_served(http, REPORTED[name], variants)
-            console.print(line)
-            problems += found + wrong
+            for check in (check_served, check_batching):
+                line, wrong = check(http, REPORTED[name], variants)
+                console.print(line)
+                problems += wrong
+            problems += found
     for line in goal_lines(largest, args.max_batch_size):
         console.print(line)
     for problem in problems:
