@@ -10,10 +10,9 @@ from typing import Any
 import numpy as np
 
 from compiler.artifact import Artifact
-from compiler.backends import REFERENCE, get_backend
+from compiler.backends import ANY_TARGET, REFERENCE, get_backend, reference_target
 from compiler.benchmark import benchmark
 from compiler.errors import BackendUnavailableError, VerificationError
-from compiler.hardware import cuda_capability
 from compiler.spec import InputSpec
 from compiler.threads import set_threads
 from compiler.verify import verify
@@ -69,9 +68,9 @@ def compile_and_check(
     # Verified against TorchScript on the CPU (exact fp32), timed against TorchScript where the
     # target runs: for a cuda target, the upload on that GPU is the speed to beat.
     reference_backend = get_backend(REFERENCE)
-    reference = reference_backend.load(reference_backend.compile(model, spec, "any", {}))
+    reference = reference_backend.load(reference_backend.compile(model, spec, ANY_TARGET, {}))
     on_target = reference
-    if cuda_capability(target) is not None:
+    if reference_target(target) != ANY_TARGET:
         on_target = reference_backend.load(reference_backend.compile(model, spec, target, {}))
 
     report({"stage": "compiling"})

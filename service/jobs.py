@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from compiler.artifact import Artifact, artifact_key
-from compiler.backends import REFERENCE, get_backend
+from compiler.backends import REFERENCE, get_backend, reference_target
 from compiler.errors import CompilerError, VerificationError
 from compiler.pipeline import CompileOptions, compile_to_bytes
 from service import metrics, tuning
@@ -30,7 +30,6 @@ from service.records import (
     now,
 )
 from service.registry import MODEL_BLOB, Registry
-from service.router import reference_target
 from service.sandbox import SandboxError, run_in_child
 from service.settings import Settings
 

@@ -10,12 +10,11 @@ from __future__ import annotations
 import logging
 import time
 
-from compiler.backends import REFERENCE, get_backend
+from compiler.backends import REFERENCE, get_backend, reference_target
 from compiler.race import race_artifacts
 from service import metrics
 from service.records import VariantRecord, VariantStatus, VersionRecord, now, variant_label
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
-from service.router import reference_target
 from service.sandbox import run_in_child
 from service.settings import Settings
 

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from compiler.hardware import cuda_capability
+from compiler.backends import ANY_TARGET, REFERENCE, reference_target
 from service.errors import NotFoundError
 from service.records import VariantRecord, VariantStatus, VersionRecord
 from service.registry import ModelView
-
-REFERENCE = "torchscript"
-ANY_TARGET = "any"
 
 
 def latency_at(table: Mapping[int, float], batch: int) -> float | None:
@@ -27,12 +24,6 @@ def servable(variants: Iterable[VariantRecord], targets: set[str]) -> list[Varia
         for v in variants
         if v.status == VariantStatus.ready and (v.target == ANY_TARGET or v.target in targets)
     ]
-
-
-def reference_target(target: str) -> str:
-    """The target of the TorchScript variant that `target`'s variants are timed against: a GPU
-    target's own (the upload on that GPU), else `any` (the upload on the CPU)."""
-    return target if cuda_capability(target) is not None else ANY_TARGET
 
 
 def serving_group(ready: list[VariantRecord]) -> list[VariantRecord]:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 
 from compiler.backends.base import Backend
 from compiler.errors import BackendUnavailableError
+from compiler.hardware import cuda_capability
 
 # name -> module holding a module-level `backend` object.
 REGISTRY: dict[str, str] = {
@@ -18,6 +19,15 @@ REGISTRY: dict[str, str] = {
 }
 
 REFERENCE = "torchscript"
+# The target of the upload's own TorchScript on the CPU, which every version serves first.
+ANY_TARGET = "any"
+
+
+def reference_target(target: str) -> str:
+    """The target of the TorchScript variant that `target`'s variants are timed against: a GPU
+    target's own (the upload on that GPU), else `any` (the upload on the CPU)."""
+    return target if cuda_capability(target) is not None else ANY_TARGET
+
 
 # Target families (a target's text before its first "-") each backend builds for on some host.
 # An API rejects any other pairing at upload; whether a worker has the library or the device

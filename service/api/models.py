@@ -14,9 +14,8 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 
 from compiler.backends import REGISTRY as BACKENDS
-from compiler.backends import family_reason, get_backend, option_problems, options_reason
+from compiler.backends import family_reason, get_backend, option_problems, options_reason, reference_target
 from compiler.errors import CompilerError, InvalidModelError
-from compiler.hardware import cuda_capability
 from compiler.inspect import inspect_model
 from compiler.spec import InputSpec
 from service.api.auth import admin_scope, infer_scope
@@ -162,7 +161,7 @@ def unavailable(svc: Services, request: BackendRequest, target: str) -> str | No
 def planned(requests: list[BackendRequest], targets: list[str]) -> list[tuple[BackendRequest, str]]:
     """Each requested backend on each target, after TorchScript on each GPU target: the upload on
     that GPU, which its variants are timed against and which serves there until one beats it."""
-    on_gpus = [(BackendRequest(name=REFERENCE), t) for t in targets if cuda_capability(t) is not None]
+    on_gpus = [(BackendRequest(name=REFERENCE), t) for t in targets if reference_target(t) != ANY_TARGET]
     return on_gpus + [(request, target) for request in requests for target in targets]
 
 
