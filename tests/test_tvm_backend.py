@@ -193,6 +193,83 @@ def test_cuda_artifact_is_generated_without_a_gpu(cuda_artifact: Artifact) -> No
     assert "threadIdx.x" in source and "__shared__" in source
 
 
+class DeepBlock(nn.Module):
+    """A shallow convolution (576 deep), then a ResNet block at 7x7x256 (2304 deep, 8 tiles)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(64, 256, 3, padding=1)
+        self.conv1 = nn.Conv2d(256, 256, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(256)
+        self.conv2 = nn.Conv2d(256, 256, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.stem(x))
+        return torch.relu(x + self.conv2(torch.relu(self.bn1(self.conv1(x)))))
+
+
+@pytest.fixture(scope="module")
+def deep_block() -> tuple[nn.Module, Any]:
+    torch.manual_seed(0)
+    module = DeepBlock().eval()
+    with torch.no_grad():  # BatchNorm statistics that are not the identity
+        module.bn1.running_mean.uniform_(-0.5, 0.5)
+        module.bn1.running_var.uniform_(0.5, 2.0)
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(module), buf)
+    spec = InputSpec.parse(["x:float32[-1,64,7,7]"], max_batch_size=8)
+    return module, export_program(load_torchscript(buf.getvalue()), spec)
+
+
+def test_deep_convolutions_split_their_reduction_and_match_torch(deep_block: tuple[nn.Module, Any]) -> None:
+    import tvm
+    from tvm import relax
+
+    from compiler.backends.tvm import host_target
+    from compiler.backends.tvm_convert import channels_last_convs, import_program
+    from compiler.backends.tvm_split_k import legalize_conv2d
+
+    module, program = deep_block
+    mod = channels_last_convs(import_program(program))
+    # dlight's CUDA tiles (32 pixels x 64 channels): the 7x7x256 convolutions make 8 tiles and
+    # split 4 ways (576 deep each); the 576-deep stem would leave slices under MIN_DEPTH.
+    mod = relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d(32, 64)})(mod)
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    partials = [
+        [int(d) if isinstance(d, tvm.tirx.IntImm) else "n" for d in binding.var.ty.shape]
+        for block in mod["main"].body.blocks
+        for binding in block.bindings
+        if getattr(binding.value, "op", None) == call_tir
+        and binding.value.args[0].name_hint == "conv2d_split_k"
+    ]
+    assert partials == [[4, "n", 7, 7, 256]] * 2
+    # The rewrite is layout arithmetic, so a CPU build checks it against torch.
+    vm = relax.VirtualMachine(tvm.compile(mod, host_target(2)), tvm.cpu())
+    x = np.random.default_rng(0).standard_normal((3, 64, 7, 7), dtype=np.float32)
+    out = vm["main"](tvm.runtime.tensor(x))[0].numpy()
+    with torch.no_grad():
+        expected = module(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+@cross_compile
+def test_cuda_build_sums_split_convolutions_with_their_epilogue(deep_block: tuple[nn.Module, Any]) -> None:
+    target = tvm_cuda.tvm_target(CUDA)
+    _, program = deep_block
+
+    def kernels(**options: Any) -> set[str]:
+        modules = tvm_cuda.cuda_modules(tvm_cuda.build(program, target, **options).mod)
+        return set(KERNEL_RE.findall(modules[0].inspect_source("cuda")))
+
+    split = kernels()
+    assert "conv2d_split_k_kernel" in split, split  # one kernel for both partial convolutions
+    # Each sum is one kernel with the bias, residual and ReLU after it, not a kernel of its own
+    # (nor inlined into the next convolution's loads): the op_pattern the rewrite sets.
+    sums = sorted(k for k in split if "split_k_sum" in k)
+    assert len(sums) == 2 and all(k.startswith("fused_") and k.endswith("relu_kernel") for k in sums), split
+    assert not any("split_k" in k for k in kernels(split_k=False))
+
+
 @cross_compile
 def test_cuda_artifact_is_refused_where_it_cannot_run(cuda_artifact: Artifact) -> None:
     reason = tvm_cuda.run_reason(CUDA, compiles=True)

@@ -242,12 +242,9 @@ def tuning_module(program: Any, sizes: Sequence[int]) -> Any:
     over them. On ResNet-18 at batch 1 (AVX2, 2 cores, 320 trials) that ran in 37.8 ms against
     57.8 ms for NCHW, with eager PyTorch at 45 ms; the transposes around it are cheap.
     """
-    from tvm import relax
+    from compiler.backends.tvm_convert import channels_last_convs, import_program
 
-    from compiler.backends.tvm_convert import import_program
-
-    mod = _static_batches(import_program(program), sizes)
-    return relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+    return channels_last_convs(_static_batches(import_program(program), sizes))
 
 
 def _static_batches(mod: Any, sizes: Sequence[int]) -> Any:

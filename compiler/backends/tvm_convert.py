@@ -44,6 +44,22 @@ def import_program(program: Any) -> tvm.IRModule:
     return relax.transform.FoldConstant()(relax.transform.FoldBatchnormToConv2D()(mod))
 
 
+def channels_last_convs(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every 2-D convolution as NHWC data and OHWI weights; transposes at the edges, folded
+    into constant weights. Both tuned CPU builds and CUDA builds want the channels innermost."""
+    return relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+
+
+def dense_channels_last_f32(call: relax.Call) -> bool:
+    """Whether a relax.nn.conv2d call is ungrouped float32 in the layouts channels_last_convs gives
+    (NHWC data and output, OHWI weights): the convolutions Kiln's own lowerings take over."""
+    attrs = call.attrs
+    data, weight = (arg.ty for arg in call.args)
+    if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) != ("NHWC", "OHWI", "NHWC"):
+        return False
+    return str(data.dtype) == "float32" and str(weight.dtype) == "float32" and int(attrs.groups) == 1
+
+
 def _known_ops() -> set[str]:
     return {str(name) for name in ExportedProgramImporter().convert_map} | set(CUSTOM_CONVERT_MAP)
 

@@ -109,17 +109,69 @@ def code_form() -> str:
     return BINARY if tvm.runtime.enabled("cuda") and not forced else SOURCE
 
 
-def build(program: Any, target: Any) -> Any:
+def build(
+    program: Any, target: Any, *, channels_last: bool = True, split_k: bool = True, matmul: Any = None
+) -> Any:
     """Import and compile with TVM's CUDA pipeline: LegalizeOps, FoldConstant, fusion, then
     dlight's default GPU schedules (Matmul, GEMV, Reduction, GeneralReduction, Fallback), so an
-    untuned build binds every loop to GPU threads. Returns the VM executable."""
-    import tvm
-    from tvm import relax
+    untuned build binds every loop to GPU threads. Returns the VM executable.
 
-    from compiler.backends.tvm_convert import import_program
+    dlight's Matmul rule also takes each convolution, as an implicit GEMM: rows are output pixels,
+    columns output channels, the reduction runs over (kernel y, kernel x, input channel). With
+    `channels_last` (NHWC data, OHWI weights) that reduction is contiguous in memory in both
+    operands, so the tiles it stages in shared memory load coalesced. With `split_k`, deep
+    convolutions whose tiles would leave most of the GPU idle split their reduction
+    (compiler/backends/tvm_split_k.py). `matmul`: a `dlight.gpu.Matmul.Config` in place of TVM's
+    CUDA one. benchmarks/tvm_cuda.py times each choice against eager PyTorch.
+    """
+    import tvm
+
+    from compiler.backends.tvm_convert import channels_last_convs, import_program
 
     mod = import_program(program)
-    return tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target))
+    if channels_last:
+        mod = channels_last_convs(mod)
+    return tvm.compile(mod, target, relax_pipeline=_pipeline(target, split_k, matmul))
+
+
+def _pipeline(target: Any, split_k: bool, matmul: Any) -> Any:
+    """TVM's default CUDA pipeline (tvm.relax.backend.cuda.pipeline), with split-K convolutions
+    and `matmul` (or TVM's own config) for dlight's Matmul rule."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend.cuda import pipeline as cuda
+    from tvm.s_tir import dlight as dl
+
+    from compiler.backends.tvm_split_k import legalize_conv2d
+
+    config = matmul or dl.gpu.Matmul().get_configs(target)
+
+    class _Matmul(dl.gpu.Matmul):
+        def get_configs(self, target: Any) -> Any:
+            return config
+
+    # dlight's tiles: rows (output pixels) x columns (output channels) per thread block.
+    rows = config.vthread_x * config.block_size_x * config.micro_size_x
+    cols = config.vthread_y * config.block_size_y * config.micro_size_y
+    legalize = [
+        relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d(rows, cols)} if split_k else None),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+        dl.ApplyDefaultSchedule(
+            _Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()
+        ),
+    ]
+    passes = cuda.library_dispatch_passes(target) + legalize + cuda.dataflow_lower_passes(target)
+    sequence = tvm.transform.Sequential(passes + cuda.finalize_passes(target))
+
+    @tvm.transform.module_pass(opt_level=0)
+    def pipeline(mod: Any, _context: Any) -> Any:
+        with target:  # as TVM's own pipeline: dlight reads the current target
+            return sequence(mod)
+
+    return pipeline
 
 
 def cuda_modules(library: Any) -> list[Any]:

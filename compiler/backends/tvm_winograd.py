@@ -27,6 +27,8 @@ from tvm.topi.nn.winograd_util import (
     winograd_transform_matrices,
 )
 
+from compiler.backends.tvm_convert import dense_channels_last_f32
+
 # Output tile size m of F(m x m, 3 x 3). TOPI's choice; relative error ~3e-6 per layer here.
 TILE = 4
 # Below this output size most of each tile is padding and direct convolution is faster.
@@ -54,15 +56,12 @@ def _constant(bb: relax.BlockBuilder, expr: relax.Expr) -> tvm.ir.expr.Constant 
 
 def _suits(call: relax.Call) -> bool:
     attrs = call.attrs
-    data, weight = (arg.ty for arg in call.args)
-    if (str(attrs.data_layout), str(attrs.kernel_layout), str(attrs.out_layout)) != ("NHWC", "OHWI", "NHWC"):
-        return False
-    if str(data.dtype) != "float32" or str(weight.dtype) != "float32" or int(attrs.groups) != 1:
+    if not dense_channels_last_f32(call):
         return False
     if [int(s) for s in attrs.strides] != [1, 1] or [int(d) for d in attrs.dilation] != [1, 1]:
         return False
     out = call.ty.shape
-    _, kh, kw, ci = (int(d) for d in weight.shape)
+    _, kh, kw, ci = (int(d) for d in call.args[1].ty.shape)
     return (kh, kw) == (3, 3) and ci >= MIN_CHANNELS and min(int(out[1]), int(out[2])) >= MIN_OUTPUT
 
 
