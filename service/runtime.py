@@ -414,7 +414,8 @@ class Runtime:
         """Blocking: the chosen variant, loaded. When another variant of the version is loaded
         already (a faster one just became ready), that one serves while the chosen one loads in
         the background, as Triton keeps a version serving until its successor has loaded: a swap
-        never holds up a request; `wait` waits for the chosen one instead. A compiled variant
+        never holds up a request; `wait` (a warm-up, which loads every batch size's variant
+        itself) waits for the chosen one instead. A compiled variant
         that fails to load (its artifact gone, a runtime this host lacks) is left out for
         UNLOADABLE_RETRY_S and the next best serves, down to TorchScript: one bad artifact must
         not take its model down."""
@@ -430,12 +431,28 @@ class Runtime:
                 self._load_behind(route.version, variant)
                 return stand_in
             try:
-                return variant, self._load_or_leave_out(route.version, variant)
+                loaded = self._load_or_leave_out(route.version, variant)
             except StoreUnavailableError:
                 raise  # the store's fault, not the variant's
             except Exception:
                 if variant.backend == REFERENCE:
                     raise
+            else:
+                if not wait:
+                    self._load_other_sizes_behind(route, variant)
+                return variant, loaded
+
+    def _load_other_sizes_behind(self, route: Route, variant: VariantRecord) -> None:
+        """After a request waited for a load: the variants that serve the version's other timed
+        batch sizes load in the background, so that its first batch of another size finds its
+        runner loaded (on a GPU host TVM may serve single requests and TorchScript batches of 8)
+        rather than waiting for a second load. Not when the budget is full: that would evict."""
+        for size in benchmark_batches(route.spec):
+            other = self.choose(route.variants, size)
+            with self._lock:
+                loaded = runner_key(route.version, other) in self._loaded
+            if other.id != variant.id and not loaded and not self.over_budget():
+                self._load_behind(route.version, other)
 
     def warm(self, name: str) -> list[VariantRecord]:
         """Blocking: load the variants that serve the model's requests at batch 1 and at its

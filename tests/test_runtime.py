@@ -196,7 +196,7 @@ def test_a_load_is_neither_joined_nor_undone_by_a_refresh_that_read_the_model_un
         registry.set_unloaded("mlp", False)  # what POST .../load does
         runtime.reroute("mlp")
         route = runtime.route("mlp", None)
-        runtime.runner(route, 1)
+        runtime.runner(route, 1, wait=True)  # this runner alone: ONNX Runtime does not load behind
         release.set()
         with pytest.raises(ConflictError, match="unloaded"):
             stale.result(10)  # it read the model unloaded, and says so to its own request
@@ -278,6 +278,28 @@ def test_a_faster_variant_loads_behind_the_one_serving(
     assert swapped.variant.backend == "onnxruntime"  # once loaded in the background
     np.testing.assert_allclose(swapped.outputs["output0"], expected(x8), rtol=1e-4, atol=1e-5)
     assert slow.calls == [8]  # it ran nothing before it was loaded: the swapped-in batch only
+
+
+def test_a_first_load_loads_the_other_batch_size_variant_behind(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first request, at batch 1, waits for TorchScript; ONNX Runtime, which serves batch 8,
+    then loads in the background without a batch of 8 asking, so the first one finds it loaded."""
+    slow = slow_onnxruntime(monkeypatch, 0.5)
+    x8 = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+
+    async def main() -> tuple[Prediction, Prediction]:
+        first = await runtime.predict("mlp", None, {"x": x8[:1]})
+        deadline = time.monotonic() + 10
+        while runtime.loaded_runners < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return first, await runtime.predict("mlp", None, {"x": x8})
+
+    first, batched = asyncio.run(main())
+    assert first.variant.backend == "torchscript"
+    assert (slow.loads, slow.calls) == (1, [8])  # loaded once, and run only for the batch of 8
+    assert batched.variant.backend == "onnxruntime"
+    np.testing.assert_allclose(batched.outputs["output0"], expected(x8), rtol=1e-4, atol=1e-5)
 
 
 def test_a_variant_slower_than_torchscript_never_stands_in(runtime: Runtime) -> None:
