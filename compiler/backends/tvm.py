@@ -89,6 +89,10 @@ def _to_tvm(tvm: Any, array: np.ndarray) -> Any:
 
 
 _ALIGNMENT = 64
+# The revision of Kiln's own lowering, which the version (and so every artifact key) carries
+# beside TVM's: artifacts built the old way must not be reused. 2: CUDA convolutions are
+# channels-last and split-K.
+LOWERING = 2
 
 
 class TVMBackend:
@@ -97,7 +101,7 @@ class TVMBackend:
     def version(self) -> str:
         import tvm
 
-        return str(tvm.__version__)
+        return f"{tvm.__version__}+kiln-lowering-{LOWERING}"
 
     def unavailable_reason(self, target: str) -> str | None:
         """For a cuda target: None only where the artifact can be built, loaded and verified,
