@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tests.models import MLP
+from tests.models import MLP, MODELS, TestModel
 
 
 class BasicBlock(nn.Module):
@@ -83,3 +83,5 @@ class BenchModel:
 
 RESNET18 = BenchModel("resnet18", ResNet18, (3, 224, 224))
 MLP64 = BenchModel("mlp", MLP, (64,))
+# What the GPU report and benchmark build: the test models, and a ResNet-18 at 224x224.
+GPU_MODELS = {**MODELS, "resnet18": TestModel("resnet18", ResNet18, RESNET18.inputs())}

@@ -25,13 +25,11 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.models import RESNET18, ResNet18
+from benchmarks.models import GPU_MODELS
 from compiler.backends import tvm_cuda
 from compiler.frontend import export_program, load_torchscript
 from compiler.spec import InputSpec
-from tests.models import MODELS, TestModel
 
-REPORTED = {**MODELS, "resnet18": TestModel("resnet18", ResNet18, RESNET18.inputs())}
 BATCHES = (1, 8)
 REPEATS = 50
 
@@ -108,7 +106,7 @@ def main() -> None:
     eager_runs: dict[str, Callable[[], Any]] = {}
 
     for name in args.models.split(","):
-        model = REPORTED[name]
+        model = GPU_MODELS[name]
         spec = InputSpec.from_dicts(model.inputs, max(BATCHES))
         eager = model.module().cuda()
         normal = np.random.default_rng(0).standard_normal

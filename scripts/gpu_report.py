@@ -33,7 +33,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.models import RESNET18, ResNet18
+from benchmarks.models import GPU_MODELS
 from benchmarks.serving import HEADER_LENGTH, Target, v2_target
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
@@ -45,7 +45,7 @@ from service.registry import ARTIFACT_BLOB, Registry
 from service.settings import Settings
 from service.store import open_store
 from tests.client import scrape, value
-from tests.models import MODELS, TestModel
+from tests.models import TestModel
 
 BACKENDS: list[Any] = [
     {"name": "tensorrt", "options": {"precision": "fp32"}},
@@ -55,7 +55,6 @@ BACKENDS: list[Any] = [
 # The backends this check is for: any of their variants on a GPU target that is not ready fails it.
 REQUIRED = ("torchscript", "tensorrt", "tvm")
 SETTLED = {"ready", "failed", "rejected"}
-REPORTED = {**MODELS, "resnet18": TestModel("resnet18", ResNet18, RESNET18.inputs())}
 # Concurrent batch-1 requests per model, and the batching delay they are uploaded with.
 CONCURRENT = 32
 QUEUE_DELAY_US = 2000
@@ -80,7 +79,7 @@ class TorchRunner:
 def upload_all(http: httpx.Client, models: list[str], batch: int, targets: list[str]) -> dict[str, int]:
     versions = {}
     for name in models:
-        model = REPORTED[name]
+        model = GPU_MODELS[name]
         config = model.config(
             max_batch_size=batch, max_queue_delay_us=QUEUE_DELAY_US, backends=BACKENDS, targets=targets
         )
@@ -287,12 +286,13 @@ def main() -> int:
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for every variant to settle")
-    parser.add_argument("--models", default=",".join(REPORTED), help="comma-separated: " + ",".join(REPORTED))
+    known = ",".join(GPU_MODELS)
+    parser.add_argument("--models", default=known, help="comma-separated: " + known)
     parser.add_argument("--targets", default="auto", help="comma-separated; auto: every live worker's")
     args = parser.parse_args()
     models = args.models.split(",")
-    if unknown := set(models) - set(REPORTED):
-        parser.error(f"unknown models {sorted(unknown)}; known: {', '.join(REPORTED)}")
+    if unknown := set(models) - set(GPU_MODELS):
+        parser.error(f"unknown models {sorted(unknown)}; known: {', '.join(GPU_MODELS)}")
     # Eager is the reference: TF32 would make it the least exact row of the table.
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -306,10 +306,10 @@ def main() -> int:
         problems = [f"{name}: not settled after {args.timeout:g} s" for name in set(versions) - set(settled)]
         largest = {}
         for name, variants in settled.items():
-            table, found, largest[name] = report(REPORTED[name], variants, registry, args.max_batch_size)
+            table, found, largest[name] = report(GPU_MODELS[name], variants, registry, args.max_batch_size)
             console.print(table)
             for check in (check_served, check_batching):
-                line, wrong = check(http, REPORTED[name], variants)
+                line, wrong = check(http, GPU_MODELS[name], variants)
                 console.print(line)
                 problems += wrong
             problems += found

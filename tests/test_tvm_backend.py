@@ -29,7 +29,7 @@ from compiler.hardware import cpu_target, cuda_devices
 from compiler.pipeline import CompileOptions, CompileResult, compile_and_check
 from compiler.runner import Runner
 from compiler.spec import InputSpec
-from tests.models import MODELS, UNCONVERTIBLE
+from tests.models import MODELS, UNCONVERTIBLE, TestModel
 
 pytest.importorskip("tvm")
 
@@ -202,23 +202,22 @@ class DeepBlock(nn.Module):
         self.conv1 = nn.Conv2d(256, 256, 3, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(256)
         self.conv2 = nn.Conv2d(256, 256, 3, padding=1)
+        with torch.no_grad():  # BatchNorm statistics that are not the identity
+            self.bn1.running_mean.uniform_(-0.5, 0.5)
+            self.bn1.running_var.uniform_(0.5, 2.0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.relu(self.stem(x))
         return torch.relu(x + self.conv2(torch.relu(self.bn1(self.conv1(x)))))
 
 
+DEEP_BLOCK = TestModel("deep_block", DeepBlock, [{"name": "x", "dtype": "float32", "shape": [-1, 64, 7, 7]}])
+
+
 @pytest.fixture(scope="module")
 def deep_block() -> tuple[nn.Module, Any]:
-    torch.manual_seed(0)
-    module = DeepBlock().eval()
-    with torch.no_grad():  # BatchNorm statistics that are not the identity
-        module.bn1.running_mean.uniform_(-0.5, 0.5)
-        module.bn1.running_var.uniform_(0.5, 2.0)
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(module), buf)
-    spec = InputSpec.parse(["x:float32[-1,64,7,7]"], max_batch_size=8)
-    return module, export_program(load_torchscript(buf.getvalue()), spec)
+    spec = InputSpec.from_dicts(DEEP_BLOCK.inputs, 8)
+    return DEEP_BLOCK.module(), export_program(load_torchscript(DEEP_BLOCK.torchscript()), spec)
 
 
 def test_deep_convolutions_split_their_reduction_and_match_torch(deep_block: tuple[nn.Module, Any]) -> None:

@@ -46,6 +46,7 @@ def legalize_conv2d(tile_rows: int, tile_cols: int) -> Callable[[relax.BlockBuil
             _partial_conv2d_nhwc,
             *call.args,
             splits=splits,
+            out_hw=[int(call.ty.shape[1]), int(call.ty.shape[2])],
             strides=[int(s) for s in attrs.strides],
             padding=[int(p) for p in attrs.padding],
             dilation=[int(d) for d in attrs.dilation],
@@ -91,17 +92,17 @@ def _partial_conv2d_nhwc(
     data: te.Tensor,
     weight: te.Tensor,
     splits: int,
+    out_hw: list[int],
     strides: list[int],
     padding: list[int],
     dilation: list[int],
 ) -> te.Tensor:
-    """partial[s, n, y, x, o]: the convolution over input channels [s*C/S, (s+1)*C/S)."""
-    n, height, width, channels = data.shape
+    """partial[s, n, y, x, o]: the convolution over input channels [s*C/S, (s+1)*C/S), with
+    the output's height and width as Relax inferred them for the convolution."""
+    n, _, _, channels = data.shape
     out_c, kernel_h, kernel_w, _ = (int(d) for d in weight.shape)
-    pad_t, pad_l, pad_b, pad_r = padding
+    (out_h, out_w), (pad_t, pad_l, pad_b, pad_r) = out_hw, padding
     (stride_h, stride_w), (dilation_h, dilation_w) = strides, dilation
-    out_h = (int(height) + pad_t + pad_b - dilation_h * (kernel_h - 1) - 1) // stride_h + 1
-    out_w = (int(width) + pad_l + pad_r - dilation_w * (kernel_w - 1) - 1) // stride_w + 1
     padded = topi.nn.pad(data, (0, pad_t, pad_l, 0), (0, pad_b, pad_r, 0), name="pad_temp")
     chunk = int(channels) // splits
     ry = te.reduce_axis((0, kernel_h), "ry")
