@@ -103,6 +103,11 @@ class Settings(BaseSettings):
     worker_metrics_port: int = 9100
 
     @property
+    def max_request_bytes(self) -> int:
+        """The largest request body, in either protocol."""
+        return self.max_upload_mb * 1024 * 1024
+
+    @property
     def embedded(self) -> bool:
         return not self.redis_url
 

@@ -54,6 +54,12 @@ def expected(model: TestModel, x: np.ndarray) -> np.ndarray:
     return out.numpy()
 
 
+def infer_body(x: np.ndarray, **extra: object) -> dict[str, object]:
+    """A v2 JSON infer request for a single-input model's `x`."""
+    tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.tolist()}
+    return {"inputs": [tensor], **extra}
+
+
 def predict(
     http: httpx.Client, name: str, x: np.ndarray, backend: str | None = None, version: int | None = None
 ) -> httpx.Response:

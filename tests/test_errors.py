@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.client import predict, sample, upload
+from tests.client import expected, infer_body, predict, sample, upload
 from tests.models import MODELS
 from tests.servers import KilnServer, RedisServer, running
 
@@ -89,6 +89,27 @@ def test_upload_over_limit(http: httpx.Client) -> None:
     response = post_upload(http, json.dumps(MLP.config()), big)
     assert response.status_code == 413, response.text
     assert http.get("/v1/models/mlp").json()["versions"][0]["version"] == 1  # nothing was lost
+
+
+def test_v2_infer_over_limit(http: httpx.Client) -> None:
+    """Past KILN_MAX_UPLOAD_MB (1 here), a v2 infer gets 413 in the protocol's shape, with its
+    request id, whether the body declares its length or arrives in chunks."""
+    big = b"\0" * (2 * 1024 * 1024)
+    headers = {"Inference-Header-Content-Length": "2", "X-Request-ID": "too-big"}
+    declared = http.post("/v2/models/mlp/infer", content=big, headers=headers)
+    assert declared.status_code == 413, declared.text
+    assert "KILN_MAX_UPLOAD_MB" in declared.json()["error"]
+    assert declared.headers["x-request-id"] == "too-big"
+    chunks = iter([big[: 1024 * 1024], big[1024 * 1024 :]])  # no Content-Length: sent chunked
+    chunked = http.post("/v2/models/mlp/infer", content=chunks, headers=headers)
+    assert chunked.status_code == 413 and "KILN_MAX_UPLOAD_MB" in chunked.json()["error"]
+    # Within the limit, a chunked body is served.
+    x = sample(MLP, 2)
+    body = json.dumps(infer_body(x)).encode()
+    served = http.post("/v2/models/mlp/infer", content=iter([body[:100], body[100:]]))
+    assert served.status_code == 200, served.text
+    got = np.array(served.json()["outputs"][0]["data"], dtype=np.float32)
+    np.testing.assert_allclose(got, expected(MLP, x).ravel(), rtol=1e-5, atol=1e-6)
 
 
 def test_unknown_model_and_version(http: httpx.Client) -> None:

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from service.api import v2
 from tests import models
-from tests.client import expected, sample, upload
+from tests.client import expected, infer_body, sample, upload
 from tests.servers import KilnServer
 
 ADMIN, INFER = "admin-secret", "infer-secret"
@@ -168,11 +168,6 @@ def test_multiple_inputs_and_outputs(client: triton.InferenceServerClient) -> No
     np.testing.assert_array_equal(result.as_numpy("output2"), k_out.numpy())
     np.testing.assert_array_equal(result.as_numpy("output1"), positive.numpy())
     assert result.as_numpy("output1").dtype == np.bool_
-
-
-def infer_body(x: np.ndarray, **extra: object) -> dict[str, object]:
-    tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.tolist()}
-    return {"inputs": [tensor], **extra}
 
 
 def test_json_on_the_wire(http: httpx.Client) -> None:

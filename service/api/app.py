@@ -12,13 +12,16 @@ from typing import IO
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
 from starlette.concurrency import run_in_threadpool
+from starlette.types import ASGIApp
 
 from compiler.threads import set_threads
 from service import metrics
 from service.api import events, health, jobs, models, predict, problems, repository, v2, variants
 from service.api.auth import parse_keys
 from service.api.deps import Services
+from service.api.hot_path import InferenceFirst
 from service.api.middleware import RequestContext
+from service.api.v2 import InferRoute
 from service.api.v2_grpc import start_grpc
 from service.memory import collect_young_less_often, freeze_heap
 from service.preload import Preload
@@ -31,7 +34,6 @@ from service.store import open_store
 
 log = logging.getLogger("kiln.api")
 
-MB = 1024 * 1024
 # Seconds that calls in flight get to finish at shutdown, as uvicorn gives HTTP requests theirs.
 GRPC_GRACE_S = 5.0
 RESUME_LOCK = "resume.lock"
@@ -60,10 +62,19 @@ def resume_unfinished(registry: Registry, queue: JobQueue, data_dir: Path) -> IO
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
 
 
+class KilnAPI(FastAPI):
+    """FastAPI, with the v2 infer routes served ahead of its middleware (`hot_path`)."""
+
+    def build_middleware_stack(self) -> ASGIApp:
+        # The router's own routes: FastAPI includes a router as a whole, not route by route.
+        routes = [route for route in v2.inference.routes if isinstance(route, InferRoute)]
+        return InferenceFirst(super().build_middleware_stack(), routes)
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     api_keys = parse_keys(settings.api_keys)
-    max_bytes = settings.max_upload_mb * MB  # of a request, in either protocol
+    max_bytes = settings.max_request_bytes
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -97,7 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if resuming is not None:
                 resuming.close()
 
-    app = FastAPI(
+    app = KilnAPI(
         title="Kiln",
         version="0.1.0",
         summary="A model server that compiles what it serves.",

@@ -7,16 +7,16 @@ uvicorn's access log and the 500 handler, which all run in this request's task.
 
 from __future__ import annotations
 
-import os
+import random
 import re
 
-from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
 from service.logs import request_id
 
 HEADER = "X-Request-ID"
+HEADER_KEY = HEADER.lower().encode()  # as ASGI spells header names
 # Ids from proxies and clients are echoed and logged: accept only short, printable, unspaced ones.
 SANE_ID = re.compile(r"[A-Za-z0-9._:=+/-]{1,128}")
 
@@ -24,7 +24,18 @@ SANE_ID = re.compile(r"[A-Za-z0-9._:=+/-]{1,128}")
 def incoming_or_new(value: str | None) -> str:
     if value is not None and SANE_ID.fullmatch(value):
         return value
-    return os.urandom(16).hex()  # as random as uuid4().hex, without building a UUID
+    # 128 random bits, as many as uuid4's, for correlating logs rather than for secrecy:
+    # Python's generator (reseeded in each forked process) rather than a getrandom() syscall.
+    return f"{random.getrandbits(128):032x}"
+
+
+def given_id(scope: Scope) -> str | None:
+    """The request's X-Request-ID, from the raw header list: Starlette's `Headers` decodes every
+    header to find one, a cost on every request."""
+    for key, value in scope["headers"]:
+        if key == HEADER_KEY:
+            return str(value.decode("latin-1"))
+    return None
 
 
 def route_template(scope: Scope) -> str:
@@ -42,7 +53,8 @@ class RequestContext:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = incoming_or_new(Headers(scope=scope).get(HEADER))
+        rid = incoming_or_new(given_id(scope))
+        rid_header = (HEADER_KEY, rid.encode("latin-1"))
         # Not reset afterwards: the task ends with the request, and the 500 handler, which runs
         # outside this middleware, must still see it.
         request_id.set(rid)
@@ -52,7 +64,8 @@ class RequestContext:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                MutableHeaders(scope=message)[HEADER] = rid
+                # Appended without a search: no handler sets this header itself.
+                message["headers"] = [*message.get("headers", ()), rid_header]
             await send(message)
 
         try:

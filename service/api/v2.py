@@ -25,7 +25,7 @@ from service.api.deps import Services, services
 from service.api.health import readiness
 from service.api.problems import STATUS_OF, validation_detail
 from service.api.schemas import V2Error, error_responses
-from service.errors import BadRequestError, KilnError, NotFoundError, NotReadyError
+from service.errors import BadRequestError, KilnError, NotFoundError, NotReadyError, PayloadTooLargeError
 from service.records import VersionRecord
 from service.registry import ModelView
 from service.router import servable, serving_version
@@ -318,9 +318,29 @@ async def run_infer(
     return result, infer.select(result.outputs)
 
 
+async def bounded_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 past `limit` bytes: a declared length before any is read, a
+    chunked body as it arrives. The route checks this itself, since `hot_path` serves it without
+    the framework's body limit."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(too_large(int(declared), limit))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(too_large(size, limit))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(size: int, limit: int) -> str:
+    return f"the request body is at least {size} bytes; KILN_MAX_UPLOAD_MB allows {limit}"
+
+
 async def _infer(request: Request, name: str, version: int | None) -> Response:
     svc = await services(request)
-    body = await request.body()
+    body = await bounded_body(request, svc.settings.max_request_bytes)
     header_length = request.headers.get(HEADER_LENGTH)
     if decodes_inline(body, header_length):
         infer = decode_request(body, header_length)
