@@ -16,7 +16,7 @@ import math
 import threading
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
@@ -88,6 +88,14 @@ class Loaded:
     version: int
     # The artifact's size: weights and code, which is what a loaded runner holds in memory.
     size_bytes: int
+
+
+def warm_up(runner: Runner, spec: InputSpec, batches: Sequence[int]) -> None:
+    """Run the runner WARMUP_RUNS times at each batch size, on seeded random inputs."""
+    for batch in batches:
+        inputs = spec.random_inputs(batch, np.random.default_rng(0))
+        for _ in range(WARMUP_RUNS):
+            runner.run(inputs)
 
 
 def _unloaded(name: str) -> ConflictError:
@@ -428,7 +436,7 @@ class Runtime:
                 return variant, self.load(route.version, variant)  # pinned: nothing else may answer
             stand_in = None if wait else self._stand_in(route, batch)
             if stand_in is not None:
-                self._load_behind(route.version, variant)
+                self._load_behind(route, variant)
                 return stand_in
             try:
                 loaded = self._load_or_leave_out(route.version, variant)
@@ -452,7 +460,7 @@ class Runtime:
             with self._lock:
                 loaded = runner_key(route.version, other) in self._loaded
             if other.id != variant.id and not loaded and not self.over_budget():
-                self._load_behind(route.version, other)
+                self._load_behind(route, other)
 
     def warm(self, name: str) -> list[VariantRecord]:
         """Blocking: load the variants that serve the model's requests at batch 1 and at its
@@ -465,9 +473,7 @@ class Runtime:
         warmed = []
         for batch in benchmark_batches(route.spec):
             variant, loaded = self.runner(route, batch, wait=True)
-            inputs = route.spec.random_inputs(batch, np.random.default_rng(0))
-            for _ in range(WARMUP_RUNS):
-                loaded.runner.run(inputs)
+            warm_up(loaded.runner, route.spec, [batch])
             warmed.append(variant)
         if self._unloads[name] != unloads:  # its runners were not kept
             raise _unloaded(name)
@@ -484,10 +490,14 @@ class Runtime:
         return self._evictions
 
     def _load_or_leave_out(
-        self, version: VersionRecord, variant: VariantRecord, unloads: int | None = None
+        self,
+        version: VersionRecord,
+        variant: VariantRecord,
+        unloads: int | None = None,
+        warm_batches: Sequence[int] = (),
     ) -> Loaded:
         try:
-            return self.load(version, variant, unloads)
+            return self.load(version, variant, unloads, warm_batches)
         except StoreUnavailableError:
             raise
         except Exception as exc:
@@ -512,7 +522,8 @@ class Runtime:
         loaded = self._cached(runner_key(route.version, variant))
         return None if loaded is None else (variant, loaded)
 
-    def _load_behind(self, version: VersionRecord, variant: VariantRecord) -> None:
+    def _load_behind(self, route: Route, variant: VariantRecord) -> None:
+        version = route.version
         key = runner_key(version, variant)
         now = time.monotonic()
         with self._lock:
@@ -520,10 +531,14 @@ class Runtime:
                 return  # loading, or loaded a while ago and evicted since: the stand-in serves
             self._loaded_behind_at[key] = now
             unloads = self._unloads[version.name]
+        # Nobody waits for this load, so it also takes the runner's first calls at the sizes it
+        # will serve (TorchScript's profiling runs, cuDNN's first calls at a new shape) before
+        # any request can reach it.
+        sizes = [b for b in benchmark_batches(route.spec) if self.choose(route.variants, b).id == variant.id]
 
         def load() -> None:
             try:  # not kept if the model was unloaded since the request that asked for it
-                self._load_or_leave_out(version, variant, unloads)
+                self._load_or_leave_out(version, variant, unloads, sizes)
             except Exception as exc:  # a compiled variant's failure is logged where it is left out
                 if variant.backend == REFERENCE or isinstance(exc, StoreUnavailableError):
                     log.warning("background load of variant %s failed: %s", variant.id, exc)
@@ -538,11 +553,18 @@ class Runtime:
                 self._loaded.move_to_end(key)
             return loaded
 
-    def load(self, version: VersionRecord, variant: VariantRecord, unloads: int | None = None) -> Loaded:
-        """Blocking: load a variant's runner once, however many requests ask at the same time.
-        The runner is used but not kept when its model was unloaded or deleted, or the runtime
-        closed, since `unloads` (the model's count of unloads when the caller chose it; by
-        default, when this load began): it must not outlive them in memory."""
+    def load(
+        self,
+        version: VersionRecord,
+        variant: VariantRecord,
+        unloads: int | None = None,
+        warm_batches: Sequence[int] = (),
+    ) -> Loaded:
+        """Blocking: load a variant's runner once, however many requests ask at the same time,
+        and warm it up at `warm_batches` before any request can use it. The runner is used but
+        not kept when its model was unloaded or deleted, or the runtime closed, since `unloads`
+        (the model's count of unloads when the caller chose it; by default, when this load
+        began): it must not outlive them in memory."""
         key = runner_key(version, variant)
         with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
@@ -553,6 +575,7 @@ class Runtime:
                 loaded = self._cached(key)
                 if loaded is None:
                     loaded = self._load(version, variant)
+                    warm_up(loaded.runner, version.spec(), warm_batches)
                     with self._lock:
                         kept = not self._closed and self._unloads[version.name] == unloads
                         if kept:

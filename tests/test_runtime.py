@@ -12,7 +12,7 @@ import gc
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -218,12 +218,14 @@ def test_an_unloaded_model_is_refused_without_asking_the_store_each_time(
 
 class SlowToLoad:
     """A backend that takes `seconds` to load, and counts its loads and the batch sizes its
-    runners are called with."""
+    runners are called with, and what `observe()` said at each call."""
 
-    def __init__(self, name: str, seconds: float) -> None:
+    def __init__(self, name: str, seconds: float, observe: Callable[[], object] | None) -> None:
         self.backend = get_backend(name)
         self.seconds = seconds
+        self.observe = observe
         self.calls: list[int] = []
+        self.observed: list[object] = []
         self.loads = 0
 
     def load(self, artifact: Artifact) -> Runner:
@@ -234,14 +236,18 @@ class SlowToLoad:
 
         def run(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             self.calls.append(len(inputs["x"]))
+            if self.observe is not None:
+                self.observed.append(self.observe())
             return real_run(inputs)
 
         runner.run = run  # type: ignore[method-assign]
         return runner
 
 
-def slow_onnxruntime(monkeypatch: pytest.MonkeyPatch, seconds: float) -> SlowToLoad:
-    slow = SlowToLoad("onnxruntime", seconds)
+def slow_onnxruntime(
+    monkeypatch: pytest.MonkeyPatch, seconds: float, observe: Callable[[], object] | None = None
+) -> SlowToLoad:
+    slow = SlowToLoad("onnxruntime", seconds, observe)
     real = get_backend
     monkeypatch.setattr(
         "service.runtime.get_backend", lambda name: slow if name == "onnxruntime" else real(name)
@@ -254,8 +260,8 @@ def test_a_faster_variant_loads_behind_the_one_serving(
 ) -> None:
     """ONNX Runtime is the faster at batch 8 but is not loaded yet: TorchScript, loaded, answers
     at once while ONNX Runtime loads in the background (once, however many batches ask), and
-    serves once it has loaded."""
-    slow = slow_onnxruntime(monkeypatch, 2.0)
+    serves once it has loaded, warmed up before any batch could reach it."""
+    slow = slow_onnxruntime(monkeypatch, 2.0, lambda: runtime.loaded_runners)
     x8 = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
 
     async def main() -> tuple[Prediction, Prediction, float, Prediction]:
@@ -277,15 +283,18 @@ def test_a_faster_variant_loads_behind_the_one_serving(
     np.testing.assert_allclose(stood_in.outputs["output0"], expected(x8), rtol=1e-4, atol=1e-5)
     assert swapped.variant.backend == "onnxruntime"  # once loaded in the background
     np.testing.assert_allclose(swapped.outputs["output0"], expected(x8), rtol=1e-4, atol=1e-5)
-    assert slow.calls == [8]  # it ran nothing before it was loaded: the swapped-in batch only
+    # WARMUP_RUNS at batch 8, the size it serves, while only TorchScript was in service; then
+    # the swapped-in batch.
+    assert (slow.calls, slow.observed) == ([8, 8, 8], [1, 1, 2])
 
 
 def test_a_first_load_loads_the_other_batch_size_variant_behind(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first request, at batch 1, waits for TorchScript; ONNX Runtime, which serves batch 8,
-    then loads in the background without a batch of 8 asking, so the first one finds it loaded."""
-    slow = slow_onnxruntime(monkeypatch, 0.5)
+    then loads in the background without a batch of 8 asking, so the first one finds it loaded
+    and warmed up."""
+    slow = slow_onnxruntime(monkeypatch, 0.5, lambda: runtime.loaded_runners)
     x8 = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
 
     async def main() -> tuple[Prediction, Prediction]:
@@ -297,7 +306,8 @@ def test_a_first_load_loads_the_other_batch_size_variant_behind(
 
     first, batched = asyncio.run(main())
     assert first.variant.backend == "torchscript"
-    assert (slow.loads, slow.calls) == (1, [8])  # loaded once, and run only for the batch of 8
+    # Loaded once, warmed up (WARMUP_RUNS) before it was in service, then run for the batch of 8.
+    assert (slow.loads, slow.calls, slow.observed) == (1, [8, 8, 8], [1, 1, 2])
     assert batched.variant.backend == "onnxruntime"
     np.testing.assert_allclose(batched.outputs["output0"], expected(x8), rtol=1e-4, atol=1e-5)
 
