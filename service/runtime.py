@@ -94,8 +94,11 @@ def warm_up(runner: Runner, spec: InputSpec, batches: Sequence[int]) -> None:
     """Run the runner WARMUP_RUNS times at each batch size, on seeded random inputs."""
     for batch in batches:
         inputs = spec.random_inputs(batch, np.random.default_rng(0))
-        for _ in range(WARMUP_RUNS):
-            runner.run(inputs)
+        try:
+            for _ in range(WARMUP_RUNS):
+                runner.run(inputs)
+        except Exception as exc:
+            raise RuntimeError(f"its warm-up at batch {batch} failed: {exc}") from exc
 
 
 def _unloaded(name: str) -> ConflictError:
@@ -464,7 +467,7 @@ class Runtime:
 
     def warm(self, name: str) -> list[VariantRecord]:
         """Blocking: load the variants that serve the model's requests at batch 1 and at its
-        max batch, and run each once: TorchScript's profiling executor optimizes a graph only
+        max batch, and run each WARMUP_RUNS times: TorchScript's profiling executor optimizes a graph only
         after its first calls, and other runtimes allocate on theirs. The model's first
         requests then wait for neither. Returns the variants, one per batch size."""
         with self._lock:

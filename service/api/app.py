@@ -7,7 +7,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from fastapi import FastAPI
 from fastapi.telemetry import TelemetryConfig
@@ -63,12 +63,21 @@ NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": Fal
 
 
 class KilnAPI(FastAPI):
-    """FastAPI, with the v2 infer routes served ahead of its middleware (`hot_path`)."""
+    """FastAPI, with the v2 infer routes served ahead of its middleware (`hot_path`) unless
+    `hot_path` is off: with OpenTelemetry on, FastAPI's router names each span's route, and
+    tracing is worth the framework's cost."""
+
+    def __init__(self, *, hot_path: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.hot_path = hot_path
 
     def build_middleware_stack(self) -> ASGIApp:
+        stack = super().build_middleware_stack()
+        if not self.hot_path:
+            return stack
         # The router's own routes: FastAPI includes a router as a whole, not route by route.
         routes = [route for route in v2.inference.routes if isinstance(route, InferRoute)]
-        return InferenceFirst(super().build_middleware_stack(), routes)
+        return InferenceFirst(stack, routes)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -109,6 +118,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 resuming.close()
 
     app = KilnAPI(
+        hot_path=not settings.opentelemetry,
         title="Kiln",
         version="0.1.0",
         summary="A model server that compiles what it serves.",
@@ -119,7 +129,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.api_keys = api_keys
     app.add_middleware(RequestContext)
     problems.install(app)
-    # Routes match in order. v2 inference, the hot path, comes first. The repository extension
+    # Routes match in order. v2 inference comes first, for when the hot path is off (OpenTelemetry
+    # on): matching it then tries two routes instead of every route. The repository extension
     # comes before the rest of v2, whose /v2/models/{name} would match /v2/models/stats. The v2
     # catch-all, which answers unknown /v2 paths in the protocol's error shape, comes last.
     for router in (v2.inference, repository.router, v2.router):

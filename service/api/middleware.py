@@ -7,6 +7,7 @@ uvicorn's access log and the 500 handler, which all run in this request's task.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 
@@ -19,14 +20,17 @@ HEADER = "X-Request-ID"
 HEADER_KEY = HEADER.lower().encode()  # as ASGI spells header names
 # Ids from proxies and clients are echoed and logged: accept only short, printable, unspaced ones.
 SANE_ID = re.compile(r"[A-Za-z0-9._:=+/-]{1,128}")
+# New ids: 128 random bits, as many as uuid4's, for correlating logs rather than for secrecy, so
+# from a generator rather than a getrandom() syscall per request. A generator of its own, which
+# no library's random.seed() can repeat, reseeded in each forked process.
+_IDS = random.Random()
+os.register_at_fork(after_in_child=_IDS.seed)
 
 
 def incoming_or_new(value: str | None) -> str:
     if value is not None and SANE_ID.fullmatch(value):
         return value
-    # 128 random bits, as many as uuid4's, for correlating logs rather than for secrecy:
-    # Python's generator (reseeded in each forked process) rather than a getrandom() syscall.
-    return f"{random.getrandbits(128):032x}"
+    return f"{_IDS.getrandbits(128):032x}"
 
 
 def given_id(scope: Scope) -> str | None:
@@ -71,7 +75,8 @@ class RequestContext:
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
-            if not status:  # the 500 handler answers it, outside this middleware
+            # Answered outside this middleware: by the 500 handler, or by uvicorn on the hot path.
+            if not status:
                 metrics.HTTP_ERRORS.labels("500", route_template(scope)).inc()
             raise
         if status >= 400:

@@ -258,7 +258,7 @@ ERROR_DESCRIPTIONS = {
     403: "The API key lacks the scope this needs.",
     404: "No such model, version or job.",
     409: "The model is unloaded (POST /v2/repository/models/{name}/load serves it again).",
-    413: "The upload is larger than KILN_MAX_UPLOAD_MB.",
+    413: "The request body (an upload, or an inference request) is larger than KILN_MAX_UPLOAD_MB.",
     422: "An invalid config or request field, named in the message.",
     503: "The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry "
     "after the Retry-After header's seconds.",

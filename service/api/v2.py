@@ -359,12 +359,13 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
     return Response(payload, media_type="application/octet-stream", headers={HEADER_LENGTH: str(json_length)})
 
 
-# The hot path, in a router of its own that app.py includes before every other, so that matching
-# an inference request tries two routes instead of every route. Its handlers call the auth check
-# and reach the services themselves: FastAPI's dependency solving costs more per request than
-# the rest of the handler's own Python.
+# The hot path, in a router of its own: `hot_path` matches these routes ahead of the framework's
+# middleware. Its handlers call the auth check and reach the services themselves: FastAPI's
+# dependency solving costs more per request than the rest of the handler's own Python.
 inference = APIRouter(
-    tags=["v2"], route_class=InferRoute, responses=error_responses(V2Error, 400, 401, 403, 404, 409, 503)
+    tags=["v2"],
+    route_class=InferRoute,
+    responses=error_responses(V2Error, 400, 401, 403, 404, 409, 413, 503),
 )
 check_infer = require(Scope.infer)
 

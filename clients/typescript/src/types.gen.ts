@@ -803,7 +803,7 @@ export type UploadModelErrors = {
      */
     403: Problem;
     /**
-     * The upload is larger than KILN_MAX_UPLOAD_MB.
+     * The request body (an upload, or an inference request) is larger than KILN_MAX_UPLOAD_MB.
      */
     413: Problem;
     /**
@@ -1588,6 +1588,10 @@ export type V2InferErrors = {
      */
     409: V2Error;
     /**
+     * The request body (an upload, or an inference request) is larger than KILN_MAX_UPLOAD_MB.
+     */
+    413: V2Error;
+    /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: V2Error;
@@ -1853,6 +1857,10 @@ export type V2InferVersionErrors = {
      * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
      */
     409: V2Error;
+    /**
+     * The request body (an upload, or an inference request) is larger than KILN_MAX_UPLOAD_MB.
+     */
+    413: V2Error;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */

@@ -53,6 +53,11 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
 
         return response_409
 
+    if response.status_code == 413:
+        response_413 = V2Error.from_dict(response.json())
+
+        return response_413
+
     if response.status_code == 503:
         response_503 = V2Error.from_dict(response.json())
 
