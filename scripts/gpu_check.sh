@@ -40,8 +40,9 @@ fail() {
     exit 1
 }
 
+# The tests' own picker: below the ephemeral range, where no outgoing connection can take it.
 free_port() {
-    "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+    "$PYTHON" -c 'from tests.servers import free_port; print(free_port())'
 }
 
 "$PYTHON" -c 'import torch; assert torch.version.cuda, "torch " + torch.__version__ + " is a CPU build"
