@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,9 +12,9 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.client import expected, infer_body, predict, sample, upload
+from tests.client import expected, infer_body, predict, sample, scrape, upload, value
 from tests.models import MODELS
-from tests.servers import KilnServer, RedisServer, running
+from tests.servers import KilnServer, RedisServer, running, wait_until
 
 ADMIN, INFER = "admin-secret", "infer-secret"
 MLP = MODELS["mlp"]
@@ -110,6 +111,41 @@ def test_v2_infer_over_limit(http: httpx.Client) -> None:
     assert served.status_code == 200, served.text
     got = np.array(served.json()["outputs"][0]["data"], dtype=np.float32)
     np.testing.assert_allclose(got, expected(MLP, x).ravel(), rtol=1e-5, atol=1e-6)
+
+
+def hang_up_mid_body(port: int, path: str, content_type: str, start: bytes) -> None:
+    """Declare a body, send its start, and close the connection."""
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: kiln\r\nAuthorization: Bearer {ADMIN}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: 100000\r\n\r\n"
+        )
+        sock.sendall(head.encode() + start)
+        time.sleep(0.2)  # let the server start reading the body
+
+
+def test_a_client_that_hangs_up_mid_body_is_no_server_error(server: KilnServer, http: httpx.Client) -> None:
+    """A client gone before its body is in is counted as 499 (nginx's "client closed request")
+    on its route: not a 500 with a traceback, and not a 400 of its own making."""
+    part = b'--kiln\r\nContent-Disposition: form-data; name="file"; filename="m.pt"\r\n\r\nPK'
+    hang_ups = {
+        "/v2/models/{name}/infer": ("/v2/models/mlp/infer", "application/json", b'{"inputs": ['),
+        "/v1/models/{name}/predict": ("/v1/models/mlp/predict", "application/json", b'{"inputs": {'),
+        "/v1/models": ("/v1/models", "multipart/form-data; boundary=kiln", part),
+    }
+    before = scrape(http)
+    for path, content_type, start in hang_ups.values():
+        hang_up_mid_body(server.port, path, content_type, start)
+
+    def added(code: str, route: str) -> float:
+        return value(scrape(http), "kiln_http_errors_total", code=code, route=route) - value(
+            before, "kiln_http_errors_total", code=code, route=route
+        )
+
+    wait_until(lambda: all(added("499", route) == 1 for route in hang_ups), 10, "a 499 on each route")
+    for route in hang_ups:
+        assert (added("400", route), added("500", route)) == (0, 0), route
+    assert "unhandled error" not in server.log.read_text()
 
 
 def test_unknown_model_and_version(http: httpx.Client) -> None:

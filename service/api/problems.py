@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from compiler.errors import (
     BackendUnavailableError,
@@ -34,7 +35,16 @@ STATUS_OF: dict[type[Exception], tuple[int, str]] = {
     InvalidSpecError: (422, "Invalid input spec"),
     BackendUnavailableError: (422, "Backend unavailable"),
     StoreUnavailableError: (503, "Store unavailable"),
+    # nginx's code: the client closed its connection before its request was in. No one reads
+    # the answer; the code keeps such requests out of both client (400) and server (5xx) errors.
+    ClientDisconnect: (499, "Client closed request"),
 }
+
+
+def unwrapped(exc: Exception) -> Exception:
+    """A client's disconnect as itself: FastAPI, reading a body, reports it as a 400."""
+    cause = exc.__cause__
+    return cause if isinstance(exc, HTTPException) and isinstance(cause, ClientDisconnect) else exc
 
 
 def problem(status: int, title: str, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -93,6 +103,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        if isinstance(unwrapped(exc), ClientDisconnect):
+            status, title = STATUS_OF[ClientDisconnect]
+            return problem(status, title, "the client closed the connection before its request was in")
         return problem(exc.status_code, "HTTP error", str(exc.detail))
 
     @app.exception_handler(Exception)

@@ -23,7 +23,7 @@ from compiler.spec import DTYPES, InputSpec
 from service.api.auth import Scope, infer_scope, require
 from service.api.deps import Services, services
 from service.api.health import readiness
-from service.api.problems import STATUS_OF, validation_detail
+from service.api.problems import STATUS_OF, unwrapped, validation_detail
 from service.api.schemas import V2Error, error_responses
 from service.errors import BadRequestError, KilnError, NotFoundError, NotReadyError, PayloadTooLargeError
 from service.records import VersionRecord
@@ -43,6 +43,7 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "
 
 def error_of(exc: Exception) -> tuple[int, str] | None:
     """The status and message of an expected error; None for a bug."""
+    exc = unwrapped(exc)
     if isinstance(exc, KilnError):
         return exc.status_code, str(exc)
     if isinstance(exc, HTTPException):
