@@ -38,7 +38,7 @@ from compiler.runner import Runner
 from compiler.spec import InputSpec
 from compiler.threads import set_threads
 from service.races import contender
-from service.records import TUNING_TRIALS, VariantRecord, VariantStatus
+from service.records import TUNING_TRIALS, ModelConfig, VariantRecord, VariantStatus
 from service.router import ANY_TARGET, choose_variant
 from tests.models import Encoder, LSTMHead
 
@@ -74,7 +74,11 @@ COMPILED = (
     Column("tvm-tuned", "TVM tuned", "tvm"),  # options (the trials) are set per model
     Column("onnxruntime", "ONNX Runtime", "onnxruntime"),
     Column("inductor", "AOTInductor", "inductor"),
+    Column("openvino", "OpenVINO", "openvino"),
+    Column("openvino-bf16", "OpenVINO bf16", "openvino", {"precision": "bf16"}),
 )
+# The upload config's defaults: its tolerances by precision, as a worker verifies.
+DEFAULTS = ModelConfig.model_construct()
 
 
 @dataclass
@@ -123,7 +127,8 @@ def compile_column(column: Column, model: bytes, spec: InputSpec, target: str, t
                 f"  {column.title}: {tuning['trials_done']}/{tuning['trials_total']} trials", style="dim"
             )
 
-    options = CompileOptions(threads=threads, backend_options=dict(column.options))
+    rtol, atol = DEFAULTS.tolerance(column.options)
+    options = CompileOptions(rtol, atol, threads, backend_options=dict(column.options))
     try:
         # No tuning records are passed: a tuned build tunes from scratch, so its wall time is honest.
         result = compile_and_check(model, spec, column.backend, target, options, progress=progress)

@@ -202,7 +202,7 @@ def check_answer(target: Target, expected: np.ndarray) -> None:
 
 
 # The CPU compilers Kiln races against TorchScript for the CNN; untuned TVM never wins there.
-RESNET_BACKENDS = ["onnxruntime", "inductor"]
+RESNET_BACKENDS = ["onnxruntime", "inductor", "openvino"]
 
 
 def upload(http: httpx.Client, name: str, model: BenchModel, path: Path, **config: object) -> None:
@@ -296,6 +296,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds the seconds are split over")
     p.add_argument("--mlp-concurrency", type=int, default=16)
     p.add_argument("--resnet-concurrency", type=int, default=8)
+    p.add_argument(
+        "--resnet-backends",
+        type=json.loads,
+        default=RESNET_BACKENDS,
+        help='the ResNet\'s `backends`, JSON: add {"name": "openvino", "options": {"precision": "bf16"}}',
+    )
     p.add_argument("--max-batch-size", type=int, default=8)
     p.add_argument("--queue-delay-us", type=int, default=20_000, help="ResNet max_queue_delay_us")
     p.add_argument("--threads", type=int, default=2, help="intra-op threads of every server process")
@@ -361,7 +367,7 @@ def start_kiln(stack: ExitStack, tmp: Path, args: argparse.Namespace, paths: dic
     with httpx.Client(base_url=kiln.url, timeout=300) as http:
         upload(http, "mlp", MLP64, paths["mlp"], max_batch_size=mb)  # queue delay: server default, 0
         upload(http, "mlp-b1", MLP64, paths["mlp"], max_batch_size=1)
-        delay, racers = args.queue_delay_us, RESNET_BACKENDS
+        delay, racers = args.queue_delay_us, args.resnet_backends
         path = paths["resnet18"]
         upload(http, "resnet18", RESNET18, path, max_batch_size=mb, max_queue_delay_us=delay, backends=racers)
         upload(http, "resnet18-b1", RESNET18, path, max_batch_size=1, backends=racers)

@@ -138,9 +138,12 @@ class ModelConfig(ServingConfig):
     tuning_trials: int = Field(default=0, ge=0, le=MAX_TUNING_TRIALS)
     rtol: float = Field(default=1e-4, ge=0)
     atol: float = Field(default=1e-5, ge=0)
-    # Verification tolerance for variants whose options ask for precision "fp16".
+    # Verification tolerance for variants whose options ask for precision "fp16", and "bf16":
+    # three fewer mantissa bits, so looser (a ResNet-18 in bf16 is about 0.02 off).
     fp16_rtol: float = Field(default=1e-2, ge=0)
     fp16_atol: float = Field(default=1e-2, ge=0)
+    bf16_rtol: float = Field(default=5e-2, ge=0)
+    bf16_atol: float = Field(default=5e-2, ge=0)
     # Extra verification inputs: each a mapping of input name to nested lists.
     samples: list[dict[str, Any]] = Field(default_factory=list, max_length=16)
 
@@ -156,8 +159,11 @@ class ModelConfig(ServingConfig):
 
     def tolerance(self, options: Options) -> tuple[float, float]:
         """(rtol, atol) for a variant with these options."""
-        if options.get("precision") == "fp16":
+        precision = options.get("precision")
+        if precision == "fp16":
             return self.fp16_rtol, self.fp16_atol
+        if precision == "bf16":
+            return self.bf16_rtol, self.bf16_atol
         return self.rtol, self.atol
 
 

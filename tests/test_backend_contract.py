@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def _tvm() -> object:
     return "tvm"
 
 
-BACKENDS = ["onnxruntime", "inductor", _tvm()]
+BACKENDS = ["onnxruntime", "inductor", "openvino", _tvm()]
 # Inductor has no kernel of its own for svdvals but calls ATen's, so that model really compiles.
 SUPPORTS_SVDVALS = {"inductor"}
 
@@ -128,3 +129,12 @@ def test_version_and_targets(backend: str) -> None:
     assert implementation.unavailable_reason(cpu_target()) is None
     reason = implementation.unavailable_reason("cuda-sm90")
     assert reason is not None and reason.startswith(f"{backend}: ")
+
+
+def test_openvino_sends_no_telemetry(results: Results) -> None:
+    """Without a consent file OpenVINO reports each import and conversion to Google Analytics
+    from a forked process; the backend makes it use its no-op stub."""
+    compiled(results, "openvino", "mlp")
+    assert sys.modules["openvino_telemetry"] is None
+    used = sys.modules["openvino.tools.ovc.telemetry_utils"].tm
+    assert used.__name__ == "openvino.tools.ovc.telemetry_stub"

@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from compiler.backends.openvino import has_native_bf16
 from compiler.hardware import cpu_target
 from service.api.schemas import CompileIn
 from service.records import ModelConfig, VariantStatus, WorkerRecord, options_key
@@ -114,6 +115,30 @@ def test_a_version_compiles_another_backend_and_its_failures_again(
     )
 
 
+def test_openvino_builds_an_fp32_and_a_bf16_variant(http: httpx.Client) -> None:
+    """Both are verified: fp32 at the default tolerance, bf16 at its own, and really in bf16 (its
+    error is far above fp32's). A CPU without native bf16 refuses that one by name."""
+    bf16 = {"name": "openvino", "options": {"precision": "bf16"}}
+    response = upload(http, MODELS["cnn"], name="ov", max_batch_size=4, backends=["openvino", bf16])
+    assert response.status_code == 202, response.text
+    variants = [v for v in wait_settled(http, "ov", 1) if v["backend"] == "openvino"]
+    fp32, low = sorted(variants, key=lambda v: len(v["options"]))
+    assert (fp32["options"], fp32["status"]) == ({}, "ready"), fp32["error"]
+    assert fp32["max_abs_error"] <= 1e-5 and fp32["latency_ms_by_batch"].keys() == {"1", "4"}
+    assert low["options"] == {"precision": "bf16"}
+    if has_native_bf16():
+        assert low["status"] == "ready", low["error"]
+        assert 100 * fp32["max_abs_error"] < low["max_abs_error"] <= 5e-2
+    else:
+        assert low["status"] == "failed" and "needs a CPU with native bf16" in low["error"]
+    x = sample(MODELS["cnn"], 3)
+    out = predict(http, "ov", x, backend="openvino")
+    assert out.status_code == 200, out.text
+    np.testing.assert_allclose(
+        np.array(out.json()["outputs"]["output0"]), expected(MODELS["cnn"], x), rtol=5e-2, atol=5e-2
+    )
+
+
 def test_what_cannot_be_compiled_is_refused_by_name(http: httpx.Client) -> None:
     assert upload(http, MLP, name="refused", backends=[]).status_code == 202
     cases = [
@@ -123,6 +148,7 @@ def test_what_cannot_be_compiled_is_refused_by_name(http: httpx.Client) -> None:
         ({"max_batch_size": 8}, 422, "max_batch_size"),
         ({"tuning_trials": -1}, 422, "tuning_trials"),
         ({"backends": [{"name": "inductor", "options": {"mode": "max"}}]}, 422, "known: none"),
+        ({"backends": [{"name": "openvino", "options": {"precision": "fp16"}}]}, 422, "fp32 or bf16"),
         (  # the version's max_batch_size is the server default, 8
             {"backends": [{"name": "tensorrt", "options": {"opt_batch_size": 16}}]},
             422,

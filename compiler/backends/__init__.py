@@ -15,6 +15,7 @@ REGISTRY: dict[str, str] = {
     "tvm": "compiler.backends.tvm",
     "onnxruntime": "compiler.backends.onnxruntime",
     "inductor": "compiler.backends.inductor",
+    "openvino": "compiler.backends.openvino",
     "tensorrt": "compiler.backends.tensorrt",
 }
 
@@ -36,6 +37,7 @@ FAMILIES: dict[str, tuple[str, ...]] = {
     "tvm": ("cpu", "cuda"),
     "onnxruntime": ("cpu",),
     "inductor": ("cpu",),
+    "openvino": ("cpu",),
     "tensorrt": ("cuda",),
 }
 
@@ -55,6 +57,7 @@ OPTIONS: dict[str, dict[str, tuple[str, Callable[[object, int], bool]]]] = {
     },
     "onnxruntime": {},
     "inductor": {},
+    "openvino": {"precision": ("fp32 or bf16", lambda v, _: v in ("fp32", "bf16"))},
     "tensorrt": {
         "precision": ("fp32 or fp16", lambda v, _: v in ("fp32", "fp16")),
         # The batch TensorRT tunes its kernels for: one that calls can have.

@@ -1,0 +1,165 @@
+"""The OpenVINO backend: TorchScript -> ExportedProgram -> an OpenVINO model on the CPU plugin.
+
+OpenVINO's PyTorch frontend converts the ExportedProgram of compiler.frontend directly (no ONNX
+in between). The artifact holds the model as OpenVINO IR (its XML and weights), not a compiled
+blob: the CPU plugin compiles at load for the CPU it finds, since a target names the CPU's
+family and vector width, not every extension the plugin may use (AMX, say).
+
+Option `precision`: "fp32" (the default; OpenVINO's CPU plugin would otherwise pick bf16 on a
+CPU that has it) or "bf16", which runs convolutions and matrix products in bfloat16 on a CPU
+with native bf16 (AVX512-BF16, AMX), verified at the config's bf16 tolerance. A worker whose
+CPU lacks native bf16 refuses to build that variant.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from compiler.artifact import Artifact
+from compiler.backends.base import export_for
+from compiler.errors import BackendUnavailableError, ConversionError
+from compiler.runner import output_names
+from compiler.spec import InputSpec
+
+PRECISIONS = {"fp32": "f32", "bf16": "bf16"}
+
+
+class OpenVINORunner:
+    backend = "openvino"
+
+    def __init__(self, compiled: Any, spec: InputSpec) -> None:
+        self._compiled = compiled
+        self._names = spec.names
+        self.names = output_names(len(compiled.outputs))
+        # An infer request runs one call at a time; the batcher's threads each get their own.
+        self._requests = threading.local()
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        request = getattr(self._requests, "request", None)
+        if request is None:
+            request = self._requests.request = self._compiled.create_infer_request()
+        # Copied out (share_outputs=False): the request's buffers are reused by its next call.
+        results = request.infer([np.ascontiguousarray(inputs[n]) for n in self._names], share_outputs=False)
+        return dict(zip(self.names, results.to_tuple(), strict=True))
+
+
+class OpenVINOBackend:
+    name = "openvino"
+
+    def version(self) -> str:
+        # The frontend that converts torch's graph ships with OpenVINO; torch shapes that graph.
+        return f"{_openvino().__version__}+torch-{torch.__version__}"
+
+    def unavailable_reason(self, target: str) -> str | None:
+        if not target.startswith("cpu-"):
+            return f"openvino: only cpu targets are supported; got {target!r}"
+        try:
+            _openvino()
+        except Exception as exc:  # a broken install raises more than ImportError
+            return f"openvino: cannot import openvino ({type(exc).__name__}: {exc})"
+        return None
+
+    def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
+        program = export_for(self, model, spec, self.unavailable_reason(target))
+        threads = int(options.get("threads") or os.cpu_count() or 1)
+        precision = str(options.get("precision", "fp32"))
+        if precision == "bf16" and not has_native_bf16():
+            raise BackendUnavailableError("openvino: precision bf16 needs a CPU with native bf16")
+        try:
+            model_xml, weights = _to_ir(program, spec)
+            meta = {"threads": threads, "precision": precision, "xml_bytes": len(model_xml)}
+            artifact = Artifact(self.name, target, spec, model_xml + weights, meta)
+            self.load(artifact)  # an op the CPU plugin lacks fails here, not at serving time
+        except ConversionError as exc:
+            raise ConversionError(f"openvino: {exc}") from exc
+        except Exception as exc:  # the frontend and the plugin raise many types with C++ traces
+            raise ConversionError(f"openvino: {_reason(exc)}") from exc
+        return artifact
+
+    def load(self, artifact: Artifact) -> OpenVINORunner:
+        ov = _openvino()
+        split = int(artifact.meta["xml_bytes"])
+        weights = np.frombuffer(artifact.payload, np.uint8, offset=split)
+        model = _core().read_model(artifact.payload[:split].decode(), ov.Tensor(weights))
+        config = {
+            # Set explicitly, as every runtime's threads are, so variants compare fairly.
+            "INFERENCE_NUM_THREADS": int(artifact.meta["threads"]),
+            "NUM_STREAMS": 1,
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": PRECISIONS[artifact.meta["precision"]],
+            # Pinned threads would fight the other runtimes' pools in the same process.
+            "ENABLE_CPU_PINNING": False,
+        }
+        return OpenVINORunner(_core().compile_model(model, "CPU", config), artifact.spec)
+
+
+def _openvino() -> Any:
+    """OpenVINO with its usage telemetry off. Without a consent file it sends Google Analytics
+    events, from a forked process, when imported and at each conversion; a server must not. With
+    `openvino_telemetry` unimportable, OpenVINO uses its own no-op stub."""
+    sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+    import openvino
+
+    return openvino
+
+
+@functools.cache
+def _core() -> Any:
+    """One ov.Core per process: it holds the plugins, loaded once."""
+    return _openvino().Core()
+
+
+def has_native_bf16() -> bool:
+    """Whether OpenVINO's CPU plugin computes in bf16 on this CPU (AVX512-BF16 or AMX)."""
+    return "BF16" in _core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
+def _to_ir(program: Any, spec: InputSpec) -> tuple[bytes, bytes]:
+    """The program as OpenVINO IR: its XML and its weights, kept in fp32."""
+    ov = _openvino()
+    model = ov.convert_model(_without_whole_slices(program))
+    if len(model.inputs) != len(spec.inputs):
+        raise ConversionError(f"the converted model takes {len(model.inputs)} inputs, not {len(spec.inputs)}")
+    # The frontend leaves every dimension dynamic; only the batch is.
+    shapes = [ov.PartialShape([-1, *t.shape[1:]]) for t in spec.inputs]
+    model.reshape(dict(zip(model.inputs, shapes, strict=True)))
+    with tempfile.TemporaryDirectory(prefix="kiln-openvino-") as tmp:
+        xml = Path(tmp, "model.xml")
+        ov.save_model(model, xml, compress_to_fp16=False)  # by default it halves the weights
+        return xml.read_bytes(), xml.with_suffix(".bin").read_bytes()
+
+
+def _without_whole_slices(program: Any) -> Any:
+    """The program with every slice given only its input dropped: TorchScript's `x[:, -1]` leaves
+    one, and OpenVINO's converter reads past its arguments (an LSTM head fails to convert)."""
+    graph = program.graph_module.graph
+    for node in list(graph.nodes):
+        if node.target is torch.ops.aten.slice.Tensor and len(node.args) == 1 and not node.kwargs:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+    program.graph_module.recompile()
+    return program
+
+
+def _reason(exc: BaseException) -> str:
+    """One line. OpenVINO's errors run to pages of C++ locations; a conversion's ends with a
+    summary that names the ops it has no rule for and those whose conversion failed."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    after = lines[lines.index("Summary:") + 1 :] if "Summary:" in lines else []
+    summary = [line.removeprefix("-- ") for line in after if line.startswith("-- ")]
+    plain = [line for line in lines if not line.startswith(("Check ", "Exception "))]
+    text = "; ".join(summary) or next(iter(plain), "")
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+backend = OpenVINOBackend()
