@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from compiler.artifact import Artifact
+from compiler.backends import family_reason
 from compiler.backends.base import export_for
 from compiler.backends.torchscript import flatten_outputs
 from compiler.errors import ConversionError
@@ -54,8 +55,8 @@ class InductorBackend:
         return f"torch-{torch.__version__}"
 
     def unavailable_reason(self, target: str) -> str | None:
-        if not target.startswith("cpu-"):
-            return f"inductor: only cpu targets are supported; got {target!r}"
+        if (family := family_reason(self.name, target)) is not None:
+            return family
         # Inductor's own default compiler; it builds the kernels and links the package's library.
         if shutil.which(os.environ.get("CXX", "g++")) is None:
             return "inductor: no C++ compiler (g++, or $CXX) on PATH"

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from compiler.artifact import Artifact
+from compiler.backends import family_reason
 from compiler.backends.base import export_for
 from compiler.errors import ConversionError
 from compiler.runner import output_names
@@ -50,8 +51,8 @@ class ONNXRuntimeBackend:
         return f"{onnxruntime.__version__}+torch-{torch.__version__}+onnxscript-{onnxscript.__version__}"
 
     def unavailable_reason(self, target: str) -> str | None:
-        if not target.startswith("cpu-"):
-            return f"onnxruntime: only cpu targets are supported; got {target!r}"
+        if (family := family_reason(self.name, target)) is not None:
+            return family
         try:
             import onnxruntime  # noqa: F401
             import onnxscript  # noqa: F401

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from compiler.artifact import Artifact
+from compiler.backends import family_reason
 from compiler.backends.base import export_for
 from compiler.errors import BackendUnavailableError, ConversionError
 from compiler.runner import output_names
@@ -39,6 +40,7 @@ class OpenVINORunner:
 
     def __init__(self, compiled: Any, spec: InputSpec) -> None:
         self._compiled = compiled
+        self._tensor = _openvino().Tensor
         self._names = spec.names
         self.names = output_names(len(compiled.outputs))
         # An infer request runs one call at a time; the batcher's threads each get their own.
@@ -48,9 +50,13 @@ class OpenVINORunner:
         request = getattr(self._requests, "request", None)
         if request is None:
             request = self._requests.request = self._compiled.create_infer_request()
-        # Copied out (share_outputs=False): the request's buffers are reused by its next call.
-        results = request.infer([np.ascontiguousarray(inputs[n]) for n in self._names], share_outputs=False)
-        return dict(zip(self.names, results.to_tuple(), strict=True))
+        # Tensors set one by one rather than through `infer(inputs)`, whose conversions took
+        # 35 us of a small MLP's 57 here. The inputs outlive the call, so they are not copied.
+        for i, name in enumerate(self._names):
+            request.set_input_tensor(i, self._tensor(np.ascontiguousarray(inputs[name]), shared_memory=True))
+        request.infer()
+        # Copied out: the request reuses its output buffers on its next call.
+        return {name: request.get_output_tensor(i).data.copy() for i, name in enumerate(self.names)}
 
 
 class OpenVINOBackend:
@@ -61,8 +67,8 @@ class OpenVINOBackend:
         return f"{_openvino().__version__}+torch-{torch.__version__}"
 
     def unavailable_reason(self, target: str) -> str | None:
-        if not target.startswith("cpu-"):
-            return f"openvino: only cpu targets are supported; got {target!r}"
+        if (family := family_reason(self.name, target)) is not None:
+            return family
         try:
             _openvino()
         except Exception as exc:  # a broken install raises more than ImportError
