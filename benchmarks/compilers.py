@@ -38,7 +38,7 @@ from compiler.runner import Runner
 from compiler.spec import InputSpec
 from compiler.threads import set_threads
 from service.races import contender
-from service.records import TUNING_TRIALS, ModelConfig, VariantRecord, VariantStatus
+from service.records import TUNING_TRIALS, VariantRecord, VariantStatus, default_tolerance
 from service.router import ANY_TARGET, choose_variant
 from tests.models import Encoder, LSTMHead
 
@@ -77,8 +77,6 @@ COMPILED = (
     Column("openvino", "OpenVINO", "openvino"),
     Column("openvino-bf16", "OpenVINO bf16", "openvino", {"precision": "bf16"}),
 )
-# The upload config's defaults: its tolerances by precision, as a worker verifies.
-DEFAULTS = ModelConfig.model_construct()
 
 
 @dataclass
@@ -127,7 +125,7 @@ def compile_column(column: Column, model: bytes, spec: InputSpec, target: str, t
                 f"  {column.title}: {tuning['trials_done']}/{tuning['trials_total']} trials", style="dim"
             )
 
-    rtol, atol = DEFAULTS.tolerance(column.options)
+    rtol, atol = default_tolerance(column.options)  # as a worker verifies an upload's variant
     options = CompileOptions(rtol, atol, threads, backend_options=dict(column.options))
     try:
         # No tuning records are passed: a tuned build tunes from scratch, so its wall time is honest.

@@ -167,6 +167,11 @@ class ModelConfig(ServingConfig):
         return self.rtol, self.atol
 
 
+def default_tolerance(options: Options) -> tuple[float, float]:
+    """(rtol, atol) for a variant with these options, when the upload config sets none."""
+    return ModelConfig.model_construct().tolerance(options)
+
+
 class OutputInfo(BaseModel):
     name: str
     dtype: str
