@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import sys
 
 import numpy as np
@@ -113,8 +114,12 @@ def test_unsupported_op_is_a_one_line_conversion_error(backend: str) -> None:
     if backend in SUPPORTS_SVDVALS:
         assert compile_checked(backend, UNCONVERTIBLE.name).max_abs_error <= error_bound(UNCONVERTIBLE.name)
         return
+    root = logging.getLogger()
+    logging_before = (root.level, list(root.filters), list(root.handlers))
     with pytest.raises(ConversionError) as info:
         compile_checked(backend, UNCONVERTIBLE.name)
+    # A failed conversion leaves the process's logging as it was (OpenVINO's set it to ERROR).
+    assert (root.level, root.filters, root.handlers) == logging_before
     message = str(info.value)
     assert message.startswith(f"{backend}: ")
     assert "svd" in message

@@ -14,6 +14,7 @@ CPU lacks native bf16 refuses to build that variant.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import sys
 import tempfile
@@ -133,7 +134,7 @@ def has_native_bf16() -> bool:
 def _to_ir(program: Any, spec: InputSpec) -> tuple[bytes, bytes]:
     """The program as OpenVINO IR: its XML and its weights, kept in fp32."""
     ov = _openvino()
-    model = ov.convert_model(_without_whole_slices(program))
+    model = _converted(_without_whole_slices(program))
     if len(model.inputs) != len(spec.inputs):
         raise ConversionError(f"the converted model takes {len(model.inputs)} inputs, not {len(spec.inputs)}")
     # The frontend leaves every dimension dynamic; only the batch is.
@@ -143,6 +144,18 @@ def _to_ir(program: Any, spec: InputSpec) -> tuple[bytes, bytes]:
         xml = Path(tmp, "model.xml")
         ov.save_model(model, xml, compress_to_fp16=False)  # by default it halves the weights
         return xml.read_bytes(), xml.with_suffix(".bin").read_bytes()
+
+
+def _converted(program: Any) -> Any:
+    """`ov.convert_model`, with the root logger left as it was: a conversion sets it to ERROR with
+    a filter of OpenVINO's, and puts it back only when it succeeds."""
+    root = logging.getLogger()
+    level, filters, handlers = root.level, list(root.filters), list(root.handlers)
+    try:
+        return _openvino().convert_model(program)
+    finally:
+        root.setLevel(level)
+        root.filters, root.handlers = filters, handlers
 
 
 def _without_whole_slices(program: Any) -> Any:
