@@ -24,17 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The kernel's ephemeral range (Linux's default where /proc does not say): ports it hands to
 # outgoing connections, so a port picked there can be taken, before the server binds it, by a
-# connection the server itself opens at startup (Redis). CI lost a run to exactly that.
+# connection the server itself opens at startup (Redis). CI lost a run to exactly that. So ports
+# come from below it, above the well-known services' 1024..9999.
 _PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 EPHEMERAL_LOW = int(_PORT_RANGE.read_text().split()[0]) if _PORT_RANGE.exists() else 32768
+_BELOW = range(10000, EPHEMERAL_LOW)
 _handed_out: set[int] = set()
 _ports = random.Random()  # its own, so a test that seeds `random` does not replay ports
 
 
 def free_port() -> int:
-    """A loopback port that is free now, below the ephemeral range, and not handed out before."""
-    for _ in range(1000):
-        port = _ports.randrange(10000, EPHEMERAL_LOW)
+    """A loopback port that is free now, below the ephemeral range, and not handed out before;
+    the kernel's own pick where that range starts too low to leave room below it."""
+    for _ in range(1000 if len(_BELOW) >= 1000 else 0):
+        port = _ports.choice(_BELOW)
         if port in _handed_out:
             continue
         with socket.socket() as sock:
@@ -44,7 +47,9 @@ def free_port() -> int:
                 continue
         _handed_out.add(port)
         return port
-    raise RuntimeError(f"no free loopback port between 10000 and {EPHEMERAL_LOW}")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def wait_until(check: object, timeout: float, what: str, interval: float = 0.1) -> None:

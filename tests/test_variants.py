@@ -128,7 +128,8 @@ def test_openvino_builds_an_fp32_and_a_bf16_variant(http: httpx.Client) -> None:
     assert low["options"] == {"precision": "bf16"}
     if has_native_bf16():
         assert low["status"] == "ready", low["error"]
-        assert 100 * fp32["max_abs_error"] < low["max_abs_error"] <= 5e-2
+        # Verification allows atol + rtol * |y| (5e-2 each); this CNN's outputs are below 1.
+        assert 100 * fp32["max_abs_error"] < low["max_abs_error"] <= 0.1
     else:
         assert low["status"] == "failed" and "needs a CPU with native bf16" in low["error"]
     x = sample(MODELS["cnn"], 3)
