@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from compiler.artifact import Artifact
@@ -41,3 +43,9 @@ def export_for(backend: Backend, model: bytes, spec: InputSpec, reason: str | No
         return export_program(load_torchscript(model), spec)
     except ConversionError as exc:
         raise ConversionError(f"{backend.name}: {exc}") from exc
+
+
+def threads_of(options: Mapping[str, Any]) -> int:
+    """The intra-op threads a compile builds for: its `threads` option (the server's
+    KILN_THREADS), else every CPU."""
+    return int(options.get("threads") or os.cpu_count() or 1)

@@ -23,7 +23,7 @@ import torch
 
 from compiler.artifact import Artifact
 from compiler.backends import family_reason
-from compiler.backends.base import export_for
+from compiler.backends.base import export_for, threads_of
 from compiler.backends.torchscript import flatten_outputs
 from compiler.errors import ConversionError
 from compiler.runner import output_names
@@ -64,7 +64,7 @@ class InductorBackend:
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
         program = export_for(self, model, spec, self.unavailable_reason(target))
-        threads = int(options.get("threads") or os.cpu_count() or 1)
+        threads = threads_of(options)
         with tempfile.TemporaryDirectory(prefix="kiln-inductor-") as tmp:
             path = os.path.join(tmp, "model.pt2")
             try:

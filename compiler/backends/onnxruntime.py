@@ -8,7 +8,6 @@ the registry imports this module cheaply and a broken install reads as `unavaila
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -18,7 +17,7 @@ import torch
 
 from compiler.artifact import Artifact
 from compiler.backends import family_reason
-from compiler.backends.base import export_for
+from compiler.backends.base import export_for, threads_of
 from compiler.errors import ConversionError
 from compiler.runner import output_names
 from compiler.spec import InputSpec
@@ -62,7 +61,7 @@ class ONNXRuntimeBackend:
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
         program = export_for(self, model, spec, self.unavailable_reason(target))
-        threads = int(options.get("threads") or os.cpu_count() or 1)
+        threads = threads_of(options)
         try:
             onnx_program = torch.onnx.export(
                 program,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import sys
 import tempfile
 import threading
@@ -28,7 +27,7 @@ import torch
 
 from compiler.artifact import Artifact
 from compiler.backends import family_reason
-from compiler.backends.base import export_for
+from compiler.backends.base import export_for, threads_of
 from compiler.errors import BackendUnavailableError, ConversionError
 from compiler.runner import output_names
 from compiler.spec import InputSpec
@@ -81,7 +80,7 @@ class OpenVINOBackend:
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
         program = export_for(self, model, spec, self.unavailable_reason(target))
-        threads = int(options.get("threads") or os.cpu_count() or 1)
+        threads = threads_of(options)
         precision = str(options.get("precision", "fp32"))
         if precision == "bf16" and not has_native_bf16():
             raise BackendUnavailableError("openvino: precision bf16 needs a CPU with native bf16")

@@ -18,7 +18,7 @@ import numpy as np
 
 from compiler.artifact import Artifact
 from compiler.backends import options_reason, tvm_cuda
-from compiler.backends.base import export_for
+from compiler.backends.base import export_for, threads_of
 from compiler.benchmark import benchmark_batches
 from compiler.errors import BackendUnavailableError, ConversionError
 from compiler.hardware import llvm_cpu, llvm_missing_features
@@ -128,7 +128,7 @@ class TVMBackend:
         `progress` (a callable). A cuda target builds where `_codegen_reason` allows, even
         without a GPU; its artifact then holds CUDA C (meta `cuda_code`)."""
         cuda = _is_cuda(target)
-        threads = int(options.get("threads") or os.cpu_count() or 1)
+        threads = threads_of(options)
         trials = int(options.get("tuning_trials") or 0)
         if refused := options_reason("tvm", options, target):
             raise ConversionError(refused)
