@@ -7,6 +7,7 @@ backend cannot convert must fail as a one-line ConversionError, never a tracebac
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import logging
@@ -18,7 +19,8 @@ import torch
 
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
-from compiler.errors import ConversionError
+from compiler.backends import openvino as openvino_backend
+from compiler.errors import BackendUnavailableError, ConversionError
 from compiler.hardware import cpu_target
 from compiler.pipeline import CompileOptions, CompileResult, compile_and_check
 from compiler.runner import Runner
@@ -150,3 +152,21 @@ def test_openvino_sends_no_telemetry(results: Results) -> None:
     assert sys.modules["openvino_telemetry"] is None
     used = sys.modules["openvino.tools.ovc.telemetry_utils"].tm
     assert used.__name__ == "openvino.tools.ovc.telemetry_stub"
+
+
+def test_openvino_loads_a_bf16_variant_only_where_the_cpu_has_bf16(
+    results: Results, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A target's name does not say whether its CPUs have bf16: a host without it refuses the
+    variant by name, and the runtime serves the next best, rather than a variant run in fp32 at
+    a speed no race measured."""
+    artifact = compiled(results, "openvino", "mlp").artifact
+    bf16 = dataclasses.replace(artifact, meta={**artifact.meta, "precision": "bf16"})
+    backend = get_backend("openvino")
+    monkeypatch.setattr(openvino_backend, "has_native_bf16", lambda: False)
+    with pytest.raises(BackendUnavailableError, match="runs in bf16, which this host's CPU lacks"):
+        backend.load(bf16)
+    backend.load(artifact)  # fp32 loads anywhere
+    monkeypatch.undo()
+    if openvino_backend.has_native_bf16():
+        assert backend.load(bf16).run({"x": np.ones((2, 64), np.float32)}).keys() == {"output0"}

@@ -8,7 +8,9 @@ family and vector width, not every extension the plugin may use (AMX, say).
 Option `precision`: "fp32" (the default; OpenVINO's CPU plugin would otherwise pick bf16 on a
 CPU that has it) or "bf16", which runs convolutions and matrix products in bfloat16 on a CPU
 with native bf16 (AVX512-BF16, AMX), verified at the config's bf16 tolerance. A worker whose
-CPU lacks native bf16 refuses to build that variant.
+CPU lacks native bf16 refuses to build that variant, and a host whose CPU lacks it refuses to
+load one: a target's name does not say whether its CPUs have bf16, and there the plugin would run
+such a variant in fp32, at a speed no race measured. The runtime then serves the next best.
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ class OpenVINOBackend:
         return artifact
 
     def load(self, artifact: Artifact) -> OpenVINORunner:
+        if artifact.meta["precision"] == "bf16" and not has_native_bf16():
+            raise BackendUnavailableError(
+                "openvino: this variant runs in bf16, which this host's CPU lacks (AVX512-BF16 or AMX)"
+            )
         ov = _openvino()
         split = int(artifact.meta["xml_bytes"])
         weights = np.frombuffer(artifact.payload, np.uint8, offset=split)
