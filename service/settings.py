@@ -55,6 +55,11 @@ class Settings(BaseSettings):
     grpc_host: str = "127.0.0.1"
     grpc_reuse_port: bool = False
 
+    # Triton's system shared-memory extension, for clients on this host: registering a region
+    # gives the server's access to any POSIX shared-memory segment here, so it is opt-in, and
+    # registering needs an admin key.
+    shared_memory: bool = False
+
     # Memory of the response cache, per process, for the models that opt in (0: none cached).
     response_cache_mb: int = Field(default=256, ge=0)
     # How long a replica trusts its cached routing decision before asking the store again.

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -101,11 +101,60 @@ def _binary_size(doc: Mapping[str, Any], name: str) -> int | None:
     return size
 
 
-def _from_bytes(raw: memoryview, name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+@dataclass(frozen=True)
+class SharedSlice:
+    """Where a tensor lies in a registered shared-memory region (service.shared_memory)."""
+
+    region: str
+    byte_size: int
+    offset: int = 0
+
+
+# Reads a tensor's bytes from its region, or writes them there; the text names the tensor in errors.
+SharedReader = Callable[[SharedSlice, str], bytes]
+SharedWriter = Callable[[SharedSlice, bytes, str], None]
+SHARED_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def _count(value: object, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequestError(f"{what} must be a non-negative integer; got {_short(value)}")
+    return value
+
+
+def shared_slice(params: Mapping[str, Any], what: str) -> SharedSlice | None:
+    """The tensor's place in shared memory, when its parameters name a region."""
+    if not any(key in params for key in SHARED_KEYS):
+        return None
+    region = params.get("shared_memory_region")
+    if not isinstance(region, str) or not region:
+        raise BadRequestError(f"{what}: shared_memory_region must name a registered region")
+    if "shared_memory_byte_size" not in params:
+        raise BadRequestError(f"{what}: shared_memory_byte_size is missing")
+    size = _count(params["shared_memory_byte_size"], f"{what}: shared_memory_byte_size")
+    offset = _count(params.get("shared_memory_offset", 0), f"{what}: shared_memory_offset")
+    return SharedSlice(region, size, offset)
+
+
+def _unshared(where: SharedSlice, what: str) -> bytes:
+    raise BadRequestError(f"{what}: shared memory is not offered here")
+
+
+def _unwritable(where: SharedSlice, data: bytes, what: str) -> None:
+    _unshared(where, what)
+
+
+def _from_bytes(
+    raw: memoryview | bytes,
+    name: str,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    source: str = "binary_data_size",
+) -> np.ndarray:
     needed = math.prod(shape) * dtype.itemsize
     if len(raw) != needed:
         raise BadRequestError(
-            f"tensor {name!r}: binary_data_size is {len(raw)} bytes, but shape {list(shape)} "
+            f"tensor {name!r}: {source} is {len(raw)} bytes, but shape {list(shape)} "
             f"of {datatype_of(dtype, name)} needs {needed}"
         )
     if dtype.kind == "b":
@@ -143,10 +192,13 @@ def _from_json(doc: Mapping[str, Any], name: str, shape: tuple[int, ...], dtype:
     return raw.astype(dtype).reshape(shape)
 
 
-def decode_tensors(docs: object, binary: bytes | memoryview = b"") -> dict[str, np.ndarray]:
+def decode_tensors(
+    docs: object, binary: bytes | memoryview = b"", shared: SharedReader = _unshared
+) -> dict[str, np.ndarray]:
     """v2 tensor objects (plus the binary bytes after the JSON header) -> name -> array.
 
-    Binary tensors take consecutive slices of `binary` in the order they are listed.
+    Binary tensors take consecutive slices of `binary` in the order they are listed; a tensor
+    whose parameters name a shared-memory region is read from there by `shared`.
     """
     if not isinstance(docs, list) or not docs:
         raise BadRequestError("`inputs` must be a non-empty list of tensors")
@@ -157,6 +209,15 @@ def decode_tensors(docs: object, binary: bytes | memoryview = b"") -> dict[str, 
         name, shape, dtype = _header(doc)
         if name in tensors:
             raise BadRequestError(f"tensor {name!r} is given twice")
+        where = shared_slice(_parameters(doc, f"tensor {name!r}"), f"tensor {name!r}")
+        if where is not None:
+            if "data" in doc or "binary_data_size" in doc.get("parameters", {}):
+                raise BadRequestError(
+                    f"tensor {name!r} names a shared memory region and sends data too; send one"
+                )
+            raw = shared(where, f"tensor {name!r}")
+            tensors[name] = _from_bytes(raw, name, shape, dtype, "shared_memory_byte_size")
+            continue
         size = _binary_size(doc, name)
         if size is None:
             tensors[name] = _from_json(doc, name, shape, dtype)
@@ -196,6 +257,8 @@ class InferRequest:
     binary_output: bool
     # The request's `timeout` parameter, in microseconds, as Triton takes it; None: the model's.
     timeout_us: int | None = None
+    # Requested outputs to write into shared memory instead of the response.
+    shared_outputs: dict[str, SharedSlice] = field(default_factory=dict)
 
     def check_outputs(self, names: Iterable[str]) -> None:
         """An unknown requested output is an error: checked before inference, not after."""
@@ -219,12 +282,15 @@ def _flag(params: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def _requested(docs: object, binary_output: bool) -> dict[str, bool] | None:
+def _requested(docs: object, binary_output: bool) -> tuple[dict[str, bool] | None, dict[str, SharedSlice]]:
+    """The outputs asked for, each with its binary flag (None: every output), and those to write
+    into shared memory."""
     if docs is None:
-        return None
+        return None, {}
     if not isinstance(docs, list):
         raise BadRequestError("`outputs` must be a list of {name, parameters}")
     wanted: dict[str, bool] = {}
+    shared: dict[str, SharedSlice] = {}
     for doc in docs:
         name = doc.get("name") if isinstance(doc, dict) else None
         if not isinstance(name, str) or not name:
@@ -233,7 +299,10 @@ def _requested(docs: object, binary_output: bool) -> dict[str, bool] | None:
         if "classification" in params:
             raise BadRequestError(f"output {name!r}: the classification extension is not supported")
         wanted[name] = _flag(params, "binary_data", binary_output)
-    return wanted
+        where = shared_slice(params, f"output {name!r}")
+        if where is not None:
+            shared[name] = where
+    return wanted, shared
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
@@ -250,8 +319,9 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     return body[:length], memoryview(body)[length:]
 
 
-def decode_request(body: bytes, header_length: str | None) -> InferRequest:
-    """An inference request body; `header_length` is its Inference-Header-Content-Length header."""
+def decode_request(body: bytes, header_length: str | None, shared: SharedReader = _unshared) -> InferRequest:
+    """An inference request body; `header_length` is its Inference-Header-Content-Length header,
+    and `shared` reads the inputs that lie in shared memory."""
     header, binary = _split(body, header_length)
     try:
         doc = json.loads(header)
@@ -264,12 +334,14 @@ def decode_request(body: bytes, header_length: str | None) -> InferRequest:
         raise BadRequestError("`id` must be a string")
     params = _parameters(doc, "the request")
     binary_output = _flag(params, "binary_data_output", False)
+    outputs, shared_outputs = _requested(doc.get("outputs"), binary_output)
     return InferRequest(
         id=request_id,
-        inputs=decode_tensors(doc.get("inputs"), binary),
-        outputs=_requested(doc.get("outputs"), binary_output),
+        inputs=decode_tensors(doc.get("inputs"), binary, shared),
+        outputs=outputs,
         binary_output=binary_output,
         timeout_us=timeout_parameter(params.get("timeout")),
+        shared_outputs=shared_outputs,
     )
 
 
@@ -288,16 +360,40 @@ def timeout_parameter(value: object) -> int | None:
     return value
 
 
+def write_shared(name: str, array: np.ndarray, where: SharedSlice, write: SharedWriter) -> dict[str, Any]:
+    """An output written into its shared-memory region; its tensor object, which says where."""
+    doc, raw = encode_tensor(name, array, binary=True)
+    if len(raw) > where.byte_size:
+        raise BadRequestError(
+            f"output {name!r} is {len(raw)} bytes, but its shared_memory_byte_size is {where.byte_size}; "
+            f"give it at least {len(raw)}"
+        )
+    write(where, raw, f"output {name!r}")
+    doc["parameters"] = {"shared_memory_region": where.region, "shared_memory_byte_size": len(raw)}
+    if where.offset:
+        doc["parameters"]["shared_memory_offset"] = where.offset
+    return doc
+
+
 def encode_response(
-    header: Mapping[str, Any], outputs: list[tuple[str, np.ndarray, bool]]
+    header: Mapping[str, Any],
+    outputs: list[tuple[str, np.ndarray, bool]],
+    shared: Mapping[str, SharedSlice] | None = None,
+    write: SharedWriter = _unwritable,
 ) -> tuple[bytes, int | None]:
-    """The response body, and the JSON header's length when binary outputs follow it."""
-    docs, chunks = [], []
+    """The response body, and the JSON header's length when binary outputs follow it. Outputs
+    in `shared` are written to their regions by `write`, and only described in the body."""
+    shared = shared or {}
+    docs, chunks, binary_sent = [], [], False
     for name, array, binary in outputs:
+        if name in shared:
+            docs.append(write_shared(name, array, shared[name], write))
+            continue
         doc, raw = encode_tensor(name, array, binary)
         docs.append(doc)
         chunks.append(raw)
+        binary_sent |= binary
     payload = json.dumps({**header, "outputs": docs}, separators=(",", ":")).encode()
-    if not any(binary for _, _, binary in outputs):
+    if not binary_sent:
         return payload, None
     return b"".join([payload, *chunks]), len(payload)

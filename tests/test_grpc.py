@@ -187,11 +187,16 @@ def test_each_error_has_its_status(stub: pb_grpc.GRPCInferenceServiceStub) -> No
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert stub.ModelInfer(good, metadata=tuple(INFER_KEY.items())).model_name == "mlp"  # nothing stuck
     with pytest.raises(grpc.RpcError) as caught:
-        stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest())
+        stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest())
     assert status_of(caught.value) == (
         grpc.StatusCode.UNIMPLEMENTED,
-        "Kiln does not offer SystemSharedMemoryStatus",
+        "Kiln does not offer CudaSharedMemoryStatus",
     )
+    # System shared memory is offered, but off unless KILN_SHARED_MEMORY says otherwise.
+    with pytest.raises(grpc.RpcError) as caught:
+        stub.SystemSharedMemoryStatus(pb.SystemSharedMemoryStatusRequest(), metadata=tuple(INFER_KEY.items()))
+    code, message = status_of(caught.value)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "KILN_SHARED_MEMORY=true" in message
 
 
 def test_grpc_errors_are_counted(server: KilnServer, stub: pb_grpc.GRPCInferenceServiceStub) -> None:

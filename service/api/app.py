@@ -16,7 +16,18 @@ from starlette.types import ASGIApp
 
 from compiler.threads import set_threads
 from service import metrics
-from service.api import events, health, jobs, models, predict, problems, repository, v2, variants
+from service.api import (
+    events,
+    health,
+    jobs,
+    models,
+    predict,
+    problems,
+    repository,
+    shared_memory,
+    v2,
+    variants,
+)
 from service.api.auth import parse_keys
 from service.api.deps import Services
 from service.api.hot_path import InferenceFirst
@@ -30,6 +41,7 @@ from service.records import JobRecord, JobStatus
 from service.registry import Registry
 from service.runtime import Runtime
 from service.settings import Settings, get_settings
+from service.shared_memory import SharedMemory
 from service.store import open_store
 
 log = logging.getLogger("kiln.api")
@@ -94,7 +106,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         set_threads(settings.threads)
         runtime = Runtime(registry, settings)
         preload = Preload(runtime, settings.load_models)
-        app.state.services = Services(settings, registry, queue, runtime, preload)
+        shared = SharedMemory(store, settings.shared_memory)
+        app.state.services = Services(settings, registry, queue, runtime, preload, shared)
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
         grpc_server, resuming = None, None
@@ -133,7 +146,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # on): matching it then tries two routes instead of every route. The repository extension
     # comes before the rest of v2, whose /v2/models/{name} would match /v2/models/stats. The v2
     # catch-all, which answers unknown /v2 paths in the protocol's error shape, comes last.
-    for router in (v2.inference, repository.router, v2.router):
+    for router in (v2.inference, repository.router, shared_memory.router, v2.router):
         app.include_router(router)
     for module in (predict, health, models, variants, jobs, events):
         app.include_router(module.router)

@@ -11,6 +11,7 @@ from service.queue import JobQueue
 from service.registry import Registry
 from service.runtime import Runtime
 from service.settings import Settings
+from service.shared_memory import SharedMemory
 
 
 @dataclass
@@ -20,6 +21,7 @@ class Services:
     queue: JobQueue
     runtime: Runtime
     preload: Preload
+    shared_memory: SharedMemory
 
 
 async def services(request: Request) -> Services:

@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -56,7 +57,7 @@ def problem(status: int, title: str, detail: str, headers: dict[str, str] | None
     )
 
 
-def validation_detail(exc: RequestValidationError) -> str:
+def validation_detail(exc: RequestValidationError | ValidationError) -> str:
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")

@@ -30,6 +30,7 @@ from service.records import VersionRecord
 from service.registry import ModelView
 from service.router import servable, serving_version
 from service.runtime import Prediction, batch_policy
+from service.settings import Settings
 from service.store import StoreUnavailableError
 from service.tensors import InferRequest, datatype_of, decode_request, encode_response
 
@@ -114,7 +115,12 @@ def version_number(version: str) -> int:
 
 @router.get("/v2", operation_id="v2_server_metadata", summary="Server name, version and extensions.")
 def server_metadata(request: Request) -> dict[str, Any]:
-    return {"name": "kiln", "version": request.app.version, "extensions": EXTENSIONS}
+    settings = request.app.state.services.settings
+    return {"name": "kiln", "version": request.app.version, "extensions": extensions(settings)}
+
+
+def extensions(settings: Settings) -> list[str]:
+    return [*EXTENSIONS, "system_shared_memory"] if settings.shared_memory else EXTENSIONS
 
 
 @router.get("/v2/health/live", operation_id="v2_live", summary="200 while the process is up.")
@@ -301,6 +307,12 @@ def decodes_inline(body: bytes, header_length: str | None) -> bool:
     return json_bytes <= INLINE_JSON_BYTES and len(body) - json_bytes <= INLINE_BINARY_BYTES
 
 
+def names_shared_memory(body: bytes, header_length: str | None) -> bool:
+    """Whether the JSON header may name a shared-memory region (a scan, not a parse)."""
+    end = int(header_length) if header_length is not None and header_length.isdigit() else len(body)
+    return body.find(b"shared_memory_region", 0, end) != -1
+
+
 def encodes_inline(outputs: list[tuple[str, np.ndarray, bool]]) -> bool:
     binary = sum(array.nbytes for _, array, is_binary in outputs if is_binary)
     elements = sum(array.size for _, array, is_binary in outputs if not is_binary)
@@ -343,18 +355,21 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
     svc = await services(request)
     body = await bounded_body(request, svc.settings.max_request_bytes)
     header_length = request.headers.get(HEADER_LENGTH)
-    if decodes_inline(body, header_length):
-        infer = decode_request(body, header_length)
-    else:
-        infer = await run_in_threadpool(decode_request, body, header_length)
+    shared = svc.shared_memory
+    if decodes_inline(body, header_length) and not names_shared_memory(body, header_length):
+        infer = decode_request(body, header_length, shared.read)
+    else:  # big, or read from shared memory, which asks the store where
+        infer = await run_in_threadpool(decode_request, body, header_length, shared.read)
     result, outputs = await run_infer(svc, name, version, infer)
     header: dict[str, Any] = {"model_name": name, "model_version": str(result.version)}
     if infer.id is not None:
         header["id"] = infer.id
-    if encodes_inline(outputs):
+    if encodes_inline(outputs) and not infer.shared_outputs:
         payload, json_length = encode_response(header, outputs)
     else:
-        payload, json_length = await run_in_threadpool(encode_response, header, outputs)
+        payload, json_length = await run_in_threadpool(
+            encode_response, header, outputs, infer.shared_outputs, shared.write
+        )
     if json_length is None:
         return Response(payload, media_type="application/json")
     return Response(payload, media_type="application/octet-stream", headers={HEADER_LENGTH: str(json_length)})

@@ -4,8 +4,9 @@ The service is Triton's `inference.GRPCInferenceService`, from the bindings trit
 (`tritonclient.grpc.service_pb2`), so that tritonclient.grpc talks to Kiln unchanged; KServe's v2
 proto is a subset of it, so its clients call the same methods. Each method calls the code of its
 HTTP route (service.api.v2 and service.api.repository), and an error leaves with the gRPC status
-of its HTTP one. Shared memory, tracing, logging settings and streaming are not offered: they
-answer UNIMPLEMENTED.
+of its HTTP one. System shared memory is served as over HTTP (service.shared_memory); CUDA
+shared memory, tracing, logging settings and streaming are not offered: they answer
+UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -34,7 +35,18 @@ from service.errors import BadRequestError, ConflictError, KilnError, NotFoundEr
 from service.logs import request_id
 from service.settings import Settings
 from service.store import StoreUnavailableError
-from service.tensors import DATATYPES, InferRequest, decode_tensors, encode_tensor, timeout_parameter
+from service.tensors import (
+    DATATYPES,
+    SHARED_KEYS,
+    InferRequest,
+    SharedReader,
+    SharedWriter,
+    decode_tensors,
+    encode_tensor,
+    shared_slice,
+    timeout_parameter,
+    write_shared,
+)
 
 log = logging.getLogger("kiln.grpc")
 
@@ -56,13 +68,12 @@ SCOPES = {
     "ServerMetadata": None,
     "RepositoryModelLoad": Scope.admin,
     "RepositoryModelUnload": Scope.admin,
+    "SystemSharedMemoryRegister": Scope.admin,
+    "SystemSharedMemoryUnregister": Scope.admin,
 }
 # Triton's methods Kiln does not offer.
 UNOFFERED = [
     "ModelStreamInfer",
-    "SystemSharedMemoryStatus",
-    "SystemSharedMemoryRegister",
-    "SystemSharedMemoryUnregister",
     "CudaSharedMemoryStatus",
     "CudaSharedMemoryRegister",
     "CudaSharedMemoryUnregister",
@@ -79,6 +90,7 @@ CONTENTS_FIELD = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
 }
+Output = tuple[str, np.ndarray, bool]
 # gRPC takes a signed 32-bit message size.
 MAX_MESSAGE_BYTES = 2**31 - 1
 
@@ -94,7 +106,10 @@ def parsed(doc: Mapping[str, Any], message: Message) -> Any:
 
 
 def decodes_inline(request: Any) -> bool:
-    """As for HTTP bodies: small requests decode on the event loop, big ones in the threadpool."""
+    """As for HTTP bodies: small requests decode on the event loop, big ones in the threadpool,
+    as do those that read shared memory, which asks the store where."""
+    if any(shared_parameters(t.parameters) for t in request.inputs):
+        return False
     raw = sum(len(r) for r in request.raw_input_contents)
     typed = sum(
         len(getattr(t.contents, CONTENTS_FIELD[t.datatype]))
@@ -104,32 +119,48 @@ def decodes_inline(request: Any) -> bool:
     return raw <= v2.INLINE_BINARY_BYTES and typed <= v2.INLINE_JSON_ELEMENTS
 
 
-def decode(request: Any) -> InferRequest:
+def shared_parameters(parameters: Any) -> dict[str, object]:
+    """A tensor's shared-memory parameters, as the HTTP codec reads them."""
+    return {key: parameter(parameters, key) for key in SHARED_KEYS if key in parameters}
+
+
+def decode(request: Any, shared: SharedReader) -> InferRequest:
     """The request's tensors through the HTTP codec's checks: raw contents become binary
-    tensors, typed contents JSON `data`."""
+    tensors, typed contents JSON `data`; inputs in shared memory have no contents."""
     raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
+    in_shared = [shared_parameters(t.parameters) for t in request.inputs]
+    sent = sum(not params for params in in_shared)
+    if raw and len(raw) != sent:
         raise BadRequestError(
-            f"raw_input_contents has {len(raw)} entries for {len(request.inputs)} inputs; "
-            "send raw contents for every input or for none"
+            f"raw_input_contents has {len(raw)} entries for {sent} inputs outside shared memory; "
+            "send raw contents for every one of them or for none"
         )
     docs: list[dict[str, Any]] = []
-    for i, tensor in enumerate(request.inputs):
+    contents = iter(raw)
+    for tensor, params in zip(request.inputs, in_shared, strict=True):
         doc: dict[str, Any] = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype}
-        if raw:
-            doc["parameters"] = {"binary_data_size": len(raw[i])}
+        if params:
+            doc["parameters"] = params
+        elif raw:
+            doc["parameters"] = {"binary_data_size": len(next(contents))}
         elif tensor.datatype in CONTENTS_FIELD:
             doc["data"] = np.asarray(getattr(tensor.contents, CONTENTS_FIELD[tensor.datatype]))
         elif tensor.datatype in DATATYPES:
             raise BadRequestError(f"tensor {tensor.name!r}: send {tensor.datatype} in raw_input_contents")
         docs.append(doc)
     wanted = [o.name for o in request.outputs]
+    shared_outputs = {}
+    for output in request.outputs:
+        where = shared_slice(shared_parameters(output.parameters), f"output {output.name!r}")
+        if where is not None:
+            shared_outputs[output.name] = where
     return InferRequest(
         id=request.id or None,
-        inputs=decode_tensors(docs, b"".join(raw)),
+        inputs=decode_tensors(docs, b"".join(raw), shared),
         outputs=dict.fromkeys(wanted, True) if wanted else None,
         binary_output=True,
         timeout_us=timeout_parameter(parameter(request.parameters, "timeout")),
+        shared_outputs=shared_outputs,
     )
 
 
@@ -141,11 +172,24 @@ def parameter(parameters: Any, key: str) -> object:
     return None if field is None else getattr(parameters[key], field)
 
 
-def encode(name: str, version: int, rid: str, outputs: list[tuple[str, np.ndarray, bool]]) -> Any:
+def encode(
+    name: str, version: int, rid: str, infer: InferRequest, outputs: list[Output], write: SharedWriter
+) -> Any:
     response = pb.ModelInferResponse(model_name=name, model_version=str(version), id=rid)
     for output, array, _ in outputs:
-        doc, raw = encode_tensor(output, array, binary=True)
-        response.outputs.add(name=output, datatype=doc["datatype"], shape=doc["shape"])
+        where = infer.shared_outputs.get(output)
+        if where is None:
+            doc, raw = encode_tensor(output, array, binary=True)
+        else:
+            doc, raw = write_shared(output, array, where, write), b""
+        tensor = response.outputs.add(name=output, datatype=doc["datatype"], shape=doc["shape"])
+        for key, value in doc.get("parameters", {}).items():
+            if isinstance(value, str):
+                tensor.parameters[key].string_param = value
+            else:
+                tensor.parameters[key].int64_param = value
+        # One entry per output, empty for those in shared memory: clients find an output's
+        # contents by its index.
         response.raw_output_contents.append(raw)
     return response
 
@@ -225,7 +269,9 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ServerReadyResponse(ready=True)
 
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        return pb.ServerMetadataResponse(name="kiln", version=self.version, extensions=v2.EXTENSIONS)
+        return pb.ServerMetadataResponse(
+            name="kiln", version=self.version, extensions=v2.extensions(self.svc.settings)
+        )
 
     @answered
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -281,11 +327,33 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     @answered
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         name, version = request.model_name, version_of(request.model_version)
-        infer = decode(request) if decodes_inline(request) else await run_in_threadpool(decode, request)
+        shared = self.svc.shared_memory
+        if decodes_inline(request):
+            infer = decode(request, shared.read)
+        else:
+            infer = await run_in_threadpool(decode, request, shared.read)
         result, outputs = await v2.run_infer(self.svc, name, version, infer)
-        if v2.encodes_inline(outputs):
-            return encode(name, result.version, request.id, outputs)
-        return await run_in_threadpool(encode, name, result.version, request.id, outputs)
+        if v2.encodes_inline(outputs) and not infer.shared_outputs:
+            return encode(name, result.version, request.id, infer, outputs, shared.write)
+        return await run_in_threadpool(encode, name, result.version, request.id, infer, outputs, shared.write)
+
+    @answered
+    async def SystemSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        regions = await run_in_threadpool(self.svc.shared_memory.status, request.name or None)
+        return parsed(
+            {"regions": {r.name: r.model_dump() for r in regions}}, pb.SystemSharedMemoryStatusResponse()
+        )
+
+    @answered
+    async def SystemSharedMemoryRegister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        register = self.svc.shared_memory.register
+        await run_in_threadpool(register, request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @answered
+    async def SystemSharedMemoryUnregister(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await run_in_threadpool(self.svc.shared_memory.unregister, request.name or None)
+        return pb.SystemSharedMemoryUnregisterResponse()
 
 
 def _unoffered(name: str) -> Callable[..., Awaitable[None]]:

@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import { type Client, formDataBodySerializer, type Options as Options2, type TDataShape } from './client/index.js';
-import type { CompileVersionData, CompileVersionErrors, CompileVersionResponses, DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, SetDefaultVersionData, SetDefaultVersionErrors, SetDefaultVersionResponses, UpdateServingData, UpdateServingErrors, UpdateServingResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses } from './types.gen.js';
+import type { CompileVersionData, CompileVersionErrors, CompileVersionResponses, DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, SetDefaultVersionData, SetDefaultVersionErrors, SetDefaultVersionResponses, UpdateServingData, UpdateServingErrors, UpdateServingResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses, V2SharedMemoryRegionStatusData, V2SharedMemoryRegionStatusErrors, V2SharedMemoryRegionStatusResponses, V2SharedMemoryRegisterData, V2SharedMemoryRegisterErrors, V2SharedMemoryRegisterResponses, V2SharedMemoryStatusData, V2SharedMemoryStatusErrors, V2SharedMemoryStatusResponses, V2SharedMemoryUnregisterAllData, V2SharedMemoryUnregisterAllErrors, V2SharedMemoryUnregisterAllResponses, V2SharedMemoryUnregisterData, V2SharedMemoryUnregisterErrors, V2SharedMemoryUnregisterResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -241,3 +241,35 @@ export const v2RepositoryLoad = <ThrowOnError extends boolean = false>(options: 
  * Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every replica until it is loaded again, and its runners are freed.
  */
 export const v2RepositoryUnload = <ThrowOnError extends boolean = false>(options: Options<V2RepositoryUnloadData, ThrowOnError>) => (options.client ?? client).post<V2RepositoryUnloadResponses, V2RepositoryUnloadErrors, ThrowOnError>({ url: '/v2/repository/models/{name}/unload', ...options });
+
+/**
+ * Register a byte range of a POSIX shared-memory segment of this host under a name.
+ */
+export const v2SharedMemoryRegister = <ThrowOnError extends boolean = false>(options: Options<V2SharedMemoryRegisterData, ThrowOnError>) => (options.client ?? client).post<V2SharedMemoryRegisterResponses, V2SharedMemoryRegisterErrors, ThrowOnError>({
+    url: '/v2/systemsharedmemory/region/{name}/register',
+    ...options,
+    headers: {
+        'Content-Type': 'application/json',
+        ...options.headers
+    }
+});
+
+/**
+ * One registered region.
+ */
+export const v2SharedMemoryRegionStatus = <ThrowOnError extends boolean = false>(options: Options<V2SharedMemoryRegionStatusData, ThrowOnError>) => (options.client ?? client).get<V2SharedMemoryRegionStatusResponses, V2SharedMemoryRegionStatusErrors, ThrowOnError>({ url: '/v2/systemsharedmemory/region/{name}/status', ...options });
+
+/**
+ * Unregister one region; an unknown name is no error.
+ */
+export const v2SharedMemoryUnregister = <ThrowOnError extends boolean = false>(options: Options<V2SharedMemoryUnregisterData, ThrowOnError>) => (options.client ?? client).post<V2SharedMemoryUnregisterResponses, V2SharedMemoryUnregisterErrors, ThrowOnError>({ url: '/v2/systemsharedmemory/region/{name}/unregister', ...options });
+
+/**
+ * Every registered system shared-memory region.
+ */
+export const v2SharedMemoryStatus = <ThrowOnError extends boolean = false>(options?: Options<V2SharedMemoryStatusData, ThrowOnError>) => (options?.client ?? client).get<V2SharedMemoryStatusResponses, V2SharedMemoryStatusErrors, ThrowOnError>({ url: '/v2/systemsharedmemory/status', ...options });
+
+/**
+ * Unregister every region.
+ */
+export const v2SharedMemoryUnregisterAll = <ThrowOnError extends boolean = false>(options?: Options<V2SharedMemoryUnregisterAllData, ThrowOnError>) => (options?.client ?? client).post<V2SharedMemoryUnregisterAllResponses, V2SharedMemoryUnregisterAllErrors, ThrowOnError>({ url: '/v2/systemsharedmemory/unregister', ...options });

@@ -338,6 +338,30 @@ export type Problem = {
 };
 
 /**
+ * Region
+ *
+ * A registered region, as the extension's status reports it.
+ */
+export type Region = {
+    /**
+     * Byte Size
+     */
+    byte_size: number;
+    /**
+     * Key
+     */
+    key: string;
+    /**
+     * Name
+     */
+    name: string;
+    /**
+     * Offset
+     */
+    offset: number;
+};
+
+/**
  * ServingConfig
  *
  * The settings of a version that change how it is served, not what was compiled: set at
@@ -2132,6 +2156,246 @@ export type V2RepositoryUnloadErrors = {
 export type V2RepositoryUnloadError = V2RepositoryUnloadErrors[keyof V2RepositoryUnloadErrors];
 
 export type V2RepositoryUnloadResponses = {
+    /**
+     * Successful Response
+     */
+    200: unknown;
+};
+
+export type V2SharedMemoryRegisterData = {
+    /**
+     * RegisterIn
+     */
+    body: {
+        /**
+         * Byte Size
+         *
+         * The region's size in bytes.
+         */
+        byte_size: number;
+        /**
+         * Key
+         *
+         * The segment's shm_open name, such as `/input0`.
+         */
+        key: string;
+        /**
+         * Offset
+         *
+         * Where in the segment the region begins.
+         */
+        offset?: number;
+    };
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+    };
+    query?: never;
+    url: '/v2/systemsharedmemory/region/{name}/register';
+};
+
+export type V2SharedMemoryRegisterErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V2SharedMemoryRegisterError = V2SharedMemoryRegisterErrors[keyof V2SharedMemoryRegisterErrors];
+
+export type V2SharedMemoryRegisterResponses = {
+    /**
+     * Successful Response
+     */
+    200: unknown;
+};
+
+export type V2SharedMemoryRegionStatusData = {
+    body?: never;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+    };
+    query?: never;
+    url: '/v2/systemsharedmemory/region/{name}/status';
+};
+
+export type V2SharedMemoryRegionStatusErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V2SharedMemoryRegionStatusError = V2SharedMemoryRegionStatusErrors[keyof V2SharedMemoryRegionStatusErrors];
+
+export type V2SharedMemoryRegionStatusResponses = {
+    /**
+     * Response V2 Shared Memory Region Status
+     *
+     * Successful Response
+     */
+    200: Array<Region>;
+};
+
+export type V2SharedMemoryRegionStatusResponse = V2SharedMemoryRegionStatusResponses[keyof V2SharedMemoryRegionStatusResponses];
+
+export type V2SharedMemoryUnregisterData = {
+    body?: never;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+    };
+    query?: never;
+    url: '/v2/systemsharedmemory/region/{name}/unregister';
+};
+
+export type V2SharedMemoryUnregisterErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V2SharedMemoryUnregisterError = V2SharedMemoryUnregisterErrors[keyof V2SharedMemoryUnregisterErrors];
+
+export type V2SharedMemoryUnregisterResponses = {
+    /**
+     * Successful Response
+     */
+    200: unknown;
+};
+
+export type V2SharedMemoryStatusData = {
+    body?: never;
+    path?: never;
+    query?: never;
+    url: '/v2/systemsharedmemory/status';
+};
+
+export type V2SharedMemoryStatusErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V2SharedMemoryStatusError = V2SharedMemoryStatusErrors[keyof V2SharedMemoryStatusErrors];
+
+export type V2SharedMemoryStatusResponses = {
+    /**
+     * Response V2 Shared Memory Status
+     *
+     * Successful Response
+     */
+    200: Array<Region>;
+};
+
+export type V2SharedMemoryStatusResponse = V2SharedMemoryStatusResponses[keyof V2SharedMemoryStatusResponses];
+
+export type V2SharedMemoryUnregisterAllData = {
+    body?: never;
+    path?: never;
+    query?: never;
+    url: '/v2/systemsharedmemory/unregister';
+};
+
+export type V2SharedMemoryUnregisterAllErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V2SharedMemoryUnregisterAllError = V2SharedMemoryUnregisterAllErrors[keyof V2SharedMemoryUnregisterAllErrors];
+
+export type V2SharedMemoryUnregisterAllResponses = {
     /**
      * Successful Response
      */

@@ -22,6 +22,7 @@ from .predict_out import PredictOut
 from .predict_out_outputs import PredictOutOutputs
 from .problem import Problem
 from .readyz_response_readyz import ReadyzResponseReadyz
+from .region import Region
 from .serving_config import ServingConfig
 from .serving_in import ServingIn
 from .skipped_out import SkippedOut
@@ -41,6 +42,7 @@ from .v2_model_version_metadata_response_v2_model_version_metadata import (
 from .v2_model_version_stats_response_v2_model_version_stats import V2ModelVersionStatsResponseV2ModelVersionStats
 from .v2_repository_index_response_200_item import V2RepositoryIndexResponse200Item
 from .v2_server_metadata_response_v2_server_metadata import V2ServerMetadataResponseV2ServerMetadata
+from .v2_shared_memory_register_register_in import V2SharedMemoryRegisterRegisterIn
 from .variant_out import VariantOut
 from .variant_out_baseline_latency_ms_by_batch import VariantOutBaselineLatencyMsByBatch
 from .variant_out_latency_ms_by_batch import VariantOutLatencyMsByBatch
@@ -72,6 +74,7 @@ __all__ = (
     "PredictOutOutputs",
     "Problem",
     "ReadyzResponseReadyz",
+    "Region",
     "ServingConfig",
     "ServingIn",
     "SkippedOut",
@@ -89,6 +92,7 @@ __all__ = (
     "V2ModelVersionStatsResponseV2ModelVersionStats",
     "V2RepositoryIndexResponse200Item",
     "V2ServerMetadataResponseV2ServerMetadata",
+    "V2SharedMemoryRegisterRegisterIn",
     "VariantOut",
     "VariantOutBaselineLatencyMsByBatch",
     "VariantOutLatencyMsByBatch",

@@ -1,0 +1,97 @@
+"""Triton's system shared-memory extension over HTTP (service.shared_memory holds the regions).
+
+Registering and unregistering need the admin scope: a region gives the server's access to a
+segment of this host. Reading the status needs the infer scope, as using a region does.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from service.api.auth import admin_scope, infer_scope
+from service.api.problems import validation_detail
+from service.api.schemas import V2Error, error_responses
+from service.api.v2 import ServicesDep, V2Route
+from service.errors import BadRequestError
+from service.shared_memory import Region
+
+router = APIRouter(
+    prefix="/v2/systemsharedmemory",
+    tags=["v2"],
+    route_class=V2Route,
+    responses=error_responses(V2Error, 400, 401, 403, 503),
+)
+
+
+class RegisterIn(BaseModel):
+    key: str = Field(description="The segment's shm_open name, such as `/input0`.")
+    offset: int = Field(default=0, description="Where in the segment the region begins.")
+    byte_size: int = Field(description="The region's size in bytes.")
+
+
+@router.get(
+    "/status",
+    operation_id="v2_shared_memory_status",
+    summary="Every registered system shared-memory region.",
+    dependencies=infer_scope,
+)
+def status(svc: ServicesDep) -> list[Region]:
+    return svc.shared_memory.status()
+
+
+@router.get(
+    "/region/{name}/status",
+    operation_id="v2_shared_memory_region_status",
+    summary="One registered region.",
+    dependencies=infer_scope,
+)
+def region_status(name: str, svc: ServicesDep) -> list[Region]:
+    return svc.shared_memory.status(name)
+
+
+@router.post(
+    "/region/{name}/register",
+    operation_id="v2_shared_memory_register",
+    summary="Register a byte range of a POSIX shared-memory segment of this host under a name.",
+    dependencies=admin_scope,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": RegisterIn.model_json_schema()}},
+        }
+    },
+)
+async def register(name: str, request: Request, svc: ServicesDep) -> Response:
+    # Parsed whatever its content type: tritonclient sends this JSON without saying so.
+    try:
+        body = RegisterIn.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise BadRequestError(
+            f"the body must be {{key, offset, byte_size}}: {validation_detail(exc)}"
+        ) from None
+    await run_in_threadpool(svc.shared_memory.register, name, body.key, body.offset, body.byte_size)
+    return Response()
+
+
+@router.post(
+    "/unregister",
+    operation_id="v2_shared_memory_unregister_all",
+    summary="Unregister every region.",
+    dependencies=admin_scope,
+)
+def unregister_all(svc: ServicesDep) -> Response:
+    svc.shared_memory.unregister()
+    return Response()
+
+
+@router.post(
+    "/region/{name}/unregister",
+    operation_id="v2_shared_memory_unregister",
+    summary="Unregister one region; an unknown name is no error.",
+    dependencies=admin_scope,
+)
+def unregister(name: str, svc: ServicesDep) -> Response:
+    svc.shared_memory.unregister(name)
+    return Response()

@@ -1,0 +1,280 @@
+"""Triton's system shared-memory extension against a real server: tritonclient's own shared-memory
+utilities and its HTTP and gRPC clients, unchanged, and a 400 that says what to fix for each
+misuse."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton_http
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from service.shared_memory import SharedMemory
+from service.store import LocalStore
+from service.tensors import SharedSlice
+from tests import models
+from tests.client import expected, sample, upload
+from tests.servers import KilnServer, embedded_server, running
+from tests.test_v2 import HEADS
+
+ADMIN, INFER = "admin-secret", "infer-secret"
+MLP = models.MODELS["mlp"]  # x: float32[-1, 64] -> output0: float32[-1, 10]
+BATCH = 3
+IN_BYTES = BATCH * 64 * 4
+OUT_BYTES = BATCH * 10 * 4
+
+
+def bearer(key: str) -> dict[str, str]:
+    """A fresh dict per call: tritonclient writes its own headers into the one it gets."""
+    return {"authorization": f"Bearer {key}"}  # lower case, as gRPC metadata must be
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    root = tmp_path_factory.mktemp("shm")
+    env = {
+        "KILN_DATA_DIR": str(root / "data"),
+        "KILN_API_KEYS": f"{ADMIN}:admin,{INFER}:infer",
+        "KILN_SHARED_MEMORY": "true",
+    }
+    srv = KilnServer(env, root / "kiln.log")
+    with running(srv):
+        with httpx.Client(base_url=srv.url, timeout=60, headers=bearer(ADMIN)) as admin:
+            for model in (MLP, HEADS):
+                response = upload(admin, model, backends=[])
+                assert response.status_code == 202, response.text
+        yield srv
+
+
+@pytest.fixture
+def segments() -> Iterator[dict[str, object]]:
+    """An input and an output segment, as a client creates them; destroyed afterwards."""
+    tag = f"{os.getpid()}_{os.urandom(4).hex()}"
+    handles = {
+        "in": shm.create_shared_memory_region(f"in_{tag}", f"/kiln_in_{tag}", IN_BYTES),
+        "out": shm.create_shared_memory_region(f"out_{tag}", f"/kiln_out_{tag}", OUT_BYTES + 64),
+        "in_key": f"/kiln_in_{tag}",
+        "out_key": f"/kiln_out_{tag}",
+    }
+    yield handles
+    for name in ("in", "out"):
+        shm.destroy_shared_memory_region(handles[name])
+
+
+@pytest.fixture
+def http_client(server: KilnServer) -> Iterator[triton_http.InferenceServerClient]:
+    client = triton_http.InferenceServerClient(url=server.url.removeprefix("http://"))
+    yield client
+    client.unregister_system_shared_memory(headers=bearer(ADMIN))
+    client.close()
+
+
+@pytest.fixture
+def grpc_client(server: KilnServer) -> Iterator[triton_grpc.InferenceServerClient]:
+    client = triton_grpc.InferenceServerClient(url=server.grpc_address)
+    yield client
+    client.unregister_system_shared_memory(headers=bearer(ADMIN))
+    client.close()
+
+
+def test_tritonclient_http_infers_through_shared_memory(
+    http_client: triton_http.InferenceServerClient, segments: dict[str, object]
+) -> None:
+    x = sample(MLP, BATCH)
+    shm.set_shared_memory_region(segments["in"], [x])
+    http_client.register_system_shared_memory("in", segments["in_key"], IN_BYTES, headers=bearer(ADMIN))
+    # The output region starts 64 bytes into its segment.
+    http_client.register_system_shared_memory(
+        "out", segments["out_key"], OUT_BYTES, 64, headers=bearer(ADMIN)
+    )
+    status = http_client.get_system_shared_memory_status(headers=bearer(INFER))
+    assert status == [
+        {"name": "in", "key": segments["in_key"], "offset": 0, "byte_size": IN_BYTES},
+        {"name": "out", "key": segments["out_key"], "offset": 64, "byte_size": OUT_BYTES},
+    ]
+    assert "system_shared_memory" in http_client.get_server_metadata()["extensions"]
+
+    tensor = triton_http.InferInput("x", [BATCH, 64], "FP32")
+    tensor.set_shared_memory("in", IN_BYTES)
+    wanted = triton_http.InferRequestedOutput("output0", binary_data=True)
+    wanted.set_shared_memory("out", OUT_BYTES)
+    result = http_client.infer("mlp", [tensor], outputs=[wanted], headers=bearer(INFER))
+    described = result.get_output("output0")
+    assert described["shape"] == [BATCH, 10] and described["parameters"]["shared_memory_region"] == "out"
+    assert described["parameters"]["shared_memory_byte_size"] == OUT_BYTES
+    got = shm.get_contents_as_numpy(segments["out"], np.float32, [BATCH, 10], offset=64)
+    np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+    # An input from shared memory, the output in the response.
+    result = http_client.infer("mlp", [tensor], headers=bearer(INFER))
+    np.testing.assert_allclose(result.as_numpy("output0"), expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+    http_client.unregister_system_shared_memory("in", headers=bearer(ADMIN))
+    assert [r["name"] for r in http_client.get_system_shared_memory_status(headers=bearer(INFER))] == ["out"]
+    with pytest.raises(InferenceServerException, match="no shared memory region 'in' is registered"):
+        http_client.infer("mlp", [tensor], headers=bearer(INFER))
+
+
+def test_tritonclient_grpc_infers_through_shared_memory(
+    grpc_client: triton_grpc.InferenceServerClient, segments: dict[str, object]
+) -> None:
+    x = sample(MLP, BATCH, seed=2)
+    shm.set_shared_memory_region(segments["in"], [x])
+    grpc_client.register_system_shared_memory("in", segments["in_key"], IN_BYTES, headers=bearer(ADMIN))
+    grpc_client.register_system_shared_memory(
+        "out", segments["out_key"], OUT_BYTES, 64, headers=bearer(ADMIN)
+    )
+    status = grpc_client.get_system_shared_memory_status(headers=bearer(INFER), as_json=True)
+    assert status["regions"]["out"] == {
+        "name": "out",
+        "key": segments["out_key"],
+        "offset": "64",  # int64 fields are strings in protobuf's JSON
+        "byte_size": str(OUT_BYTES),
+    }
+    assert "system_shared_memory" in grpc_client.get_server_metadata().extensions
+
+    tensor = triton_grpc.InferInput("x", [BATCH, 64], "FP32")
+    tensor.set_shared_memory("in", IN_BYTES)
+    wanted = triton_grpc.InferRequestedOutput("output0")
+    wanted.set_shared_memory("out", OUT_BYTES)
+    result = grpc_client.infer("mlp", [tensor], outputs=[wanted], headers=bearer(INFER))
+    described = result.get_output("output0")
+    assert list(described.shape) == [BATCH, 10]
+    assert described.parameters["shared_memory_region"].string_param == "out"
+    got = shm.get_contents_as_numpy(segments["out"], np.float32, [BATCH, 10], offset=64)
+    np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+    # Registration needs admin; an infer key may read the status and use the regions.
+    with pytest.raises(InferenceServerException, match="needs admin"):
+        grpc_client.register_system_shared_memory("again", segments["in_key"], 4, headers=bearer(INFER))
+    grpc_client.unregister_system_shared_memory(headers=bearer(ADMIN))
+    assert not grpc_client.get_system_shared_memory_status(headers=bearer(INFER), as_json=True).get("regions")
+
+
+def test_grpc_mixes_shared_memory_with_raw_contents(
+    grpc_client: triton_grpc.InferenceServerClient, segments: dict[str, object]
+) -> None:
+    """One input in shared memory and one raw; one output in shared memory and two raw: every
+    output keeps its index in raw_output_contents, as tritonclient reads them."""
+    x = sample(HEADS, BATCH)[:, :4].copy()
+    k = np.arange(BATCH * 4, dtype=np.int64).reshape(BATCH, 4)
+    shm.set_shared_memory_region(segments["in"], [x])
+    grpc_client.register_system_shared_memory("x", segments["in_key"], x.nbytes, headers=bearer(ADMIN))
+    grpc_client.register_system_shared_memory("y", segments["out_key"], OUT_BYTES, headers=bearer(ADMIN))
+    x_in = triton_grpc.InferInput("x", list(x.shape), "FP32")
+    x_in.set_shared_memory("x", x.nbytes)
+    k_in = triton_grpc.InferInput("k", list(k.shape), "INT64")
+    k_in.set_data_from_numpy(k)
+    outputs = [triton_grpc.InferRequestedOutput(name) for name in ("output0", "output1", "output2")]
+    outputs[0].set_shared_memory("y", OUT_BYTES)
+    result = grpc_client.infer("heads", [x_in, k_in], outputs=outputs, headers=bearer(INFER))
+    with torch.inference_mode():
+        y, positive, k_out = (t.numpy() for t in HEADS.module()(torch.from_numpy(x), torch.from_numpy(k)))
+    got = shm.get_contents_as_numpy(segments["out"], np.float32, [BATCH, 3])
+    np.testing.assert_allclose(got, y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(result.as_numpy("output1"), positive)
+    np.testing.assert_array_equal(result.as_numpy("output2"), k_out)
+
+
+def test_each_misuse_is_a_400_that_says_what_to_fix(server: KilnServer, segments: dict[str, object]) -> None:
+    admin = httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30)
+    base = "/v2/systemsharedmemory"
+
+    def register(name: str, key: object, byte_size: int, offset: int = 0) -> httpx.Response:
+        body = {"key": key, "offset": offset, "byte_size": byte_size}
+        return admin.post(f"{base}/region/{name}/register", json=body)
+
+    def infer(params: dict[str, object], outputs: list[dict[str, object]] | None = None) -> httpx.Response:
+        doc: dict[str, object] = {
+            "inputs": [{"name": "x", "shape": [BATCH, 64], "datatype": "FP32", "parameters": params}]
+        }
+        if outputs is not None:
+            doc["outputs"] = outputs
+        return admin.post("/v2/models/mlp/infer", json=doc)
+
+    def refused(response: httpx.Response, message: str) -> None:
+        assert response.status_code == 400, response.text
+        assert message in response.json()["error"]
+
+    try:
+        refused(
+            register("r", "/kiln_no_such_segment", 16),
+            "cannot open shared memory segment '/kiln_no_such_segment'",
+        )
+        refused(register("r", "../etc/passwd", 16), "key must be a shm_open name")
+        refused(register("r", segments["in_key"], IN_BYTES, offset=8), f"which is {IN_BYTES} bytes")
+        assert register("r", segments["in_key"], IN_BYTES).status_code == 200
+        refused(register("r", segments["in_key"], 8), "region 'r' is registered already")
+        refused(admin.get(f"{base}/region/nope/status"), "no shared memory region 'nope' is registered")
+        assert admin.post(f"{base}/region/nope/unregister").status_code == 200  # as in Triton
+
+        x = sample(MLP, BATCH)
+        shm.set_shared_memory_region(segments["in"], [x])
+        full = {"shared_memory_region": "r", "shared_memory_byte_size": IN_BYTES}
+        refused(infer({**full, "shared_memory_byte_size": IN_BYTES - 4}), "shared_memory_byte_size is")
+        refused(infer({**full, "shared_memory_offset": 4}), "runs past the end of shared memory region 'r'")
+        refused(infer({"shared_memory_region": "r"}), "shared_memory_byte_size is missing")
+        refused(
+            infer({**full, "binary_data_size": IN_BYTES}), "names a shared memory region and sends data too"
+        )
+        small = {"shared_memory_region": "r", "shared_memory_byte_size": 16}
+        refused(infer(full, [{"name": "output0", "parameters": small}]), f"give it at least {OUT_BYTES}")
+        assert infer(full).status_code == 200
+
+        # A client that shrinks its segment gets a 400, not a crashed server.
+        os.truncate(Path("/dev/shm") / str(segments["in_key"])[1:], 16)
+        refused(infer(full), "is shorter than when it was registered")
+        assert admin.get("/v2/health/live").status_code == 200
+
+        infer_only = httpx.post(f"{server.url}{base}/unregister", headers=bearer(INFER))
+        assert infer_only.status_code == 403, infer_only.text
+    finally:
+        admin.post(f"{base}/unregister")
+        admin.close()
+
+
+def test_shared_memory_is_off_unless_asked_for(tmp_path: Path) -> None:
+    with embedded_server(tmp_path) as srv:
+        body = {"key": "/kiln_any", "offset": 0, "byte_size": 4}
+        response = httpx.post(f"{srv.url}/v2/systemsharedmemory/region/r/register", json=body)
+        assert response.status_code == 400
+        assert "KILN_SHARED_MEMORY=true" in response.json()["error"]
+        doc = {
+            "inputs": [
+                {
+                    "name": "x",
+                    "shape": [1, 64],
+                    "datatype": "FP32",
+                    "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 256},
+                }
+            ]
+        }
+        response = httpx.post(
+            f"{srv.url}/v2/models/mlp/infer", json=doc
+        )  # read before the model is looked up
+        assert response.status_code == 400, response.text
+        assert "KILN_SHARED_MEMORY=true" in response.json()["error"]
+        assert "system_shared_memory" not in httpx.get(f"{srv.url}/v2").json()["extensions"]
+
+
+def test_every_process_on_a_host_sees_the_same_regions(tmp_path: Path, segments: dict[str, object]) -> None:
+    """Registrations live in the store, per host: one worker registers, another serves."""
+    store = LocalStore(tmp_path)
+    one, other = SharedMemory(store, True, "host-a"), SharedMemory(store, True, "host-a")
+    elsewhere = SharedMemory(store, True, "host-b")
+    x = sample(MLP, BATCH)
+    shm.set_shared_memory_region(segments["in"], [x])
+    one.register("r", str(segments["in_key"]), 0, IN_BYTES)
+    assert other.read(SharedSlice("r", IN_BYTES), "x") == x.tobytes()
+    assert elsewhere.status() == []
+    other.unregister("r")
+    assert one.status() == []
+    store.close()
