@@ -22,7 +22,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,33 @@ def v2_target(label: str, base: str, pid: int, model: str, x: np.ndarray) -> Tar
     ).encode()
     headers = {"Content-Type": "application/octet-stream", HEADER_LENGTH: str(len(header))}
     return Target(label, f"{base}/v2/models/{model}/infer", header + raw, headers, True, pid)
+
+
+def shared_target(label: str, base: str, pid: int, model: str, region: str, x: np.ndarray) -> Target:
+    """The input named by a registered shared-memory region; the body is the JSON header alone."""
+    tensor = {"name": "x", "datatype": "FP32", "shape": list(x.shape)}
+    tensor["parameters"] = {"shared_memory_region": region, "shared_memory_byte_size": x.nbytes}
+    doc = {"inputs": [tensor], "parameters": {"binary_data_output": True}}
+    body = json.dumps(doc, separators=(",", ":")).encode()
+    return Target(
+        label, f"{base}/v2/models/{model}/infer", body, {"Content-Type": "application/json"}, True, pid
+    )
+
+
+@contextmanager
+def shared_input(base: str, region: str, x: np.ndarray) -> Iterator[None]:
+    """`x` in a POSIX shared-memory segment, registered with Kiln as `region`, as a client on
+    the same host sets it up; unregistered and removed afterwards."""
+    key = f"/kiln-bench-{os.getpid()}"
+    path = Path("/dev/shm") / key[1:]
+    path.write_bytes(x.astype("<f4").tobytes())
+    try:
+        doc = {"key": key, "offset": 0, "byte_size": x.nbytes}
+        httpx.post(f"{base}/v2/systemsharedmemory/region/{region}/register", json=doc).raise_for_status()
+        yield
+        httpx.post(f"{base}/v2/systemsharedmemory/region/{region}/unregister")
+    finally:
+        path.unlink()
 
 
 def raw_target(label: str, url: str, pid: int, x: np.ndarray) -> Target:
@@ -362,6 +390,7 @@ def start_kiln(stack: ExitStack, tmp: Path, args: argparse.Namespace, paths: dic
     console.log(f"starting kiln serve (KILN_THREADS={threads}), uploading ...")
     # OMP_NUM_THREADS too: `kiln serve` does not apply KILN_THREADS to its own runtime.
     env = {"KILN_DATA_DIR": str(tmp / "kiln"), "KILN_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    env["KILN_SHARED_MEMORY"] = "true"  # for the ResNet's input in shared memory
     kiln = KilnServer(env, tmp / "kiln-upload.log")
     stack.callback(kiln.stop)
     kiln.start()
@@ -448,6 +477,9 @@ def main() -> None:
             mlp_targets.append(raw_target(f"torchserve ({mb}, 0 ms)", f"{url}/predictions/mlp", t, x["mlp"]))
             label = f"torchserve ({mb}, {delay // 1000} ms)"
             resnet_targets.append(raw_target(label, f"{url}/predictions/resnet18", t, x["resnet18"]))
+        stack.enter_context(shared_input(kiln.url, "resnet18-x", x["resnet18"]))
+        label = f"kiln v2, batching ({mb}, {delay} us), input in shared memory"
+        resnet_targets.append(shared_target(label, kiln.url, k, "resnet18", "resnet18-x", x["resnet18"]))
         for target in mlp_targets:
             check_answer(target, expected["mlp"])
         # A bf16 variant, when asked for, may serve: it is checked at its own tolerance.
@@ -498,6 +530,10 @@ def print_tables(
         Row(resnet_targets[0].label, unbatched),
         Row(resnet_targets[1].label, batched, unbatched, min_rps=1.5),
     ]
+    console.print(table(title, args.resnet_concurrency, rows))
+    in_shared = resnet[resnet_targets[-1].label]
+    title = "Shared memory: ResNet-18, its 602 KB input in a registered region vs in the request body"
+    rows = [Row(resnet_targets[1].label, batched), Row(resnet_targets[-1].label, in_shared, batched)]
     console.print(table(title, args.resnet_concurrency, rows))
 
     if ts_reason is not None:
