@@ -3,26 +3,33 @@
 A client on the same host registers a region (a shm_open segment, a byte range of it) under a
 name, then names it in place of a tensor's data: the server reads inputs from it and writes
 outputs into it, and the request body carries only the JSON header. Registrations live in the
-store, one record per host and name, so that every worker process of a `kiln serve` sees them
-(a register call reaches one of them), while replicas on other hosts, whose /dev/shm is not this
-one, do not.
+store, under this host and boot, so that every worker process of a `kiln serve` sees them (a
+register call reaches one of them), while replicas on other hosts, whose /dev/shm is not this
+one, and this host after a reboot, do not.
 
-Each access opens the segment and reads or writes it with pread/pwrite rather than keeping it
-mapped: a client that shrinks or replaces its segment then gets a short read and a 400, where a
-mapping would have crashed the server with SIGBUS or read the old memory.
+A registration records the segment's identity (device and inode) as well as its name: a segment
+that was removed and created again under the same name, or a /dev/shm that is not the one it was
+registered in, is refused rather than written. An output's region is looked up with its
+request, so the write goes to the segment registered then, even if the name is registered anew
+while the model runs. Each access opens the segment and uses pread/pwrite rather than keeping it
+mapped: a client that shrinks its segment gets a short read and a 400, where a mapping would have
+crashed the server with SIGBUS.
 
-Off unless KILN_SHARED_MEMORY is set: a region gives the server's access to any segment of the
+Off unless KILN_SHARED_MEMORY is set: a region gives the server's access to a segment of the
 host, so registering one needs an admin key.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import socket
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -30,11 +37,16 @@ from service.errors import BadRequestError
 from service.store import Store
 from service.tensors import SharedSlice
 
+T = TypeVar("T")
 KIND = "shm_region"
 SHM_DIR = Path("/dev/shm")
 # shm_open names: one leading slash, then a file name in /dev/shm.
-KEY = re.compile(r"/[A-Za-z0-9._-]{1,250}")
+KEY = re.compile(r"/[A-Za-z0-9_-][A-Za-z0-9._-]{0,249}")
 OFF = "system shared memory is off on this server; start it with KILN_SHARED_MEMORY=true"
+# Linux moves at most 0x7ffff000 bytes per read or write call.
+CHUNK_BYTES = 1 << 30
+# No symlinks out of /dev/shm, and no open that waits (a FIFO put in a segment's place).
+OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class Region(BaseModel):
@@ -46,11 +58,20 @@ class Region(BaseModel):
     byte_size: int
 
 
+class Registration(Region):
+    """A region as stored: with the identity of the segment it was registered on."""
+
+    device: int
+    inode: int
+
+
 class SharedMemory:
+    """The regions of this host (a service.tensors.SharedAccess)."""
+
     def __init__(self, store: Store, enabled: bool, host: str | None = None) -> None:
         self.store = store
         self.enabled = enabled
-        self._prefix = f"{host or socket.gethostname()}/"
+        self._prefix = f"{host or _this_host()}/"
 
     def _check_on(self) -> None:
         if not self.enabled:
@@ -58,23 +79,25 @@ class SharedMemory:
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_on()
+        if not name:
+            raise BadRequestError("a region needs a name")
         if not KEY.fullmatch(key):
             raise BadRequestError(
                 f"key must be a shm_open name such as '/input0' (a slash, then a file name); got {key!r}"
             )
         if offset < 0 or byte_size <= 0:
             raise BadRequestError("offset must be 0 or more, and byte_size more than 0")
-        if self.store.get_doc(KIND, self._prefix + name) is not None:
-            raise BadRequestError(f"shared memory region {name!r} is registered already; unregister it first")
-        with _opened(key, os.O_RDWR) as fd:  # the server must be able to write its outputs there
-            size = os.fstat(fd).st_size
+        with _opened(key, os.O_RDWR) as (_, info):  # the server must be able to write outputs there
+            size, device, inode = info.st_size, info.st_dev, info.st_ino
         if offset + byte_size > size:
             raise BadRequestError(
                 f"region {name!r}: offset {offset} + byte_size {byte_size} runs past the end of "
                 f"segment {key!r}, which is {size} bytes"
             )
-        region = Region(name=name, key=key, offset=offset, byte_size=byte_size)
-        if not self.store.create_doc(KIND, self._prefix + name, region.model_dump()):
+        record = Registration(
+            name=name, key=key, offset=offset, byte_size=byte_size, device=device, inode=inode
+        )
+        if not self.store.create_doc(KIND, self._prefix + name, record.model_dump()):
             raise BadRequestError(f"shared memory region {name!r} is registered already; unregister it first")
 
     def unregister(self, name: str | None = None) -> None:
@@ -86,58 +109,109 @@ class SharedMemory:
 
     def status(self, name: str | None = None) -> list[Region]:
         self._check_on()
-        if name is not None:
-            return [self._region(name)]
-        docs = self.store.list_docs(KIND, self._prefix)
-        return sorted((Region.model_validate(doc) for doc in docs), key=lambda r: r.name)
+        records = [self._registration(name)] if name is not None else self._registrations()
+        return [Region.model_validate(r.model_dump()) for r in records]
 
-    def _region(self, name: str) -> Region:
+    def _registrations(self) -> list[Registration]:
+        docs = self.store.list_docs(KIND, self._prefix)
+        return sorted((Registration.model_validate(doc) for doc in docs), key=lambda r: r.name)
+
+    def _registration(self, name: str) -> Registration:
         doc = self.store.get_doc(KIND, self._prefix + name)
         if doc is None:
             raise BadRequestError(f"no shared memory region {name!r} is registered; register it first")
-        return Region.model_validate(doc)
+        return Registration.model_validate(doc)
 
-    def _span(self, name: str, offset: int, size: int, what: str) -> tuple[Region, int]:
-        """The region, and where in its segment `size` bytes at `offset` into it begin."""
+    def bind(self, where: SharedSlice, what: str) -> SharedSlice:
+        """The slice with its region looked up now, and its range checked against it."""
         self._check_on()
-        region = self._region(name)
-        if offset < 0 or size < 0 or offset + size > region.byte_size:
+        record = self._registration(where.region)
+        if where.offset + where.byte_size > record.byte_size:
             raise BadRequestError(
-                f"{what}: offset {offset} + {size} bytes runs past the end of shared memory "
-                f"region {name!r}, which is {region.byte_size} bytes"
+                f"{what}: offset {where.offset} + {where.byte_size} bytes runs past the end of "
+                f"shared memory region {where.region!r}, which is {record.byte_size} bytes"
             )
-        return region, region.offset + offset
+        return dataclasses.replace(where, segment=record)
 
     def read(self, where: SharedSlice, what: str) -> bytes:
-        """A tensor's bytes (a service.tensors.SharedReader)."""
-        region, start = self._span(where.region, where.offset, where.byte_size, what)
-        with _opened(region.key, os.O_RDONLY) as fd:
-            data = os.pread(fd, where.byte_size, start)
-        if len(data) != where.byte_size:
-            raise BadRequestError(_shrunk(what, region))
-        return data
+        where = self.bind(where, what)
+        record = _bound(where)
+        at = record.offset + where.offset
+        end = at + where.byte_size
+        chunks = []
+        with _segment(record, os.O_RDONLY, what) as fd:
+            while at < end:
+                want = min(CHUNK_BYTES, end - at)
+                chunk = _io(what, os.pread, fd, want, at)
+                if len(chunk) < want:
+                    raise BadRequestError(_shrunk(what, record))
+                chunks.append(chunk)
+                at += want
+        return b"".join(chunks)
 
     def write(self, where: SharedSlice, data: bytes, what: str) -> None:
-        """An output's bytes (a service.tensors.SharedWriter)."""
-        region, start = self._span(where.region, where.offset, len(data), what)
-        with _opened(region.key, os.O_RDWR) as fd:
-            if os.fstat(fd).st_size < start + len(data):  # pwrite would grow the client's segment
-                raise BadRequestError(_shrunk(what, region))
-            os.pwrite(fd, data, start)
+        """An output's bytes, into the segment its slice was bound to (`bind`)."""
+        record = _bound(where)
+        start = record.offset + where.offset
+        view = memoryview(data)
+        with _segment(record, os.O_RDWR, what) as fd:
+            if os.fstat(fd).st_size < start + len(view):  # pwrite would grow the client's segment
+                raise BadRequestError(_shrunk(what, record))
+            done = 0
+            while done < len(view):
+                done += _io(what, os.pwrite, fd, view[done : done + CHUNK_BYTES], start + done)
 
 
-def _shrunk(what: str, region: Region) -> str:
-    return f"{what}: segment {region.key!r} of region {region.name!r} is shorter than when it was registered"
+def _bound(where: SharedSlice) -> Registration:
+    if not isinstance(where.segment, Registration):
+        raise TypeError(f"shared memory slice of region {where.region!r} used before it was bound")
+    return where.segment
+
+
+def _io(what: str, call: Callable[..., T], *args: Any) -> T:
+    """A read or write of a segment: what the OS refuses (a full /dev/shm, say) is the client's 400."""
+    try:
+        return call(*args)
+    except OSError as exc:
+        raise BadRequestError(f"{what}: shared memory: {exc.strerror}") from None
+
+
+def _shrunk(what: str, record: Registration) -> str:
+    return f"{what}: segment {record.key!r} of region {record.name!r} is shorter than when it was registered"
 
 
 @contextmanager
-def _opened(key: str, flags: int) -> Iterator[int]:
-    """The segment's file descriptor, closed on exit."""
+def _segment(record: Registration, flags: int, what: str) -> Iterator[int]:
+    """The registered segment's file descriptor, if the file at its key is still that segment."""
+    with _opened(record.key, flags) as (fd, info):
+        if (info.st_dev, info.st_ino) != (record.device, record.inode):
+            raise BadRequestError(
+                f"{what}: segment {record.key!r} is not the one region {record.name!r} was registered "
+                "on (it was removed and created again); register the region again"
+            )
+        yield fd
+
+
+@contextmanager
+def _opened(key: str, flags: int) -> Iterator[tuple[int, os.stat_result]]:
+    """A regular file in /dev/shm, opened, with its status; closed on exit."""
     try:
-        fd = os.open(SHM_DIR / key[1:], flags)
+        fd = os.open(SHM_DIR / key[1:], flags | OPEN_FLAGS)
     except OSError as exc:
         raise BadRequestError(f"cannot open shared memory segment {key!r}: {exc.strerror}") from None
     try:
-        yield fd
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BadRequestError(f"shared memory segment {key!r} is not a shm_open segment")
+        yield fd, info
     finally:
         os.close(fd)
+
+
+def _this_host() -> str:
+    """This host and boot: registrations made before a reboot name segments that are gone."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "unknown-boot"
+    return f"{socket.gethostname()}/{boot}"

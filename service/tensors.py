@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
@@ -108,11 +108,38 @@ class SharedSlice:
     region: str
     byte_size: int
     offset: int = 0
+    # An output's segment, looked up with the request (SharedAccess.bind): the write goes
+    # where the region pointed then, whatever is registered under its name by the time it runs.
+    segment: object = None
 
 
-# Reads a tensor's bytes from its region, or writes them there; the text names the tensor in errors.
-SharedReader = Callable[[SharedSlice, str], bytes]
-SharedWriter = Callable[[SharedSlice, bytes, str], None]
+class SharedAccess(Protocol):
+    """Shared-memory regions as the codec uses them; `what` names the tensor in errors."""
+
+    def read(self, where: SharedSlice, what: str) -> bytes: ...
+
+    def bind(self, where: SharedSlice, what: str) -> SharedSlice: ...
+
+    def write(self, where: SharedSlice, data: bytes, what: str) -> None: ...
+
+
+class Unshared:
+    """For a codec with no regions: every use of one is refused."""
+
+    def _refuse(self, what: str) -> NoReturn:
+        raise BadRequestError(f"{what}: shared memory is not offered here")
+
+    def read(self, where: SharedSlice, what: str) -> bytes:
+        self._refuse(what)
+
+    def bind(self, where: SharedSlice, what: str) -> SharedSlice:
+        self._refuse(what)
+
+    def write(self, where: SharedSlice, data: bytes, what: str) -> None:
+        self._refuse(what)
+
+
+UNSHARED = Unshared()
 SHARED_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
@@ -136,12 +163,13 @@ def shared_slice(params: Mapping[str, Any], what: str) -> SharedSlice | None:
     return SharedSlice(region, size, offset)
 
 
-def _unshared(where: SharedSlice, what: str) -> bytes:
-    raise BadRequestError(f"{what}: shared memory is not offered here")
-
-
-def _unwritable(where: SharedSlice, data: bytes, what: str) -> None:
-    _unshared(where, what)
+def _check_size(size: int, name: str, shape: tuple[int, ...], dtype: np.dtype, source: str) -> None:
+    needed = math.prod(shape) * dtype.itemsize
+    if size != needed:
+        raise BadRequestError(
+            f"tensor {name!r}: {source} is {size} bytes, but shape {list(shape)} "
+            f"of {datatype_of(dtype, name)} needs {needed}"
+        )
 
 
 def _from_bytes(
@@ -151,12 +179,7 @@ def _from_bytes(
     dtype: np.dtype,
     source: str = "binary_data_size",
 ) -> np.ndarray:
-    needed = math.prod(shape) * dtype.itemsize
-    if len(raw) != needed:
-        raise BadRequestError(
-            f"tensor {name!r}: {source} is {len(raw)} bytes, but shape {list(shape)} "
-            f"of {datatype_of(dtype, name)} needs {needed}"
-        )
+    _check_size(len(raw), name, shape, dtype, source)
     if dtype.kind == "b":
         return np.frombuffer(raw, np.uint8).astype(bool).reshape(shape)  # any non-zero byte is true
     # The extension is little-endian; astype also copies out of the read-only request buffer.
@@ -193,7 +216,7 @@ def _from_json(doc: Mapping[str, Any], name: str, shape: tuple[int, ...], dtype:
 
 
 def decode_tensors(
-    docs: object, binary: bytes | memoryview = b"", shared: SharedReader = _unshared
+    docs: object, binary: bytes | memoryview = b"", shared: SharedAccess = UNSHARED
 ) -> dict[str, np.ndarray]:
     """v2 tensor objects (plus the binary bytes after the JSON header) -> name -> array.
 
@@ -215,7 +238,9 @@ def decode_tensors(
                 raise BadRequestError(
                     f"tensor {name!r} names a shared memory region and sends data too; send one"
                 )
-            raw = shared(where, f"tensor {name!r}")
+            # Checked before reading, so that a region's size is never allocated for nothing.
+            _check_size(where.byte_size, name, shape, dtype, "shared_memory_byte_size")
+            raw = shared.read(where, f"tensor {name!r}")
             tensors[name] = _from_bytes(raw, name, shape, dtype, "shared_memory_byte_size")
             continue
         size = _binary_size(doc, name)
@@ -282,7 +307,9 @@ def _flag(params: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def _requested(docs: object, binary_output: bool) -> tuple[dict[str, bool] | None, dict[str, SharedSlice]]:
+def _requested(
+    docs: object, binary_output: bool, shared: SharedAccess
+) -> tuple[dict[str, bool] | None, dict[str, SharedSlice]]:
     """The outputs asked for, each with its binary flag (None: every output), and those to write
     into shared memory."""
     if docs is None:
@@ -290,7 +317,7 @@ def _requested(docs: object, binary_output: bool) -> tuple[dict[str, bool] | Non
     if not isinstance(docs, list):
         raise BadRequestError("`outputs` must be a list of {name, parameters}")
     wanted: dict[str, bool] = {}
-    shared: dict[str, SharedSlice] = {}
+    to_shared: dict[str, SharedSlice] = {}
     for doc in docs:
         name = doc.get("name") if isinstance(doc, dict) else None
         if not isinstance(name, str) or not name:
@@ -301,8 +328,8 @@ def _requested(docs: object, binary_output: bool) -> tuple[dict[str, bool] | Non
         wanted[name] = _flag(params, "binary_data", binary_output)
         where = shared_slice(params, f"output {name!r}")
         if where is not None:
-            shared[name] = where
-    return wanted, shared
+            to_shared[name] = shared.bind(where, f"output {name!r}")
+    return wanted, to_shared
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
@@ -319,7 +346,7 @@ def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     return body[:length], memoryview(body)[length:]
 
 
-def decode_request(body: bytes, header_length: str | None, shared: SharedReader = _unshared) -> InferRequest:
+def decode_request(body: bytes, header_length: str | None, shared: SharedAccess = UNSHARED) -> InferRequest:
     """An inference request body; `header_length` is its Inference-Header-Content-Length header,
     and `shared` reads the inputs that lie in shared memory."""
     header, binary = _split(body, header_length)
@@ -334,7 +361,7 @@ def decode_request(body: bytes, header_length: str | None, shared: SharedReader 
         raise BadRequestError("`id` must be a string")
     params = _parameters(doc, "the request")
     binary_output = _flag(params, "binary_data_output", False)
-    outputs, shared_outputs = _requested(doc.get("outputs"), binary_output)
+    outputs, shared_outputs = _requested(doc.get("outputs"), binary_output, shared)
     return InferRequest(
         id=request_id,
         inputs=decode_tensors(doc.get("inputs"), binary, shared),
@@ -360,7 +387,7 @@ def timeout_parameter(value: object) -> int | None:
     return value
 
 
-def write_shared(name: str, array: np.ndarray, where: SharedSlice, write: SharedWriter) -> dict[str, Any]:
+def write_shared(name: str, array: np.ndarray, where: SharedSlice, shared: SharedAccess) -> dict[str, Any]:
     """An output written into its shared-memory region; its tensor object, which says where."""
     doc, raw = encode_tensor(name, array, binary=True)
     if len(raw) > where.byte_size:
@@ -368,7 +395,7 @@ def write_shared(name: str, array: np.ndarray, where: SharedSlice, write: Shared
             f"output {name!r} is {len(raw)} bytes, but its shared_memory_byte_size is {where.byte_size}; "
             f"give it at least {len(raw)}"
         )
-    write(where, raw, f"output {name!r}")
+    shared.write(where, raw, f"output {name!r}")
     doc["parameters"] = {"shared_memory_region": where.region, "shared_memory_byte_size": len(raw)}
     if where.offset:
         doc["parameters"]["shared_memory_offset"] = where.offset
@@ -378,16 +405,16 @@ def write_shared(name: str, array: np.ndarray, where: SharedSlice, write: Shared
 def encode_response(
     header: Mapping[str, Any],
     outputs: list[tuple[str, np.ndarray, bool]],
-    shared: Mapping[str, SharedSlice] | None = None,
-    write: SharedWriter = _unwritable,
+    to_shared: Mapping[str, SharedSlice] | None = None,
+    shared: SharedAccess = UNSHARED,
 ) -> tuple[bytes, int | None]:
     """The response body, and the JSON header's length when binary outputs follow it. Outputs
-    in `shared` are written to their regions by `write`, and only described in the body."""
-    shared = shared or {}
+    in `to_shared` are written to their regions, and only described in the body."""
+    to_shared = to_shared or {}
     docs, chunks, binary_sent = [], [], False
     for name, array, binary in outputs:
-        if name in shared:
-            docs.append(write_shared(name, array, shared[name], write))
+        if name in to_shared:
+            docs.append(write_shared(name, array, to_shared[name], shared))
             continue
         doc, raw = encode_tensor(name, array, binary)
         docs.append(doc)

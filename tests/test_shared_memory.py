@@ -17,6 +17,7 @@ import tritonclient.http as triton_http
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException
 
+from service import shared_memory
 from service.shared_memory import SharedMemory
 from service.store import LocalStore
 from service.tensors import SharedSlice
@@ -123,6 +124,38 @@ def test_tritonclient_http_infers_through_shared_memory(
         http_client.infer("mlp", [tensor], headers=bearer(INFER))
 
 
+def test_http_reads_at_an_offset_and_mixes_shared_and_binary_outputs(
+    http_client: triton_http.InferenceServerClient, segments: dict[str, object]
+) -> None:
+    """An input at an offset into its region, one output written to shared memory and two in
+    the body, binary: the body's binary part holds only those two."""
+    x = sample(HEADS, BATCH)[:, :4].copy()
+    k = np.arange(BATCH * 4, dtype=np.int64).reshape(BATCH, 4)
+    shm.set_shared_memory_region(segments["in"], [x], offset=100)
+    http_client.register_system_shared_memory("x", segments["in_key"], IN_BYTES, headers=bearer(ADMIN))
+    http_client.register_system_shared_memory("y", segments["out_key"], OUT_BYTES, headers=bearer(ADMIN))
+    x_in = triton_http.InferInput("x", list(x.shape), "FP32")
+    x_in.set_shared_memory("x", x.nbytes, offset=100)
+    k_in = triton_http.InferInput("k", list(k.shape), "INT64")
+    k_in.set_data_from_numpy(k, binary_data=True)
+    outputs = [
+        triton_http.InferRequestedOutput(name, binary_data=True) for name in ("output0", "output1", "output2")
+    ]
+    outputs[0].set_shared_memory("y", BATCH * 3 * 4, offset=8)
+    result = http_client.infer("heads", [x_in, k_in], outputs=outputs, headers=bearer(INFER))
+    y, positive, k_out = heads(x, k)
+    got = shm.get_contents_as_numpy(segments["out"], np.float32, [BATCH, 3], offset=8)
+    np.testing.assert_allclose(got, y, rtol=1e-5, atol=1e-6)
+    assert result.get_output("output0")["parameters"]["shared_memory_offset"] == 8
+    np.testing.assert_array_equal(result.as_numpy("output1"), positive)
+    np.testing.assert_array_equal(result.as_numpy("output2"), k_out)
+
+
+def heads(x: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, ...]:
+    with torch.inference_mode():
+        return tuple(t.numpy() for t in HEADS.module()(torch.from_numpy(x), torch.from_numpy(k)))
+
+
 def test_tritonclient_grpc_infers_through_shared_memory(
     grpc_client: triton_grpc.InferenceServerClient, segments: dict[str, object]
 ) -> None:
@@ -176,8 +209,7 @@ def test_grpc_mixes_shared_memory_with_raw_contents(
     outputs = [triton_grpc.InferRequestedOutput(name) for name in ("output0", "output1", "output2")]
     outputs[0].set_shared_memory("y", OUT_BYTES)
     result = grpc_client.infer("heads", [x_in, k_in], outputs=outputs, headers=bearer(INFER))
-    with torch.inference_mode():
-        y, positive, k_out = (t.numpy() for t in HEADS.module()(torch.from_numpy(x), torch.from_numpy(k)))
+    y, positive, k_out = heads(x, k)
     got = shm.get_contents_as_numpy(segments["out"], np.float32, [BATCH, 3])
     np.testing.assert_allclose(got, y, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(result.as_numpy("output1"), positive)
@@ -188,7 +220,7 @@ def test_each_misuse_is_a_400_that_says_what_to_fix(server: KilnServer, segments
     admin = httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30)
     base = "/v2/systemsharedmemory"
 
-    def register(name: str, key: object, byte_size: int, offset: int = 0) -> httpx.Response:
+    def register(name: str, key: object, byte_size: object, offset: object = 0) -> httpx.Response:
         body = {"key": key, "offset": offset, "byte_size": byte_size}
         return admin.post(f"{base}/region/{name}/register", json=body)
 
@@ -210,6 +242,9 @@ def test_each_misuse_is_a_400_that_says_what_to_fix(server: KilnServer, segments
             "cannot open shared memory segment '/kiln_no_such_segment'",
         )
         refused(register("r", "../etc/passwd", 16), "key must be a shm_open name")
+        refused(register("r", "/..", 16), "key must be a shm_open name")
+        refused(register("r", segments["in_key"], True), "byte_size")  # strict: not a number
+        refused(register("r", segments["in_key"], 16, offset="8"), "offset")
         refused(register("r", segments["in_key"], IN_BYTES, offset=8), f"which is {IN_BYTES} bytes")
         assert register("r", segments["in_key"], IN_BYTES).status_code == 200
         refused(register("r", segments["in_key"], 8), "region 'r' is registered already")
@@ -229,9 +264,25 @@ def test_each_misuse_is_a_400_that_says_what_to_fix(server: KilnServer, segments
         refused(infer(full, [{"name": "output0", "parameters": small}]), f"give it at least {OUT_BYTES}")
         assert infer(full).status_code == 200
 
-        # A client that shrinks its segment gets a 400, not a crashed server.
-        os.truncate(Path("/dev/shm") / str(segments["in_key"])[1:], 16)
+        # A client that shrinks its segment, or puts something else in its place, gets a 400,
+        # not a crashed or hung server, and nothing is read or written elsewhere.
+        path = Path("/dev/shm") / str(segments["in_key"])[1:]
+        os.truncate(path, 16)
         refused(infer(full), "is shorter than when it was registered")
+        os.truncate(path, IN_BYTES)
+        assert infer(full).status_code == 200
+        saved = path.read_bytes()
+        path.unlink()
+        path.write_bytes(saved)  # the same name and size, but another segment
+        refused(infer(full), "is not the one region 'r' was registered on")
+        path.unlink()
+        os.mkfifo(path)
+        refused(infer(full), "is not a shm_open segment")
+        path.unlink()
+        path.symlink_to("/etc/hostname")
+        refused(infer(full), "cannot open shared memory segment")
+        path.unlink()
+        path.write_bytes(saved)  # back for the fixture to remove
         assert admin.get("/v2/health/live").status_code == 200
 
         infer_only = httpx.post(f"{server.url}{base}/unregister", headers=bearer(INFER))
@@ -277,4 +328,27 @@ def test_every_process_on_a_host_sees_the_same_regions(tmp_path: Path, segments:
     assert elsewhere.status() == []
     other.unregister("r")
     assert one.status() == []
+    store.close()
+
+
+def test_reads_and_writes_go_in_chunks_to_the_segment_registered_then(
+    tmp_path: Path, segments: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Linux moves at most about 2 GiB per call: big tensors are read and written in chunks. An
+    output bound before its region is registered anew still goes where the request saw it."""
+    monkeypatch.setattr(shared_memory, "CHUNK_BYTES", 100)
+    store = LocalStore(tmp_path)
+    regions = SharedMemory(store, True, "host-a")
+    x = sample(MLP, BATCH)
+    shm.set_shared_memory_region(segments["in"], [x])
+    regions.register("in", str(segments["in_key"]), 0, IN_BYTES)
+    assert regions.read(SharedSlice("in", IN_BYTES), "x") == x.tobytes()
+    regions.register("out", str(segments["out_key"]), 0, OUT_BYTES)
+    bound = regions.bind(SharedSlice("out", OUT_BYTES), "y")
+    regions.unregister("out")
+    regions.register("out", str(segments["in_key"]), 0, IN_BYTES)  # the name, elsewhere now
+    y = np.arange(BATCH * 10, dtype=np.float32)
+    regions.write(bound, y.tobytes(), "y")
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(segments["out"], np.float32, [BATCH * 10]), y)
+    assert regions.read(SharedSlice("in", IN_BYTES), "x") == x.tobytes()  # untouched
     store.close()

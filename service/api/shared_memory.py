@@ -7,7 +7,7 @@ segment of this host. Reading the status needs the infer scope, as using a regio
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import admin_scope, infer_scope
@@ -26,9 +26,12 @@ router = APIRouter(
 
 
 class RegisterIn(BaseModel):
+    # Strict, as Triton's parser is: no `true` or "8" taken for a number.
+    model_config = ConfigDict(strict=True)
+
     key: str = Field(description="The segment's shm_open name, such as `/input0`.")
-    offset: int = Field(default=0, description="Where in the segment the region begins.")
-    byte_size: int = Field(description="The region's size in bytes.")
+    offset: int = Field(default=0, ge=0, description="Where in the segment the region begins.")
+    byte_size: int = Field(gt=0, description="The region's size in bytes.")
 
 
 @router.get(

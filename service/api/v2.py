@@ -308,9 +308,10 @@ def decodes_inline(body: bytes, header_length: str | None) -> bool:
 
 
 def names_shared_memory(body: bytes, header_length: str | None) -> bool:
-    """Whether the JSON header may name a shared-memory region (a scan, not a parse)."""
+    """Whether the JSON header may name a shared-memory region: a scan, not a parse, so it also
+    says yes to any \\u escape, which could spell the key."""
     end = int(header_length) if header_length is not None and header_length.isdigit() else len(body)
-    return body.find(b"shared_memory_region", 0, end) != -1
+    return body.find(b"shared_memory_", 0, end) != -1 or body.find(b"\\u", 0, end) != -1
 
 
 def encodes_inline(outputs: list[tuple[str, np.ndarray, bool]]) -> bool:
@@ -357,9 +358,9 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
     header_length = request.headers.get(HEADER_LENGTH)
     shared = svc.shared_memory
     if decodes_inline(body, header_length) and not names_shared_memory(body, header_length):
-        infer = decode_request(body, header_length, shared.read)
-    else:  # big, or read from shared memory, which asks the store where
-        infer = await run_in_threadpool(decode_request, body, header_length, shared.read)
+        infer = decode_request(body, header_length, shared)
+    else:  # big, or in shared memory, which asks the store where
+        infer = await run_in_threadpool(decode_request, body, header_length, shared)
     result, outputs = await run_infer(svc, name, version, infer)
     header: dict[str, Any] = {"model_name": name, "model_version": str(result.version)}
     if infer.id is not None:
@@ -368,7 +369,7 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
         payload, json_length = encode_response(header, outputs)
     else:
         payload, json_length = await run_in_threadpool(
-            encode_response, header, outputs, infer.shared_outputs, shared.write
+            encode_response, header, outputs, infer.shared_outputs, shared
         )
     if json_length is None:
         return Response(payload, media_type="application/json")

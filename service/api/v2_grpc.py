@@ -39,8 +39,7 @@ from service.tensors import (
     DATATYPES,
     SHARED_KEYS,
     InferRequest,
-    SharedReader,
-    SharedWriter,
+    SharedAccess,
     decode_tensors,
     encode_tensor,
     shared_slice,
@@ -107,8 +106,8 @@ def parsed(doc: Mapping[str, Any], message: Message) -> Any:
 
 def decodes_inline(request: Any) -> bool:
     """As for HTTP bodies: small requests decode on the event loop, big ones in the threadpool,
-    as do those that read shared memory, which asks the store where."""
-    if any(shared_parameters(t.parameters) for t in request.inputs):
+    as do those with tensors in shared memory, which asks the store where."""
+    if any(shared_parameters(t.parameters) for t in [*request.inputs, *request.outputs]):
         return False
     raw = sum(len(r) for r in request.raw_input_contents)
     typed = sum(
@@ -124,7 +123,7 @@ def shared_parameters(parameters: Any) -> dict[str, object]:
     return {key: parameter(parameters, key) for key in SHARED_KEYS if key in parameters}
 
 
-def decode(request: Any, shared: SharedReader) -> InferRequest:
+def decode(request: Any, shared: SharedAccess) -> InferRequest:
     """The request's tensors through the HTTP codec's checks: raw contents become binary
     tensors, typed contents JSON `data`; inputs in shared memory have no contents."""
     raw = list(request.raw_input_contents)
@@ -140,6 +139,10 @@ def decode(request: Any, shared: SharedReader) -> InferRequest:
     for tensor, params in zip(request.inputs, in_shared, strict=True):
         doc: dict[str, Any] = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype}
         if params:
+            if tensor.HasField("contents"):
+                raise BadRequestError(
+                    f"tensor {tensor.name!r} names a shared memory region and sends contents too; send one"
+                )
             doc["parameters"] = params
         elif raw:
             doc["parameters"] = {"binary_data_size": len(next(contents))}
@@ -151,9 +154,10 @@ def decode(request: Any, shared: SharedReader) -> InferRequest:
     wanted = [o.name for o in request.outputs]
     shared_outputs = {}
     for output in request.outputs:
-        where = shared_slice(shared_parameters(output.parameters), f"output {output.name!r}")
+        what = f"output {output.name!r}"
+        where = shared_slice(shared_parameters(output.parameters), what)
         if where is not None:
-            shared_outputs[output.name] = where
+            shared_outputs[output.name] = shared.bind(where, what)
     return InferRequest(
         id=request.id or None,
         inputs=decode_tensors(docs, b"".join(raw), shared),
@@ -173,21 +177,22 @@ def parameter(parameters: Any, key: str) -> object:
 
 
 def encode(
-    name: str, version: int, rid: str, infer: InferRequest, outputs: list[Output], write: SharedWriter
+    name: str, version: int, rid: str, infer: InferRequest, outputs: list[Output], shared: SharedAccess
 ) -> Any:
     response = pb.ModelInferResponse(model_name=name, model_version=str(version), id=rid)
     for output, array, _ in outputs:
         where = infer.shared_outputs.get(output)
         if where is None:
             doc, raw = encode_tensor(output, array, binary=True)
+            response.outputs.add(name=output, datatype=doc["datatype"], shape=doc["shape"])
         else:
-            doc, raw = write_shared(output, array, where, write), b""
-        tensor = response.outputs.add(name=output, datatype=doc["datatype"], shape=doc["shape"])
-        for key, value in doc.get("parameters", {}).items():
-            if isinstance(value, str):
-                tensor.parameters[key].string_param = value
-            else:
-                tensor.parameters[key].int64_param = value
+            doc, raw = write_shared(output, array, where, shared), b""
+            tensor = response.outputs.add(name=output, datatype=doc["datatype"], shape=doc["shape"])
+            for key, value in doc["parameters"].items():
+                if isinstance(value, str):
+                    tensor.parameters[key].string_param = value
+                else:
+                    tensor.parameters[key].int64_param = value
         # One entry per output, empty for those in shared memory: clients find an output's
         # contents by its index.
         response.raw_output_contents.append(raw)
@@ -329,13 +334,13 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         name, version = request.model_name, version_of(request.model_version)
         shared = self.svc.shared_memory
         if decodes_inline(request):
-            infer = decode(request, shared.read)
+            infer = decode(request, shared)
         else:
-            infer = await run_in_threadpool(decode, request, shared.read)
+            infer = await run_in_threadpool(decode, request, shared)
         result, outputs = await v2.run_infer(self.svc, name, version, infer)
         if v2.encodes_inline(outputs) and not infer.shared_outputs:
-            return encode(name, result.version, request.id, infer, outputs, shared.write)
-        return await run_in_threadpool(encode, name, result.version, request.id, infer, outputs, shared.write)
+            return encode(name, result.version, request.id, infer, outputs, shared)
+        return await run_in_threadpool(encode, name, result.version, request.id, infer, outputs, shared)
 
     @answered
     async def SystemSharedMemoryStatus(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
