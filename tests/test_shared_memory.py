@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -15,6 +16,8 @@ import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 import tritonclient.utils.shared_memory as shm
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from service import shared_memory
@@ -214,6 +217,21 @@ def test_grpc_mixes_shared_memory_with_raw_contents(
     np.testing.assert_allclose(got, y, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(result.as_numpy("output1"), positive)
     np.testing.assert_array_equal(result.as_numpy("output2"), k_out)
+
+
+def test_grpc_refuses_an_input_in_shared_memory_that_sends_contents_too(server: KilnServer) -> None:
+    tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 64])
+    tensor.parameters["shared_memory_region"].string_param = "anything"
+    tensor.parameters["shared_memory_byte_size"].int64_param = 256
+    tensor.contents.fp32_contents.extend([0.0] * 64)
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(
+                pb.ModelInferRequest(model_name="mlp", inputs=[tensor]), metadata=tuple(bearer(INFER).items())
+            )
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "names a shared memory region and sends contents too" in str(caught.value.details())
 
 
 def test_each_misuse_is_a_400_that_says_what_to_fix(server: KilnServer, segments: dict[str, object]) -> None:
