@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from service import shared_memory
 from service.shared_memory import SharedMemory
-from service.store import LocalStore
+from service.store import LocalStore, RedisStore, Store
 from service.tensors import SharedSlice
 from tests import models
 from tests.client import expected, sample, upload
@@ -217,6 +217,8 @@ def test_grpc_mixes_shared_memory_with_raw_contents(
     np.testing.assert_allclose(got, y, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(result.as_numpy("output1"), positive)
     np.testing.assert_array_equal(result.as_numpy("output2"), k_out)
+    # Only the output in shared memory carries parameters; the others come as Triton sends them.
+    assert [len(o.parameters) for o in result.get_response().outputs] == [2, 0, 0]
 
 
 def test_grpc_refuses_an_input_in_shared_memory_that_sends_contents_too(server: KilnServer) -> None:
@@ -334,19 +336,28 @@ def test_shared_memory_is_off_unless_asked_for(tmp_path: Path) -> None:
         assert "system_shared_memory" not in httpx.get(f"{srv.url}/v2").json()["extensions"]
 
 
-def test_every_process_on_a_host_sees_the_same_regions(tmp_path: Path, segments: dict[str, object]) -> None:
-    """Registrations live in the store, per host: one worker registers, another serves."""
-    store = LocalStore(tmp_path)
-    one, other = SharedMemory(store, True, "host-a"), SharedMemory(store, True, "host-a")
-    elsewhere = SharedMemory(store, True, "host-b")
+@pytest.mark.parametrize("kind", ["local", "redis"])
+def test_every_process_on_a_host_sees_the_same_regions(
+    kind: str, request: pytest.FixtureRequest, tmp_path: Path, segments: dict[str, object]
+) -> None:
+    """Registrations live in the store, per host: one worker registers, another serves, each
+    with its own connection to the store, in embedded and in Redis mode."""
+
+    def opened() -> Store:
+        return RedisStore(request.getfixturevalue("redis_url")) if kind == "redis" else LocalStore(tmp_path)
+
+    stores = [opened(), opened()]
+    one, other = SharedMemory(stores[0], True, "host-a"), SharedMemory(stores[1], True, "host-a")
+    elsewhere = SharedMemory(stores[1], True, "host-b")
     x = sample(MLP, BATCH)
     shm.set_shared_memory_region(segments["in"], [x])
     one.register("r", str(segments["in_key"]), 0, IN_BYTES)
     assert other.read(SharedSlice("r", IN_BYTES), "x") == x.tobytes()
-    assert elsewhere.status() == []
+    assert [r.name for r in other.status()] == ["r"] and elsewhere.status() == []
     other.unregister("r")
     assert one.status() == []
-    store.close()
+    for store in stores:
+        store.close()
 
 
 def test_reads_and_writes_go_in_chunks_to_the_segment_registered_then(
