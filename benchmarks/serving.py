@@ -326,6 +326,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mlp-concurrency", type=int, default=16)
     p.add_argument("--resnet-concurrency", type=int, default=8)
     p.add_argument(
+        "--light-concurrency",
+        type=int,
+        default=2,
+        help="ResNet concurrency of the adaptive queue delay's table",
+    )
+    p.add_argument(
         "--resnet-backends",
         type=json.loads,
         default=RESNET_BACKENDS,
@@ -401,7 +407,9 @@ def start_kiln(stack: ExitStack, tmp: Path, args: argparse.Namespace, paths: dic
         path = paths["resnet18"]
         upload(http, "resnet18", RESNET18, path, max_batch_size=mb, max_queue_delay_us=delay, backends=racers)
         upload(http, "resnet18-b1", RESNET18, path, max_batch_size=1, backends=racers)
-        for name in ("resnet18", "resnet18-b1"):
+        waits = {"max_queue_delay_us": delay, "adaptive_queue_delay": False}
+        upload(http, "resnet18-wait", RESNET18, path, max_batch_size=mb, backends=racers, **waits)
+        for name in ("resnet18", "resnet18-b1", "resnet18-wait"):
             console.log(f"{name}: {served_by(http, name)}")
     kiln.stop()
     console.log(f"restarting kiln serve with {args.workers} uvicorn worker(s)")
@@ -468,17 +476,20 @@ def main() -> None:
             v2_target(f"kiln v2 (batch {mb}, delay 0)", kiln.url, k, "mlp", x["mlp"]),
             v2_target("kiln v2 (max_batch_size 1)", kiln.url, k, "mlp-b1", x["mlp"]),
         ]
+        batching = f"kiln v2, batching ({mb}, {delay} us)"
         resnet_targets = [
             v2_target("kiln v2, no batching (max 1)", kiln.url, k, "resnet18-b1", x["resnet18"]),
-            v2_target(f"kiln v2, batching ({mb}, {delay} us)", kiln.url, k, "resnet18", x["resnet18"]),
+            v2_target(f"{batching}, adaptive delay", kiln.url, k, "resnet18", x["resnet18"]),
+            v2_target(f"{batching}, always waits", kiln.url, k, "resnet18-wait", x["resnet18"]),
         ]
+        light_targets = [resnet_targets[2], resnet_targets[1]]
         if isinstance(ts, TorchServe):
             t, url = pid_of(ts.proc), ts.url
             mlp_targets.append(raw_target(f"torchserve ({mb}, 0 ms)", f"{url}/predictions/mlp", t, x["mlp"]))
             label = f"torchserve ({mb}, {delay // 1000} ms)"
             resnet_targets.append(raw_target(label, f"{url}/predictions/resnet18", t, x["resnet18"]))
         stack.enter_context(shared_input(kiln.url, "resnet18-x", x["resnet18"]))
-        label = f"kiln v2, batching ({mb}, {delay} us), input in shared memory"
+        label = f"{batching}, adaptive delay, input in shared memory"
         resnet_targets.append(shared_target(label, kiln.url, k, "resnet18", "resnet18-x", x["resnet18"]))
         for target in mlp_targets:
             check_answer(target, expected["mlp"])
@@ -495,11 +506,19 @@ def main() -> None:
         console.log(f"ResNet-18: {args.resnet_seconds:.0f} s per target, in {args.rounds} rounds")
         conc = args.resnet_concurrency
         resnet = run_rounds(resnet_targets, conc, 3, args.resnet_seconds, args.rounds, args.max_requests)
+        conc = args.light_concurrency
+        console.log(f"ResNet-18 at concurrency {conc}: {args.resnet_seconds:.0f} s per target")
+        light = run_rounds(light_targets, conc, 3, args.resnet_seconds, args.rounds, args.max_requests)
         batches = kiln_batches(kiln.url)
 
     print_tables(args, mlp_targets, mlp, resnet_targets, resnet, None if isinstance(ts, TorchServe) else ts)
+    title = "Adaptive queue delay: ResNet-18, always waiting out the delay (as Triton) vs adaptive"
+    for conc, samples in ((args.light_concurrency, light), (args.resnet_concurrency, resnet)):
+        waited, adapted = (samples[t.label] for t in light_targets)
+        rows = [Row(light_targets[0].label, waited), Row(light_targets[1].label, adapted, waited)]
+        console.print(table(title, conc, rows))
     console.print(f"Kiln's executed batches over the run (warm-ups included): {batches}")
-    for label, sample in [*mlp.items(), *resnet.items()]:
+    for label, sample in [*mlp.items(), *resnet.items(), *light.items()]:
         if sample.errors:
             console.print(f"[red]{label}: {sample.errors} requests failed or timed out[/red]")
     # Other work on the machine skews every number: the load average says how much there was.
@@ -539,11 +558,12 @@ def print_tables(
     if ts_reason is not None:
         console.print(f"[yellow]Against TorchServe: skipped: {ts_reason}[/yellow]")
         return
-    ts_resnet, ts_mlp = resnet[resnet_targets[2].label], mlp[mlp_targets[3].label]
+    ts_resnet, ts_mlp = resnet[resnet_targets[3].label], mlp[mlp_targets[3].label]
     title = "Against TorchServe 0.12: ResNet-18, same file, payload and batching"
     rows = [
-        Row(resnet_targets[2].label, ts_resnet),
+        Row(resnet_targets[3].label, ts_resnet),
         Row(resnet_targets[1].label, batched, ts_resnet, min_rps=1.5, max_p99=0.5),
+        Row(resnet_targets[2].label, resnet[resnet_targets[2].label], ts_resnet),  # TorchServe's waits
     ]
     console.print(table(title, args.resnet_concurrency, rows))
     title = "Against TorchServe 0.12: MLP, same file, payload and batching"

@@ -3,7 +3,11 @@
 Like Triton's dynamic batcher: a batch closes when it reaches `max_batch_size`, or the largest
 preferred size that the requests already queued can form, or when its oldest request has waited
 `max_queue_delay_us` since it arrived. Requests keep arriving while a batch runs, so under load
-batches grow even with no delay at all. `run` sees the merged batch, so it can pick what runs it
+batches grow even with no delay at all. With `adaptive_queue_delay` a batch also closes, before
+its delay, once it holds as many requests as were waiting or running at once at the peak of any
+of the last few batch cycles: then every client that has been sending is in it, and waiting
+longer would add the delay to each request for a batch that is not coming (two clients of a
+model whose batches fill to 8 under heavier load). `run` sees the merged batch, so it can pick what runs it
 by the batch's size; what it returns beside the outputs (the variant that ran) reaches every
 request of the batch. Past `max_queue_size` requests waiting or running, new ones are refused at
 once with a 503, as Triton's queue policy and TorchServe's job queue refuse them, rather than
@@ -30,6 +34,9 @@ from service.errors import KilnError, QueueFullError, TimeoutExpiredError, Unava
 
 Arrays = dict[str, np.ndarray]
 T = TypeVar("T")  # what `run` returns beside the outputs
+# Batch cycles whose peak of outstanding requests a batch may wait to reach: long enough that one
+# quiet cycle does not end the batching of a steady load, short enough to follow a load that fell.
+PEAK_CYCLES = 4
 log = logging.getLogger("kiln.batcher")
 
 
@@ -40,6 +47,8 @@ class BatchPolicy:
     preferred_batch_sizes: Sequence[int] = ()
     # Requests that may be waiting or running at once; past it, new ones get a 503. 0: no limit.
     max_queue_size: int = 0
+    # Close a batch before its delay once it holds the recent peak of requests outstanding.
+    adaptive_queue_delay: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,10 @@ class Batcher(Generic[T]):
         self._batch: list[_Request[T]] = []  # being collected or run
         self._task: asyncio.Task[None] | None = None
         self._pending = 0  # submitted and not yet answered; only touched on the event loop
+        # The most requests pending at once in this batch cycle, and in the last PEAK_CYCLES; a
+        # new batcher has seen no load yet, so it waits as if batches could fill.
+        self._peak = 0
+        self._peaks: deque[int] = deque([policy.max_batch_size], maxlen=PEAK_CYCLES)
 
     async def submit(self, inputs: Arrays, batch: int, deadline: float | None = None) -> tuple[Arrays, T]:
         """The request's outputs; a TimeoutExpiredError at `deadline` (time.monotonic()) if it
@@ -127,6 +140,7 @@ class Batcher(Generic[T]):
 
     def _count(self, change: int) -> None:
         self._pending += change
+        self._peak = max(self._peak, self._pending)
         if self.on_pending is not None:
             try:
                 self.on_pending(change)
@@ -198,6 +212,9 @@ class Batcher(Generic[T]):
     def _fits(self, request: _Request[T], first: _Request[T], size: int) -> bool:
         return request.signature == first.signature and size + request.batch <= self.policy.max_batch_size
 
+    def _recent_peak(self) -> int:
+        return max(self._peak, *self._peaks)
+
     def _queued_grow_to_preferred(self, first: _Request[T], size: int) -> bool:
         """Whether the requests queued now, taken in order, would grow the batch to a larger
         preferred size: Triton runs the largest preferred batch it can form, not the first."""
@@ -221,6 +238,8 @@ class Batcher(Generic[T]):
         while size < self.policy.max_batch_size:
             if size in preferred and not self._queued_grow_to_preferred(first, size):
                 break
+            if self.policy.adaptive_queue_delay and not self._queue and len(batch) >= self._recent_peak():
+                break
             request = await self._next(deadline - time.monotonic())
             if request is None:
                 break
@@ -229,6 +248,8 @@ class Batcher(Generic[T]):
                 break
             batch.append(request)
             size += request.batch
+        self._peaks.append(self._peak)
+        self._peak = self._pending
         return batch
 
     async def _loop(self) -> None:

@@ -120,6 +120,10 @@ class ServingConfig(BaseModel):
     # Triton's response cache: a request whose inputs this version answered before is answered
     # from memory (KILN_RESPONSE_CACHE_MB per process) without running. For deterministic models.
     response_cache: bool = False
+    # A batch stops waiting for more requests once it holds as many as were recently waiting or
+    # running at once (service.batcher): from a few clients no more are coming, and the delay
+    # would only be added to each request. False: wait out the delay, as Triton does.
+    adaptive_queue_delay: bool = True
 
 
 class ModelConfig(ServingConfig):

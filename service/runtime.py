@@ -120,6 +120,7 @@ def batch_policy(version: VersionRecord, settings: Settings) -> BatchPolicy:
         settings.max_queue_delay_us if delay is None else delay,
         tuple(config.preferred_batch_sizes),
         queue,
+        config.adaptive_queue_delay,
     )
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
-from service.batcher import Arrays, Batcher, BatchPolicy, BatchTiming
+from service.batcher import PEAK_CYCLES, Arrays, Batcher, BatchPolicy, BatchTiming
 from service.errors import QueueFullError, TimeoutExpiredError, UnavailableError
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
@@ -369,3 +369,78 @@ def test_a_client_that_hangs_up_before_its_turn_is_not_run_when_it_has_a_deadlin
 
     assert asyncio.run(main()) == []
     assert recorder.calls == [1]
+
+
+def closed_loop(policy: BatchPolicy, clients: int, cycles: int, run_s: float) -> tuple[list[int], float]:
+    """`clients` callers, each sending its next request as soon as the last is answered, as wrk
+    does: the sizes of the batches run, and the mean seconds per cycle."""
+    recorder = Recorder(delay_s=run_s)
+
+    async def client(batcher: Batcher[int], x: np.ndarray) -> None:
+        for _ in range(cycles):
+            await batcher.submit({"x": x}, 1)
+
+    async def main() -> float:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, policy, pool)
+            began = time.monotonic()
+            await asyncio.gather(*(client(batcher, x) for x in requests(clients)))
+            batcher.close()
+            return (time.monotonic() - began) / cycles
+
+    per_cycle = asyncio.run(main())
+    return recorder.calls, per_cycle
+
+
+def test_an_adaptive_delay_stops_waiting_once_every_recent_client_is_in_the_batch() -> None:
+    """Two clients of a model whose batches could hold 8: with Triton's delay each batch waits
+    the whole 200 ms for requests that are not coming; with the adaptive delay it runs once both
+    requests are in it, after the first few cycles, which wait while the load is still unknown."""
+    triton = BatchPolicy(8, max_queue_delay_us=200_000)
+    calls, waited = closed_loop(triton, clients=2, cycles=6, run_s=0.01)
+    assert calls == [2] * 6 and waited >= 0.2
+    adaptive = BatchPolicy(8, max_queue_delay_us=200_000, adaptive_queue_delay=True)
+    calls, _ = closed_loop(adaptive, clients=2, cycles=12, run_s=0.01)
+    assert calls == [2] * 12  # still merged: the pair arrives together
+    recorder = Recorder(delay_s=0.01)
+
+    async def timed_cycles() -> list[float]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, adaptive, pool)
+            xs = requests(2)
+            took = []
+            for _ in range(8):
+                began = time.monotonic()
+                await asyncio.gather(*(batcher.submit({"x": x}, 1) for x in xs))
+                took.append(time.monotonic() - began)
+            batcher.close()
+            return took
+
+    took = asyncio.run(timed_cycles())
+    assert min(took[:4]) >= 0.2  # no load seen yet: waits as Triton does
+    assert max(took[5:]) < 0.1  # every recent client is in the batch: it runs at once
+
+
+def test_an_adaptive_delay_still_fills_batches_under_heavier_load() -> None:
+    """Eight clients: each batch still waits for all eight, as the requests outstanding at once
+    peaked at 8 in the cycles before; and once the load falls to one client, a lone request
+    no longer waits."""
+    adaptive = BatchPolicy(8, max_queue_delay_us=200_000, adaptive_queue_delay=True)
+    calls, per_cycle = closed_loop(adaptive, clients=8, cycles=10, run_s=0.01)
+    assert calls == [8] * 10 and per_cycle < 0.1
+    recorder = Recorder()
+
+    async def load_falls() -> float:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, adaptive, pool)
+            for _ in range(5):
+                await asyncio.gather(*(batcher.submit({"x": x}, 1) for x in requests(8)))
+            for _ in range(PEAK_CYCLES + 1):  # one client: the peak of 8 ages out
+                await batcher.submit({"x": requests(1)[0]}, 1)
+            began = time.monotonic()
+            await batcher.submit({"x": requests(1)[0]}, 1)
+            batcher.close()
+            return time.monotonic() - began
+
+    assert asyncio.run(load_falls()) < 0.1
+    assert recorder.calls == [8] * 5 + [1] * (PEAK_CYCLES + 2)

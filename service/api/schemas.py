@@ -112,6 +112,7 @@ class ServingIn(BaseModel):
     max_queue_size: QueueSize | None = None
     default_timeout_us: TimeoutUs | None = None
     response_cache: bool | None = None
+    adaptive_queue_delay: bool | None = None
 
     def changes(self) -> dict[str, Any]:
         """The settings given, null ones at their default."""

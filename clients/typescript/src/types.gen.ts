@@ -369,6 +369,10 @@ export type Region = {
  */
 export type ServingConfig = {
     /**
+     * Adaptive Queue Delay
+     */
+    adaptive_queue_delay?: boolean;
+    /**
      * Default Timeout Us
      */
     default_timeout_us?: number | null;
@@ -397,6 +401,10 @@ export type ServingConfig = {
  * upload that leaves a setting out gets (the server's default, no limit, [] or false).
  */
 export type ServingIn = {
+    /**
+     * Adaptive Queue Delay
+     */
+    adaptive_queue_delay?: boolean | null;
     /**
      * Default Timeout Us
      */

@@ -17,6 +17,7 @@ class ServingConfig:
     upload, and changed later without a recompile (PATCH /v1/models/{name}/versions/{v}/serving).
 
         Attributes:
+            adaptive_queue_delay (bool | Unset):  Default: True.
             default_timeout_us (int | None | Unset):
             max_queue_delay_us (int | None | Unset):
             max_queue_size (int | None | Unset):
@@ -24,6 +25,7 @@ class ServingConfig:
             response_cache (bool | Unset):  Default: False.
     """
 
+    adaptive_queue_delay: bool | Unset = True
     default_timeout_us: int | None | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
     max_queue_size: int | None | Unset = UNSET
@@ -32,6 +34,8 @@ class ServingConfig:
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        adaptive_queue_delay = self.adaptive_queue_delay
+
         default_timeout_us: int | None | Unset
         if isinstance(self.default_timeout_us, Unset):
             default_timeout_us = UNSET
@@ -59,6 +63,8 @@ class ServingConfig:
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update({})
+        if adaptive_queue_delay is not UNSET:
+            field_dict["adaptive_queue_delay"] = adaptive_queue_delay
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
         if max_queue_delay_us is not UNSET:
@@ -75,6 +81,7 @@ class ServingConfig:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         d = dict(src_dict)
+        adaptive_queue_delay = d.pop("adaptive_queue_delay", UNSET)
 
         def _parse_default_timeout_us(data: object) -> int | None | Unset:
             if data is None:
@@ -108,6 +115,7 @@ class ServingConfig:
         response_cache = d.pop("response_cache", UNSET)
 
         serving_config = cls(
+            adaptive_queue_delay=adaptive_queue_delay,
             default_timeout_us=default_timeout_us,
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,

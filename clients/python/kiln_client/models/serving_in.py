@@ -17,6 +17,7 @@ class ServingIn:
     upload that leaves a setting out gets (the server's default, no limit, [] or false).
 
         Attributes:
+            adaptive_queue_delay (bool | None | Unset):
             default_timeout_us (int | None | Unset):
             max_queue_delay_us (int | None | Unset):
             max_queue_size (int | None | Unset):
@@ -24,6 +25,7 @@ class ServingIn:
             response_cache (bool | None | Unset):
     """
 
+    adaptive_queue_delay: bool | None | Unset = UNSET
     default_timeout_us: int | None | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
     max_queue_size: int | None | Unset = UNSET
@@ -32,6 +34,12 @@ class ServingIn:
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        adaptive_queue_delay: bool | None | Unset
+        if isinstance(self.adaptive_queue_delay, Unset):
+            adaptive_queue_delay = UNSET
+        else:
+            adaptive_queue_delay = self.adaptive_queue_delay
+
         default_timeout_us: int | None | Unset
         if isinstance(self.default_timeout_us, Unset):
             default_timeout_us = UNSET
@@ -68,6 +76,8 @@ class ServingIn:
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
         field_dict.update({})
+        if adaptive_queue_delay is not UNSET:
+            field_dict["adaptive_queue_delay"] = adaptive_queue_delay
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
         if max_queue_delay_us is not UNSET:
@@ -84,6 +94,15 @@ class ServingIn:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         d = dict(src_dict)
+
+        def _parse_adaptive_queue_delay(data: object) -> bool | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(bool | None | Unset, data)
+
+        adaptive_queue_delay = _parse_adaptive_queue_delay(d.pop("adaptive_queue_delay", UNSET))
 
         def _parse_default_timeout_us(data: object) -> int | None | Unset:
             if data is None:
@@ -139,6 +158,7 @@ class ServingIn:
         response_cache = _parse_response_cache(d.pop("response_cache", UNSET))
 
         serving_in = cls(
+            adaptive_queue_delay=adaptive_queue_delay,
             default_timeout_us=default_timeout_us,
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,
