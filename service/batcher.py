@@ -4,15 +4,17 @@ Like Triton's dynamic batcher: a batch closes when it reaches `max_batch_size`, 
 preferred size that the requests already queued can form, or when its oldest request has waited
 `max_queue_delay_us` since it arrived. Requests keep arriving while a batch runs, so under load
 batches grow even with no delay at all. With `adaptive_queue_delay` a batch also closes, before
-its delay, once it holds as many requests as were waiting or running at once at the peak of any
-of the last few batch cycles: then every client that has been sending is in it, and waiting
+its delay, once the queue is empty and it holds as many live requests as were waiting or running
+at once at the peak of this batch cycle and the PEAK_CYCLES before: with closed-loop clients
+(each sends its next request when the last is answered) every client is then in it, and waiting
 longer would add the delay to each request for a batch that is not coming (two clients of a
-model whose batches fill to 8 under heavier load). `run` sees the merged batch, so it can pick what runs it
-by the batch's size; what it returns beside the outputs (the variant that ran) reaches every
-request of the batch. Past `max_queue_size` requests waiting or running, new ones are refused at
-once with a 503, as Triton's queue policy and TorchServe's job queue refuse them, rather than
-queued behind work their clients gave up on; and a request still waiting at its deadline gets a
-503 then, and never runs.
+model whose batches fill to 8 under heavier load). Requests that could not join it (another
+shape, too large) count towards the peak too: then it waits, as Triton does. `run` sees the
+merged batch, so it can pick what runs it by the batch's size; what it returns beside the
+outputs (the variant that ran) reaches every request of the batch. Past `max_queue_size`
+requests waiting or running, new ones are refused at once with a 503, as Triton's queue policy
+and TorchServe's job queue refuse them, rather than queued behind work their clients gave up
+on; and a request still waiting at its deadline gets a 503 then, and never runs.
 """
 
 from __future__ import annotations
@@ -238,7 +240,7 @@ class Batcher(Generic[T]):
         while size < self.policy.max_batch_size:
             if size in preferred and not self._queued_grow_to_preferred(first, size):
                 break
-            if self.policy.adaptive_queue_delay and not self._queue and len(batch) >= self._recent_peak():
+            if self.policy.adaptive_queue_delay and not self._queue and _live(batch) >= self._recent_peak():
                 break
             request = await self._next(deadline - time.monotonic())
             if request is None:
@@ -249,7 +251,9 @@ class Batcher(Generic[T]):
             batch.append(request)
             size += request.batch
         self._peaks.append(self._peak)
-        self._peak = self._pending
+        # What is outstanding now: the last batch's requests are answered, though their
+        # submit() may not yet have counted them out of _pending.
+        self._peak = len(batch) + len(self._queue)
         return batch
 
     async def _loop(self) -> None:
@@ -329,6 +333,11 @@ class Batcher(Generic[T]):
                 self.on_batch(timing)
             except Exception:
                 log.exception("batch statistics callback failed")
+
+
+def _live(requests: list[_Request[T]]) -> int:
+    """Not answered already: expired, or given up on by their clients."""
+    return sum(not r.future.done() for r in requests)
 
 
 def _expired() -> TimeoutExpiredError:

@@ -371,13 +371,18 @@ def test_a_client_that_hangs_up_before_its_turn_is_not_run_when_it_has_a_deadlin
     assert recorder.calls == [1]
 
 
-def closed_loop(policy: BatchPolicy, clients: int, cycles: int, run_s: float) -> tuple[list[int], float]:
+def closed_loop(
+    policy: BatchPolicy, clients: int, cycles: int, run_s: float, stagger_s: float = 0.0
+) -> tuple[list[int], float]:
     """`clients` callers, each sending its next request as soon as the last is answered, as wrk
-    does: the sizes of the batches run, and the mean seconds per cycle."""
+    does, after a random pause of up to `stagger_s`: the sizes of the batches run, and the mean
+    seconds per cycle."""
     recorder = Recorder(delay_s=run_s)
+    rng = np.random.default_rng(2)
 
     async def client(batcher: Batcher[int], x: np.ndarray) -> None:
         for _ in range(cycles):
+            await asyncio.sleep(rng.uniform(0, stagger_s))
             await batcher.submit({"x": x}, 1)
 
     async def main() -> float:
@@ -427,6 +432,10 @@ def test_an_adaptive_delay_still_fills_batches_under_heavier_load() -> None:
     no longer waits."""
     adaptive = BatchPolicy(8, max_queue_delay_us=200_000, adaptive_queue_delay=True)
     calls, per_cycle = closed_loop(adaptive, clients=8, cycles=10, run_s=0.01)
+    assert calls == [8] * 10 and per_cycle < 0.1
+    # The clients' requests arrive up to 3 ms apart: a batch still waits for all eight, where
+    # closing on the first would run them in fragments.
+    calls, per_cycle = closed_loop(adaptive, clients=8, cycles=10, run_s=0.01, stagger_s=0.003)
     assert calls == [8] * 10 and per_cycle < 0.1
     recorder = Recorder()
 

@@ -103,7 +103,8 @@ class ModelOut(BaseModel):
 
 class ServingIn(BaseModel):
     """The serving settings to change. Those left out keep their value; null restores what an
-    upload that leaves a setting out gets (the server's default, no limit, [] or false)."""
+    upload that leaves a setting out gets (the server's default, no limit, [], false for
+    response_cache, true for adaptive_queue_delay)."""
 
     model_config = ConfigDict(extra="allow")  # refused by the route, with a message that says why
 

@@ -398,7 +398,8 @@ export type ServingConfig = {
  * ServingIn
  *
  * The serving settings to change. Those left out keep their value; null restores what an
- * upload that leaves a setting out gets (the server's default, no limit, [] or false).
+ * upload that leaves a setting out gets (the server's default, no limit, [], false for
+ * response_cache, true for adaptive_queue_delay).
  */
 export type ServingIn = {
     /**

@@ -14,7 +14,8 @@ T = TypeVar("T", bound="ServingIn")
 @_attrs_define
 class ServingIn:
     """The serving settings to change. Those left out keep their value; null restores what an
-    upload that leaves a setting out gets (the server's default, no limit, [] or false).
+    upload that leaves a setting out gets (the server's default, no limit, [], false for
+    response_cache, true for adaptive_queue_delay).
 
         Attributes:
             adaptive_queue_delay (bool | None | Unset):

@@ -97,7 +97,8 @@ def sync_detailed(
         version (int):
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
-            upload that leaves a setting out gets (the server's default, no limit, [] or false).
+            upload that leaves a setting out gets (the server's default, no limit, [], false for
+            response_cache, true for adaptive_queue_delay).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -135,7 +136,8 @@ def sync(
         version (int):
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
-            upload that leaves a setting out gets (the server's default, no limit, [] or false).
+            upload that leaves a setting out gets (the server's default, no limit, [], false for
+            response_cache, true for adaptive_queue_delay).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -168,7 +170,8 @@ async def asyncio_detailed(
         version (int):
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
-            upload that leaves a setting out gets (the server's default, no limit, [] or false).
+            upload that leaves a setting out gets (the server's default, no limit, [], false for
+            response_cache, true for adaptive_queue_delay).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -204,7 +207,8 @@ async def asyncio(
         version (int):
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
-            upload that leaves a setting out gets (the server's default, no limit, [] or false).
+            upload that leaves a setting out gets (the server's default, no limit, [], false for
+            response_cache, true for adaptive_queue_delay).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
