@@ -453,3 +453,31 @@ def test_an_adaptive_delay_still_fills_batches_under_heavier_load() -> None:
 
     assert asyncio.run(load_falls()) < 0.1
     assert recorder.calls == [8] * 5 + [1] * (PEAK_CYCLES + 2)
+
+
+def test_an_adaptive_delay_counts_only_live_requests_in_the_batch() -> None:
+    """Three clients have been sending; a fourth request joins the forming batch and its client
+    hangs up. The batch holds three requests once the second client's arrives, but only two
+    live ones: it waits for the third client rather than running without it."""
+    recorder = Recorder()
+    adaptive = BatchPolicy(8, max_queue_delay_us=300_000, adaptive_queue_delay=True)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, adaptive, pool)
+            for _ in range(PEAK_CYCLES + 1):  # a peak of three requests outstanding
+                await asyncio.gather(*(batcher.submit({"x": x}, 1) for x in requests(3)))
+            x = requests(1)[0]
+            first = asyncio.ensure_future(batcher.submit({"x": x}, 1))
+            gone = asyncio.ensure_future(batcher.submit({"x": x}, 1))
+            await asyncio.sleep(0.01)
+            gone.cancel()
+            await asyncio.sleep(0.02)
+            second = asyncio.ensure_future(batcher.submit({"x": x}, 1))
+            await asyncio.sleep(0.03)
+            third = asyncio.ensure_future(batcher.submit({"x": x}, 1))
+            await asyncio.gather(first, second, third)
+            batcher.close()
+
+    asyncio.run(main())
+    assert recorder.calls == [3] * (PEAK_CYCLES + 1) + [3]
