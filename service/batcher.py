@@ -336,7 +336,7 @@ class Batcher(Generic[T]):
 
 
 def _live(requests: list[_Request[T]]) -> int:
-    """Not answered already: expired, or given up on by their clients."""
+    """How many are still unanswered: one that expired, or whose client hung up, is answered."""
     return sum(not r.future.done() for r in requests)
 
 
