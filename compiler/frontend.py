@@ -13,13 +13,28 @@ import torch
 from compiler.errors import ConversionError, InvalidModelError
 from compiler.spec import DTYPES, InputSpec
 
+# The usual mistake is a file that torch wrote some other way: it says how to write the right one.
+_TO_TORCHSCRIPT = (
+    "save the model as TorchScript: torch.jit.save(torch.jit.script(model), path), or "
+    "torch.jit.trace(model, example_inputs) where it does not script"
+)
+
 
 def load_torchscript(data: bytes) -> torch.jit.ScriptModule:
     """Load a TorchScript archive from bytes, on CPU, in eval mode; reject anything else clearly."""
-    if not zipfile.is_zipfile(io.BytesIO(data)):
+    try:
+        names = zipfile.ZipFile(io.BytesIO(data)).namelist()
+    except (zipfile.BadZipFile, ValueError, OSError) as exc:
+        if data[:1] == b"\x80":  # a pickle's protocol opcode: torch.save's legacy format
+            raise InvalidModelError(
+                f"the file is a pickle (torch.save), not TorchScript: {_TO_TORCHSCRIPT}"
+            ) from exc
         raise InvalidModelError(
             "the file is not a TorchScript archive (expected the zip file written by torch.jit.save)"
-        )
+        ) from exc
+    other = _other_torch_archive(names)
+    if other:
+        raise InvalidModelError(f"the file is {other}, not TorchScript: {_TO_TORCHSCRIPT}")
     try:
         module = torch.jit.load(io.BytesIO(data), map_location="cpu")
     except Exception as exc:  # torch raises RuntimeError and friends with long C++ traces
@@ -27,6 +42,17 @@ def load_torchscript(data: bytes) -> torch.jit.ScriptModule:
         raise InvalidModelError(f"the file is not a TorchScript archive: {first_line}") from exc
     module.eval()
     return module
+
+
+def _other_torch_archive(names: list[str]) -> str | None:
+    """What a zip that torch wrote, but not torch.jit.save, holds; None for anything else. Each
+    format keeps its files under one top-level folder."""
+    files = {name.partition("/")[2] for name in names}
+    if "archive_format" in files:
+        return "a torch.export archive (.pt2)"
+    if "data.pkl" in files and "constants.pkl" not in files:
+        return "a torch.save checkpoint (a state_dict or a pickled module)"
+    return None
 
 
 def export_program(module: torch.jit.ScriptModule, spec: InputSpec) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from tests.client import expected, infer_body, predict, sample, scrape, upload, value
 from tests.models import MODELS
@@ -77,6 +79,34 @@ def test_unknown_backend(http: httpx.Client) -> None:
 def test_file_not_torchscript(http: httpx.Client) -> None:
     detail = problem(post_upload(http, json.dumps(MLP.config()), b"definitely not a model"), 400)
     assert "not a TorchScript archive" in detail
+
+
+def _torch_file(kind: str) -> bytes:
+    """A file people upload by mistake: what torch writes other than torch.jit.save."""
+    model, buffer = MLP.module(), io.BytesIO()
+    if kind == "export":
+        example = (torch.from_numpy(sample(MLP, 1)),)
+        torch.export.save(torch.export.export(model, example), buffer)
+    else:
+        saved = model if kind == "module" else model.state_dict()
+        torch.save(saved, buffer, _use_new_zipfile_serialization=kind != "legacy")
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("kind", "what"),
+    [
+        ("state_dict", "a torch.save checkpoint (a state_dict or a pickled module)"),
+        ("module", "a torch.save checkpoint (a state_dict or a pickled module)"),
+        ("legacy", "a pickle (torch.save)"),
+        ("export", "a torch.export archive (.pt2)"),
+    ],
+)
+def test_torch_file_that_is_not_torchscript(http: httpx.Client, kind: str, what: str) -> None:
+    """Each says what the file is and how to write TorchScript instead."""
+    detail = problem(post_upload(http, json.dumps(MLP.config()), _torch_file(kind)), 400)
+    assert f"the file is {what}, not TorchScript" in detail
+    assert "torch.jit.save(torch.jit.script(model), path)" in detail
 
 
 def test_spec_that_does_not_fit_the_model(http: httpx.Client) -> None:
