@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     # registering needs an admin key.
     shared_memory: bool = False
 
+    # Compress a v2 inference response when its request's Accept-Encoding takes gzip or deflate,
+    # as Triton does; httpx and requests send that by default, and a tensor of floats shrinks
+    # by about a tenth for the CPU it costs, so a server behind a fast network may turn it off.
+    response_compression: bool = True
+
     # Memory of the response cache, per process, for the models that opt in (0: none cached).
     response_cache_mb: int = Field(default=256, ge=0)
     # How long a replica trusts its cached routing decision before asking the store again.

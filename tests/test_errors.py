@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import socket
@@ -28,6 +29,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
     env = {
         "KILN_DATA_DIR": str(root / "data"),
         "KILN_MAX_UPLOAD_MB": "1",
+        "KILN_RESPONSE_COMPRESSION": "false",
         "KILN_API_KEYS": f"{ADMIN}:admin,{INFER}:infer",
     }
     srv = KilnServer(env, root / "kiln.log")
@@ -141,6 +143,21 @@ def test_v2_infer_over_limit(http: httpx.Client) -> None:
     assert served.status_code == 200, served.text
     got = np.array(served.json()["outputs"][0]["data"], dtype=np.float32)
     np.testing.assert_allclose(got, expected(MLP, x).ravel(), rtol=1e-5, atol=1e-6)
+
+
+def test_v2_infer_over_limit_once_decompressed(http: httpx.Client) -> None:
+    """A gzip body of 2 KiB that decompresses past KILN_MAX_UPLOAD_MB is refused with 413 as it
+    inflates, as a plain body of that size is; with KILN_RESPONSE_COMPRESSION off, a response
+    goes uncompressed even to a client that takes gzip."""
+    bomb = gzip.compress(b"\0" * (2 * 1024 * 1024))
+    assert len(bomb) < 4096
+    response = http.post("/v2/models/mlp/infer", content=bomb, headers={"Content-Encoding": "gzip"})
+    assert response.status_code == 413, response.text
+    assert "decompressed; KILN_MAX_UPLOAD_MB allows 1048576" in response.json()["error"]
+    x = sample(MLP, 8)
+    served = http.post("/v2/models/mlp/infer", json=infer_body(x), headers={"Accept-Encoding": "gzip"})
+    assert served.status_code == 200, served.text
+    assert len(served.content) > 1024 and "content-encoding" not in served.headers
 
 
 def hang_up_mid_body(port: int, path: str, content_type: str, start: bytes) -> None:

@@ -117,6 +117,14 @@ def test_tritonclient_grpc_conversation(client: triton.InferenceServerClient, se
     assert index == {"heads": "READY", "mlp": "READY"}
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_grpc_compression(client: triton.InferenceServerClient, algorithm: str) -> None:
+    """tritonclient's `compression_algorithm` compresses the request message; grpc decodes it."""
+    x = sample(MLP, 4)
+    result = client.infer("mlp", [fp32("x", x)], headers=INFER_KEY, compression_algorithm=algorithm)
+    np.testing.assert_allclose(result.as_numpy("output0"), expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
 def test_typed_contents_and_raw_contents_agree(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     """Clients other than tritonclient (KServe's) send typed contents instead of raw bytes;
     a batch of 8 (512 values) decodes off the event loop, a batch of 2 on it."""

@@ -3,7 +3,9 @@ the protocol's JSON and binary bodies on the wire, and a 4xx `{"error"}` for eve
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from collections.abc import Iterator
 
 import httpx
@@ -14,7 +16,7 @@ import tritonclient.http as triton
 from torch import nn
 from tritonclient.utils import InferenceServerException
 
-from service.api import v2
+from service.api import compression, v2
 from tests import models
 from tests.client import expected, infer_body, sample, upload
 from tests.servers import KilnServer
@@ -212,6 +214,57 @@ def test_binary_on_the_wire(http: httpx.Client) -> None:
     assert body["outputs"][0]["parameters"] == {"binary_data_size": 2 * 10 * 4}
     got = np.frombuffer(response.content[length:], "<f4").reshape(2, 10)
     np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_compression(client: triton.InferenceServerClient, algorithm: str) -> None:
+    """tritonclient's request and response compression, as Triton's HTTP server takes them:
+    the body compressed whole, binary tensors included, and the response in the same encoding."""
+    x = sample(MLP, 8)
+    for binary_out in (False, True):  # JSON outputs of 8x10 floats pass the compression minimum
+        result = client.infer(
+            "mlp",
+            [fp32_input(x, True)],
+            outputs=[triton.InferRequestedOutput("output0", binary_data=binary_out)],
+            headers=auth(),
+            request_compression_algorithm=algorithm,
+            response_compression_algorithm=algorithm,
+        )
+        np.testing.assert_allclose(result.as_numpy("output0"), expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
+def test_compression_on_the_wire(http: httpx.Client) -> None:
+    """A gzip request is read as its JSON; a response is compressed when the client accepts it
+    and it is at least MIN_COMPRESSED_BYTES, in the encoding the client weighs most."""
+    x = sample(MLP, 8)
+    body = gzip.compress(json.dumps(infer_body(x)).encode())
+    accepts = {"deflate;q=0.5, gzip": "gzip", "gzip;q=0.2, deflate": "deflate", "br, identity": None}
+    for accept, encoding in accepts.items():
+        headers = {"Content-Encoding": "gzip", "Accept-Encoding": accept}
+        response = http.post("/v2/models/mlp/infer", content=body, headers=headers)
+        assert response.status_code == 200, response.text
+        assert response.headers.get("content-encoding") == encoding
+        got = np.array(response.json()["outputs"][0]["data"], np.float32).reshape(8, 10)  # httpx decodes it
+        np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+    small = http.post("/v2/models/mlp/infer", json=infer_body(x[:1]), headers={"Accept-Encoding": "gzip"})
+    assert small.status_code == 200 and len(small.content) < compression.MIN_COMPRESSED_BYTES
+    assert "content-encoding" not in small.headers
+
+
+@pytest.mark.parametrize(
+    ("encoding", "content", "message"),
+    [
+        ("br", b"{}", "Content-Encoding 'br' is not supported; send gzip, deflate or none"),
+        ("gzip", b"not gzip at all", "not valid gzip data"),
+        ("gzip", gzip.compress(b'{"inputs": []}')[:-12], "gzip data ends early"),
+        ("deflate", zlib.compress(b'{"inputs": []}') + b"junk", "4 bytes after its deflate data"),
+    ],
+)
+def test_malformed_compressed_request(
+    http: httpx.Client, encoding: str, content: bytes, message: str
+) -> None:
+    response = http.post("/v2/models/mlp/infer", content=content, headers={"Content-Encoding": encoding})
+    assert message in error(response, 400)
 
 
 def test_large_bodies_take_the_threadpool(http: httpx.Client) -> None:

@@ -21,6 +21,13 @@ from starlette.exceptions import HTTPException
 
 from compiler.spec import DTYPES, InputSpec
 from service.api.auth import Scope, infer_scope, require
+from service.api.compression import (
+    MIN_COMPRESSED_BYTES,
+    accepted_encoding,
+    compress,
+    content_encoding,
+    decompress,
+)
 from service.api.deps import Services, services
 from service.api.health import readiness
 from service.api.problems import STATUS_OF, unwrapped, validation_detail
@@ -354,7 +361,11 @@ def too_large(size: int, limit: int) -> str:
 
 async def _infer(request: Request, name: str, version: int | None) -> Response:
     svc = await services(request)
-    body = await bounded_body(request, svc.settings.max_request_bytes)
+    limit = svc.settings.max_request_bytes
+    body = await bounded_body(request, limit)
+    encoding = content_encoding(request.headers.get("content-encoding"))
+    if encoding is not None:  # as costly as the body is big: off the event loop
+        body = await run_in_threadpool(decompress, body, encoding, limit)
     header_length = request.headers.get(HEADER_LENGTH)
     shared = svc.shared_memory
     if decodes_inline(body, header_length) and not names_shared_memory(body, header_length):
@@ -371,9 +382,14 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
         payload, json_length = await run_in_threadpool(
             encode_response, header, outputs, infer.shared_outputs, shared
         )
-    if json_length is None:
-        return Response(payload, media_type="application/json")
-    return Response(payload, media_type="application/octet-stream", headers={HEADER_LENGTH: str(json_length)})
+    headers = {} if json_length is None else {HEADER_LENGTH: str(json_length)}
+    if len(payload) >= MIN_COMPRESSED_BYTES and svc.settings.response_compression:
+        answer_in = accepted_encoding(request.headers.get("accept-encoding"))
+        if answer_in is not None:
+            payload = await run_in_threadpool(compress, payload, answer_in)
+            headers["Content-Encoding"] = answer_in
+    media_type = "application/json" if json_length is None else "application/octet-stream"
+    return Response(payload, media_type=media_type, headers=headers)
 
 
 # The hot path, in a router of its own: `hot_path` matches these routes ahead of the framework's

@@ -1,0 +1,84 @@
+"""HTTP compression of v2 inference bodies, as Triton's HTTP server offers it.
+
+tritonclient's `infer(request_compression_algorithm=...)` sends the whole body, binary tensors
+included, as `Content-Encoding: gzip` or `deflate` (zlib's format, as HTTP means it), with
+`Inference-Header-Content-Length` counting the uncompressed JSON; its
+`response_compression_algorithm` asks for the response the same way through `Accept-Encoding`.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from service.errors import BadRequestError, PayloadTooLargeError
+
+# zlib's window bits for each encoding's container.
+WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+# Smaller responses go as they are: compressing saves them too little (Starlette's GZipMiddleware
+# stops at 500 bytes).
+MIN_COMPRESSED_BYTES = 1024
+# On float tensors, level 6 compressed a few percent smaller than level 1 at up to 10x the CPU.
+LEVEL = 1
+
+
+def content_encoding(header: str | None) -> str | None:
+    """The request body's encoding: None for none, else one of WBITS; 400 for any other."""
+    encoding = (header or "").strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding not in WBITS:
+        raise BadRequestError(f"Content-Encoding {header!r} is not supported; send gzip, deflate or none")
+    return encoding
+
+
+def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+    """The body as it was before `encoding`; 413 once it passes `limit` bytes, which a small body
+    can (compressed zeros shrink a thousandfold), and 400 for data that is not of that encoding.
+    A gzip body may hold several members, one after the other."""
+    out: list[bytes] = []
+    size, rest = 0, body
+    while rest:
+        stream = zlib.decompressobj(WBITS[encoding])
+        try:
+            chunk = stream.decompress(rest, limit - size + 1)
+        except zlib.error as exc:
+            raise BadRequestError(f"the request body is not valid {encoding} data: {exc}") from exc
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(
+                f"the request body is at least {size} bytes decompressed; KILN_MAX_UPLOAD_MB allows {limit}"
+            )
+        if not stream.eof:
+            raise BadRequestError(f"the request body's {encoding} data ends early")
+        out.append(chunk)
+        rest = stream.unused_data
+        if rest and encoding != "gzip":
+            raise BadRequestError(f"the request body has {len(rest)} bytes after its {encoding} data")
+    return b"".join(out)
+
+
+def accepted_encoding(header: str | None) -> str | None:
+    """The encoding to answer in: of those in WBITS, the one `Accept-Encoding` weighs most (the
+    first listed on a tie), or None when it accepts neither."""
+    best, best_q = None, 0.0
+    for item in (header or "").split(","):
+        name, _, params = item.partition(";")
+        name = name.strip().lower()
+        if name not in WBITS:
+            continue
+        q = 1.0
+        key, _, value = params.partition("=")
+        if key.strip().lower() == "q":
+            try:
+                q = float(value)
+            except ValueError:
+                q = 0.0
+        if q > best_q:
+            best, best_q = name, q
+    return best
+
+
+def compress(payload: bytes, encoding: str) -> bytes:
+    """The payload in `encoding`, for a response that says so in its Content-Encoding."""
+    stream = zlib.compressobj(LEVEL, zlib.DEFLATED, WBITS[encoding])
+    return stream.compress(payload) + stream.flush()
