@@ -29,6 +29,26 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class LevelSwitch(logging.Filter):
+    """Drops the lines of the levels that Triton's logging settings turned off at runtime
+    (service.log_settings); one per process, on the handler that every logger's lines reach."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.off: frozenset[int] = frozenset()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno not in self.off
+
+
+LEVELS = LevelSwitch()
+
+
+def level_switch() -> LevelSwitch:
+    """dictConfig's factory for the process's one LevelSwitch."""
+    return LEVELS
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ts, level, logger, message, and request_id and exc_info when set."""
 
@@ -54,14 +74,14 @@ def logging_config(fmt: LogFormat, level: str = "INFO") -> dict[str, Any]:
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"request_id": {"()": RequestIdFilter}},
+        "filters": {"request_id": {"()": RequestIdFilter}, "levels": {"()": level_switch}},
         "formatters": {"json": {"()": JsonFormatter}, "text": {"format": TEXT_FORMAT}},
         "handlers": {
             "default": {
                 "class": "logging.StreamHandler",
                 "stream": "ext://sys.stderr",
                 "formatter": fmt,
-                "filters": ["request_id"],
+                "filters": ["request_id", "levels"],
             }
         },
         "root": {"level": level, "handlers": ["default"]},
@@ -75,3 +95,8 @@ def logging_config(fmt: LogFormat, level: str = "INFO") -> dict[str, Any]:
 
 def setup_logging(fmt: LogFormat) -> None:
     logging.config.dictConfig(logging_config(fmt))
+
+
+def formatter(fmt: LogFormat) -> logging.Formatter:
+    """The formatter `logging_config` gives `fmt`, for a change of format at runtime."""
+    return JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)

@@ -25,4 +25,5 @@ class Periodic:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._thread.ident is not None:  # a start that failed earlier stops what never started
+            self._thread.join()

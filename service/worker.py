@@ -12,6 +12,7 @@ from prometheus_client import start_http_server
 from compiler.backends import availability
 from compiler.threads import set_threads
 from service.jobs import this_worker
+from service.log_settings import LogControl
 from service.periodic import Periodic
 from service.queue import DramatiqQueue, declare_actor, make_broker, queue_name
 from service.records import WorkerRecord, now
@@ -86,12 +87,16 @@ def run_worker(settings: Settings) -> None:
         for name, reason in backends.items():
             log.info("target %s: %s %s", target, name, "available" if reason is None else reason)
     redelivery = Redelivery(registry, DramatiqQueue(settings, broker), settings.queue_requeue_s)
+    logs = LogControl(registry.store, settings.log_format, settings.route_ttl_s)
+    logs.run_once()
     worker.start()
     heartbeat.start()
     redelivery.start()
+    logs.start()
     log.info("worker %s consuming %s", heartbeat.record.id, sorted(queues))
     stop.wait()
     log.info("worker stopping")
+    logs.stop()
     redelivery.stop()
     heartbeat.stop()
     worker.stop()

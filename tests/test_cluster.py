@@ -147,3 +147,25 @@ def test_a_job_whose_message_was_lost_is_enqueued_again(api1: httpx.Client, clus
     job = api1.get(f"/v1/jobs/{ort['job_id']}").json()
     assert job["status"] == "succeeded" and job["attempts"] == 2  # enqueued again, then run
     assert "has no message in the queue: enqueueing it again" in cluster.worker.log.read_text()
+
+
+def test_log_settings_reach_every_api_and_worker(
+    api1: httpx.Client, api2: httpx.Client, cluster: Cluster
+) -> None:
+    """Triton's logging extension, changed through one API, applies in the other and in the
+    worker, each reading it from Redis."""
+
+    def announced(proc: KilnProcess) -> bool:
+        return any(
+            line["message"].startswith("log settings now") and "'log_verbose_level': 1," in line["message"]
+            for line in proc.json_lines()
+        )
+
+    response = api1.post("/v2/logging", json={"log_verbose_level": 1})
+    assert response.status_code == 200 and response.json()["log_verbose_level"] == 1, response.text
+    try:
+        for proc in (cluster.api1, cluster.api2, cluster.worker):
+            wait_until(lambda p=proc: announced(p), 10, f"{proc.log.name} to apply the change")
+        assert api2.get("/v2/logging").json()["log_verbose_level"] == 1
+    finally:
+        api1.post("/v2/logging", json={"log_verbose_level": 0})

@@ -20,6 +20,7 @@ from service.api import (
     events,
     health,
     jobs,
+    log_settings,
     models,
     predict,
     problems,
@@ -34,6 +35,7 @@ from service.api.hot_path import InferenceFirst
 from service.api.middleware import RequestContext
 from service.api.v2 import InferRoute
 from service.api.v2_grpc import start_grpc
+from service.log_settings import LogControl
 from service.memory import collect_young_less_often, freeze_heap
 from service.preload import Preload
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
@@ -107,13 +109,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         runtime = Runtime(registry, settings)
         preload = Preload(runtime, settings.load_models)
         shared = SharedMemory(store, settings.shared_memory)
-        app.state.services = Services(settings, registry, queue, runtime, preload, shared)
+        logs = LogControl(store, settings.log_format, settings.route_ttl_s)
+        app.state.services = Services(settings, registry, queue, runtime, preload, shared, logs)
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
         grpc_server, resuming = None, None
         try:  # a port that is taken fails the start, with everything opened so far closed
             grpc_server = await start_grpc(app.state.services, settings, api_keys, app.version, max_bytes)
             resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
+            await run_in_threadpool(logs.run_once)  # the deployment's log settings, from the start
+            logs.start()
             preload.start()
             freeze_heap()  # what startup imported stays out of every later full collection
             collect_young_less_often()
@@ -121,6 +126,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             yield
         finally:
             await run_in_threadpool(preload.stop)  # waits for a load in progress
+            await run_in_threadpool(logs.stop)
             if grpc_server is not None:
                 await grpc_server.stop(GRPC_GRACE_S)
             runtime.close()
@@ -146,7 +152,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # on): matching it then tries two routes instead of every route. The repository extension
     # comes before the rest of v2, whose /v2/models/{name} would match /v2/models/stats. The v2
     # catch-all, which answers unknown /v2 paths in the protocol's error shape, comes last.
-    for router in (v2.inference, repository.router, shared_memory.router, v2.router):
+    for router in (v2.inference, repository.router, shared_memory.router, log_settings.router, v2.router):
         app.include_router(router)
     for module in (predict, health, models, variants, jobs, events):
         app.include_router(module.router)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from service.log_settings import LogControl
 from service.preload import Preload
 from service.queue import JobQueue
 from service.registry import Registry
@@ -22,6 +23,7 @@ class Services:
     runtime: Runtime
     preload: Preload
     shared_memory: SharedMemory
+    logs: LogControl
 
 
 async def services(request: Request) -> Services:

@@ -7,14 +7,12 @@ segment of this host. Reading the status needs the infer scope, as using a regio
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import admin_scope, infer_scope
-from service.api.problems import validation_detail
 from service.api.schemas import V2Error, error_responses
-from service.api.v2 import ServicesDep, V2Route
-from service.errors import BadRequestError
+from service.api.v2 import ServicesDep, V2Route, json_body, json_request_body
 from service.shared_memory import Region
 
 router = APIRouter(
@@ -59,21 +57,10 @@ def region_status(name: str, svc: ServicesDep) -> list[Region]:
     operation_id="v2_shared_memory_register",
     summary="Register a byte range of a POSIX shared-memory segment of this host under a name.",
     dependencies=admin_scope,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": RegisterIn.model_json_schema()}},
-        }
-    },
+    openapi_extra=json_request_body(RegisterIn),
 )
 async def register(name: str, request: Request, svc: ServicesDep) -> Response:
-    # Parsed whatever its content type: tritonclient sends this JSON without saying so.
-    try:
-        body = RegisterIn.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise BadRequestError(
-            f"the body must be {{key, offset, byte_size}}: {validation_detail(exc)}"
-        ) from None
+    body = await json_body(request, RegisterIn, "{key, offset, byte_size}")
     await run_in_threadpool(svc.shared_memory.register, name, body.key, body.offset, body.byte_size)
     return Response()
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
@@ -46,7 +47,7 @@ log = logging.getLogger("kiln.api")
 PLATFORM = "pytorch_libtorch"  # Triton's platform name for TorchScript models
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # Triton's names for the protocol extensions Kiln implements.
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics"]
+EXTENSIONS = ["binary_tensor_data", "logging", "model_configuration", "model_repository", "statistics"]
 
 
 def error_of(exc: Exception) -> tuple[int, str] | None:
@@ -112,6 +113,24 @@ router = APIRouter(tags=["v2"], route_class=V2Route)
 MODEL_ERRORS = error_responses(V2Error, 400, 401, 403, 404)
 READY_ERRORS = error_responses(V2Error, 400, 401, 403, 404, 409)  # 409: unloaded
 ServicesDep = Annotated[Services, Depends(services)]
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def json_body(request: Request, model: type[Body], shape: str) -> Body:
+    """The body as `model`, whatever its content type: tritonclient sends JSON without saying so.
+    `shape` says what it must be, in the 400 of a body that is not."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise BadRequestError(f"the body must be {shape}: {validation_detail(exc)}") from None
+
+
+def json_request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads its body with `json_body`."""
+    content = {"application/json": {"schema": model.model_json_schema()}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def version_number(version: str) -> int:

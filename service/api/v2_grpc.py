@@ -4,9 +4,9 @@ The service is Triton's `inference.GRPCInferenceService`, from the bindings trit
 (`tritonclient.grpc.service_pb2`), so that tritonclient.grpc talks to Kiln unchanged; KServe's v2
 proto is a subset of it, so its clients call the same methods. Each method calls the code of its
 HTTP route (service.api.v2 and service.api.repository), and an error leaves with the gRPC status
-of its HTTP one. System shared memory is served as over HTTP (service.shared_memory); CUDA
-shared memory, tracing, logging settings and streaming are not offered: they answer
-UNIMPLEMENTED.
+of its HTTP one. System shared memory is served as over HTTP (service.shared_memory), and log
+settings as `/v2/logging` (service.log_settings); CUDA shared memory, tracing and streaming are
+not offered: they answer UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import Message
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from tritonclient.grpc import model_config_pb2 as config_pb
 from tritonclient.grpc import service_pb2 as pb
@@ -31,7 +32,9 @@ from service.api.auth import Scope, authorize, presented_key
 from service.api.deps import Services
 from service.api.health import readiness
 from service.api.middleware import incoming_or_new
+from service.api.problems import validation_detail
 from service.errors import BadRequestError, ConflictError, KilnError, NotFoundError, NotReadyError
+from service.log_settings import LogSettingsIn
 from service.logs import request_id
 from service.settings import Settings
 from service.store import StoreUnavailableError
@@ -70,6 +73,7 @@ SCOPES = {
     "SystemSharedMemoryRegister": Scope.admin,
     "SystemSharedMemoryUnregister": Scope.admin,
 }
+# LogSettings reads with the infer scope and changes with admin, as its HTTP routes.
 # Triton's methods Kiln does not offer.
 UNOFFERED = [
     "ModelStreamInfer",
@@ -77,7 +81,6 @@ UNOFFERED = [
     "CudaSharedMemoryRegister",
     "CudaSharedMemoryUnregister",
     "TraceSetting",
-    "LogSettings",
 ]
 # Datatype -> the InferTensorContents field that carries it; FP16 has none: it travels raw.
 CONTENTS_FIELD = {
@@ -89,6 +92,8 @@ CONTENTS_FIELD = {
     "FP32": "fp32_contents",
     "FP64": "fp64_contents",
 }
+# A log setting's type -> the SettingValue field that carries it.
+SETTING_FIELD = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 Output = tuple[str, np.ndarray, bool]
 # gRPC takes a signed 32-bit message size.
 MAX_MESSAGE_BYTES = 2**31 - 1
@@ -259,9 +264,10 @@ class KeyCheck(grpc.aio.ServerInterceptor):
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, svc: Services, version: str) -> None:
+    def __init__(self, svc: Services, version: str, api_keys: Mapping[str, Scope]) -> None:
         self.svc = svc
         self.version = version
+        self.api_keys = api_keys
 
     async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return pb.ServerLiveResponse(live=True)
@@ -360,6 +366,28 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         await run_in_threadpool(self.svc.shared_memory.unregister, request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
+    @answered
+    async def LogSettings(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Reads the settings, or changes those it names (tritonclient's `update_log_settings`)."""
+        fields = {
+            key: getattr(value, which)
+            for key, value in request.settings.items()
+            if (which := value.WhichOneof("parameter_choice")) is not None
+        }
+        if fields:
+            authorize(self.api_keys, presented_key(dict(context.invocation_metadata() or ())), Scope.admin)
+            try:
+                changes = LogSettingsIn.model_validate(fields)
+            except ValidationError as exc:
+                raise BadRequestError(validation_detail(exc)) from exc
+            current = await run_in_threadpool(self.svc.logs.update, changes)
+        else:
+            current = self.svc.logs.current
+        response = pb.LogSettingsResponse()
+        for key, value in current.model_dump().items():
+            setattr(response.settings[key], SETTING_FIELD[type(value)], value)
+        return response
+
 
 def _unoffered(name: str) -> Callable[..., Awaitable[None]]:
     async def unoffered(self: Any, request: Any, context: grpc.aio.ServicerContext) -> None:
@@ -393,7 +421,7 @@ async def start_grpc(
             ("grpc.so_reuseport", int(settings.grpc_reuse_port)),
         ],
     )
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(svc, version), server)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(svc, version, api_keys), server)
     address = grpc_address(settings.grpc_host, settings.grpc_port)
     try:
         server.add_insecure_port(address)

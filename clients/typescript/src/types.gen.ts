@@ -223,6 +223,38 @@ export type JobOut = {
 export type JobStatus = 'queued' | 'running' | 'succeeded' | 'failed';
 
 /**
+ * LogSettings
+ *
+ * Triton's log settings document.
+ */
+export type LogSettings = {
+    /**
+     * Log Error
+     */
+    log_error?: boolean;
+    /**
+     * Log File
+     */
+    log_file?: '';
+    /**
+     * Log Format
+     */
+    log_format?: 'json' | 'text';
+    /**
+     * Log Info
+     */
+    log_info?: boolean;
+    /**
+     * Log Verbose Level
+     */
+    log_verbose_level?: number;
+    /**
+     * Log Warning
+     */
+    log_warning?: boolean;
+};
+
+/**
  * ModelList
  */
 export type ModelList = {
@@ -1437,6 +1469,119 @@ export type V2ReadyResponses = {
      */
     200: unknown;
 };
+
+export type V2LogSettingsData = {
+    body?: never;
+    path?: never;
+    query?: never;
+    url: '/v2/logging';
+};
+
+export type V2LogSettingsErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V2LogSettingsError = V2LogSettingsErrors[keyof V2LogSettingsErrors];
+
+export type V2LogSettingsResponses = {
+    /**
+     * Successful Response
+     */
+    200: LogSettings;
+};
+
+export type V2LogSettingsResponse = V2LogSettingsResponses[keyof V2LogSettingsResponses];
+
+export type V2UpdateLogSettingsData = {
+    /**
+     * LogSettingsIn
+     *
+     * The settings to change; those left out or null keep their value. Strict, as Triton's parser
+     * is: no `1` taken for `true`.
+     */
+    body: {
+        /**
+         * Log Error
+         */
+        log_error?: boolean | null;
+        /**
+         * Log File
+         *
+         * Only '': Kiln logs to stderr.
+         */
+        log_file?: string | null;
+        /**
+         * Log Format
+         */
+        log_format?: 'json' | 'text' | null;
+        /**
+         * Log Info
+         */
+        log_info?: boolean | null;
+        /**
+         * Log Verbose Level
+         *
+         * 0: none; 1: Kiln's DEBUG lines; 2 and above: every library's too.
+         */
+        log_verbose_level?: number | null;
+        /**
+         * Log Warning
+         */
+        log_warning?: boolean | null;
+    };
+    path?: never;
+    query?: never;
+    url: '/v2/logging';
+};
+
+export type V2UpdateLogSettingsErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V2UpdateLogSettingsError = V2UpdateLogSettingsErrors[keyof V2UpdateLogSettingsErrors];
+
+export type V2UpdateLogSettingsResponses = {
+    /**
+     * Successful Response
+     */
+    200: LogSettings;
+};
+
+export type V2UpdateLogSettingsResponse = V2UpdateLogSettingsResponses[keyof V2UpdateLogSettingsResponses];
 
 export type V2AllStatsData = {
     body?: never;

@@ -13,6 +13,8 @@ from .job_out import JobOut
 from .job_out_options import JobOutOptions
 from .job_out_tuning_type_0 import JobOutTuningType0
 from .job_status import JobStatus
+from .log_settings import LogSettings
+from .log_settings_log_format import LogSettingsLogFormat
 from .model_list import ModelList
 from .model_out import ModelOut
 from .output_info import OutputInfo
@@ -43,6 +45,8 @@ from .v2_model_version_stats_response_v2_model_version_stats import V2ModelVersi
 from .v2_repository_index_response_200_item import V2RepositoryIndexResponse200Item
 from .v2_server_metadata_response_v2_server_metadata import V2ServerMetadataResponseV2ServerMetadata
 from .v2_shared_memory_register_register_in import V2SharedMemoryRegisterRegisterIn
+from .v2_update_log_settings_log_settings_in import V2UpdateLogSettingsLogSettingsIn
+from .v2_update_log_settings_log_settings_in_log_format_type_0 import V2UpdateLogSettingsLogSettingsInLogFormatType0
 from .variant_out import VariantOut
 from .variant_out_baseline_latency_ms_by_batch import VariantOutBaselineLatencyMsByBatch
 from .variant_out_latency_ms_by_batch import VariantOutLatencyMsByBatch
@@ -65,6 +69,8 @@ __all__ = (
     "JobOutOptions",
     "JobOutTuningType0",
     "JobStatus",
+    "LogSettings",
+    "LogSettingsLogFormat",
     "ModelList",
     "ModelOut",
     "OutputInfo",
@@ -93,6 +99,8 @@ __all__ = (
     "V2RepositoryIndexResponse200Item",
     "V2ServerMetadataResponseV2ServerMetadata",
     "V2SharedMemoryRegisterRegisterIn",
+    "V2UpdateLogSettingsLogSettingsIn",
+    "V2UpdateLogSettingsLogSettingsInLogFormatType0",
     "VariantOut",
     "VariantOutBaselineLatencyMsByBatch",
     "VariantOutLatencyMsByBatch",

@@ -1,0 +1,185 @@
+from http import HTTPStatus
+from typing import Any
+
+import httpx
+
+from ...client import AuthenticatedClient, Client
+from ...models.log_settings import LogSettings
+from ...models.v2_error import V2Error
+from ...models.v2_update_log_settings_log_settings_in import V2UpdateLogSettingsLogSettingsIn
+from ...types import Response
+
+
+def _get_kwargs(
+    *,
+    body: V2UpdateLogSettingsLogSettingsIn,
+) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
+
+    _kwargs: dict[str, Any] = {
+        "method": "post",
+        "url": "/v2/logging",
+    }
+
+    _kwargs["json"] = body.to_dict()
+
+    headers["Content-Type"] = "application/json"
+
+    _kwargs["headers"] = headers
+    return _kwargs
+
+
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> LogSettings | V2Error:
+    if response.status_code == 200:
+        response_200 = LogSettings.from_dict(response.json())
+
+        return response_200
+
+    if response.status_code == 400:
+        response_400 = V2Error.from_dict(response.json())
+
+        return response_400
+
+    if response.status_code == 401:
+        response_401 = V2Error.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = V2Error.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 503:
+        response_503 = V2Error.from_dict(response.json())
+
+        return response_503
+
+    response_default = V2Error.from_dict(response.json())
+
+    return response_default
+
+
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[LogSettings | V2Error]:
+    return Response(
+        status_code=HTTPStatus(response.status_code),
+        content=response.content,
+        headers=response.headers,
+        parsed=_parse_response(client=client, response=response),
+    )
+
+
+def sync_detailed(
+    *,
+    client: AuthenticatedClient | Client,
+    body: V2UpdateLogSettingsLogSettingsIn,
+) -> Response[LogSettings | V2Error]:
+    """Change log settings in every process of the deployment; the settings now.
+
+    Args:
+        body (V2UpdateLogSettingsLogSettingsIn): The settings to change; those left out or null
+            keep their value. Strict, as Triton's parser
+            is: no `1` taken for `true`.
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[LogSettings | V2Error]
+    """
+
+    kwargs = _get_kwargs(
+        body=body,
+    )
+
+    response = client.get_httpx_client().request(
+        **kwargs,
+    )
+
+    return _build_response(client=client, response=response)
+
+
+def sync(
+    *,
+    client: AuthenticatedClient | Client,
+    body: V2UpdateLogSettingsLogSettingsIn,
+) -> LogSettings | V2Error | None:
+    """Change log settings in every process of the deployment; the settings now.
+
+    Args:
+        body (V2UpdateLogSettingsLogSettingsIn): The settings to change; those left out or null
+            keep their value. Strict, as Triton's parser
+            is: no `1` taken for `true`.
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        LogSettings | V2Error
+    """
+
+    return sync_detailed(
+        client=client,
+        body=body,
+    ).parsed
+
+
+async def asyncio_detailed(
+    *,
+    client: AuthenticatedClient | Client,
+    body: V2UpdateLogSettingsLogSettingsIn,
+) -> Response[LogSettings | V2Error]:
+    """Change log settings in every process of the deployment; the settings now.
+
+    Args:
+        body (V2UpdateLogSettingsLogSettingsIn): The settings to change; those left out or null
+            keep their value. Strict, as Triton's parser
+            is: no `1` taken for `true`.
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[LogSettings | V2Error]
+    """
+
+    kwargs = _get_kwargs(
+        body=body,
+    )
+
+    response = await client.get_async_httpx_client().request(**kwargs)
+
+    return _build_response(client=client, response=response)
+
+
+async def asyncio(
+    *,
+    client: AuthenticatedClient | Client,
+    body: V2UpdateLogSettingsLogSettingsIn,
+) -> LogSettings | V2Error | None:
+    """Change log settings in every process of the deployment; the settings now.
+
+    Args:
+        body (V2UpdateLogSettingsLogSettingsIn): The settings to change; those left out or null
+            keep their value. Strict, as Triton's parser
+            is: no `1` taken for `true`.
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        LogSettings | V2Error
+    """
+
+    return (
+        await asyncio_detailed(
+            client=client,
+            body=body,
+        )
+    ).parsed
