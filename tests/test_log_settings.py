@@ -17,9 +17,8 @@ from tritonclient.utils import InferenceServerException
 from tests.servers import KilnServer, running, wait_until
 
 ADMIN, INFER = "admin-secret", "infer-secret"
-AS_ADMIN = {"Authorization": f"Bearer {ADMIN}"}
-AS_INFER = {"Authorization": f"Bearer {INFER}"}
-GRPC_ADMIN, GRPC_INFER = ({"authorization": f"Bearer {key}"} for key in (ADMIN, INFER))  # lower case
+# Lower case, as gRPC metadata must be; read-only, as these calls do not add to them.
+AS_ADMIN, AS_INFER = ({"authorization": f"Bearer {key}"} for key in (ADMIN, INFER))
 DEFAULTS = {
     "log_file": "",
     "log_info": True,
@@ -135,29 +134,29 @@ def test_grpc_verbose_lines_and_format(
     http: triton_http.InferenceServerClient,
     grpc: triton_grpc.InferenceServerClient,
 ) -> None:
-    as_json = grpc.get_log_settings(headers=GRPC_INFER, as_json=True)["settings"]
+    as_json = grpc.get_log_settings(headers=AS_INFER, as_json=True)["settings"]
     assert as_json["log_verbose_level"] == {"uint32_param": 0} and as_json["log_info"] == {"bool_param": True}
     with pytest.raises(InferenceServerException, match="PERMISSION_DENIED"):
-        grpc.update_log_settings({"log_info": False}, headers=GRPC_INFER)
+        grpc.update_log_settings({"log_info": False}, headers=AS_INFER)
     with pytest.raises(InferenceServerException, match=r"INVALID_ARGUMENT.*'json' or 'text'"):
-        grpc.update_log_settings({"log_format": "ISO8601"}, headers=GRPC_ADMIN)
+        grpc.update_log_settings({"log_format": "ISO8601"}, headers=AS_ADMIN)
 
     # Level 1 writes Kiln's DEBUG lines: gRPC's ModelReady logs why a model is not ready.
-    assert not grpc.is_model_ready("quiet", headers=GRPC_INFER)
+    assert not grpc.is_model_ready("quiet", headers=AS_INFER)
     before = applied(server, "'log_verbose_level': 1,")
-    grpc.update_log_settings({"log_verbose_level": 1}, headers=GRPC_ADMIN)
+    grpc.update_log_settings({"log_verbose_level": 1}, headers=AS_ADMIN)
     settle(server, "'log_verbose_level': 1,", before)
-    assert not grpc.is_model_ready("loud", headers=GRPC_INFER)
+    assert not grpc.is_model_ready("loud", headers=AS_INFER)
     wait_until(lambda: "model loud is not ready: no model named 'loud'" in messages(server), 10, "DEBUG")
     assert not any(m.startswith("model quiet is not ready") for m in messages(server))
 
     # Text lines from the change on, its own announcement included; then JSON again.
     before = applied(server, "'log_format': 'text'")
-    grpc.update_log_settings({"log_format": "text"}, headers=GRPC_ADMIN)
+    grpc.update_log_settings({"log_format": "text"}, headers=AS_ADMIN)
     settle(server, "'log_format': 'text'", before)
     text_lines = [line for line in server.log.read_text().splitlines() if " INFO kiln.logs [" in line]
     assert len(text_lines) == PROCESSES and all("'log_format': 'text'" in line for line in text_lines)
     before = applied(server, "'log_format': 'json'")
-    grpc.update_log_settings({"log_format": "json"}, headers=GRPC_ADMIN)
+    grpc.update_log_settings({"log_format": "json"}, headers=AS_ADMIN)
     settle(server, "'log_format': 'json'", before)
     assert server.log.read_text().splitlines()[-1].startswith("{")
