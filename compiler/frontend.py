@@ -19,13 +19,16 @@ _TO_TORCHSCRIPT = (
     "torch.jit.trace(model, example_inputs) where it does not script"
 )
 
+# How torch.save's legacy (non-zip) format begins: pickle protocol 2, then torch's magic number.
+_LEGACY_TORCH_SAVE = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
+
 
 def load_torchscript(data: bytes) -> torch.jit.ScriptModule:
     """Load a TorchScript archive from bytes, on CPU, in eval mode; reject anything else clearly."""
     try:
         names = zipfile.ZipFile(io.BytesIO(data)).namelist()
-    except (zipfile.BadZipFile, ValueError, OSError) as exc:
-        if data[:1] == b"\x80":  # a pickle's protocol opcode: torch.save's legacy format
+    except Exception as exc:  # BadZipFile, and for damaged ones OSError, NotImplementedError, ...
+        if data.startswith(_LEGACY_TORCH_SAVE):
             raise InvalidModelError(
                 f"the file is a pickle (torch.save), not TorchScript: {_TO_TORCHSCRIPT}"
             ) from exc
@@ -45,10 +48,10 @@ def load_torchscript(data: bytes) -> torch.jit.ScriptModule:
 
 
 def _other_torch_archive(names: list[str]) -> str | None:
-    """What a zip that torch wrote, but not torch.jit.save, holds; None for anything else. Each
-    format keeps its files under one top-level folder."""
-    files = {name.partition("/")[2] for name in names}
-    if "archive_format" in files:
+    """What a zip that torch wrote, but not torch.jit.save, holds; None for anything else. Names
+    are compared without their folders: each format puts its files in one of its own."""
+    files = {name.rpartition("/")[2] for name in names}
+    if files & {"archive_format", "serialized_exported_program.json"}:  # torch.export, 2.6+ and older
         return "a torch.export archive (.pt2)"
     if "data.pkl" in files and "constants.pkl" not in files:
         return "a torch.save checkpoint (a state_dict or a pickled module)"

@@ -49,7 +49,10 @@ class LogSettingsIn(BaseModel):
     log_warning: bool | None = None
     log_error: bool | None = None
     log_verbose_level: int | None = Field(
-        default=None, ge=0, description="0: none; 1: Kiln's DEBUG lines; 2 and above: every library's too."
+        default=None,
+        ge=0,
+        le=2**32 - 1,  # gRPC carries it as a uint32
+        description="0: none; 1: Kiln's DEBUG lines; 2 and above: every library's too.",
     )
     log_format: LogFormat | None = None
 
@@ -63,46 +66,53 @@ class LogSettingsIn(BaseModel):
 
 class LogControl(Periodic):
     """This process's log settings: applied at once when changed here, and read from the store
-    every `interval_s` for changes made in another process."""
+    every `interval_s` (at least MIN_INTERVAL_S) for changes made in another process."""
+
+    MIN_INTERVAL_S = 0.5  # KILN_ROUTE_TTL_S may be 0: ask the store on every request
 
     def __init__(self, store: Store, fmt: LogFormat, interval_s: float) -> None:
-        super().__init__("kiln-log-settings", interval_s)
+        super().__init__("kiln-log-settings", max(interval_s, self.MIN_INTERVAL_S))
         self.store = store
         self.current = LogSettings(log_format=fmt)
+        # Held from a store read or write to its apply: a read that an update here overtook
+        # must not apply what it read, the settings from before that update.
         self._lock = threading.Lock()
 
     def update(self, changes: LogSettingsIn) -> LogSettings:
         """Record `changes` for every process, then apply them here; the settings now."""
         fields = changes.model_dump(exclude_none=True)
-        self.store.create_doc(KIND, DOC_ID, {"id": DOC_ID})
-        self.store.update_doc(KIND, DOC_ID, fields)
-        return self._apply(fields)
+        with self._lock:
+            self.store.create_doc(KIND, DOC_ID, {"id": DOC_ID})
+            self.store.update_doc(KIND, DOC_ID, fields)
+            return self._apply(fields)
 
     def run_once(self) -> None:
         """Apply what another process changed."""
         try:
-            doc = self.store.get_doc(KIND, DOC_ID)
+            with self._lock:
+                doc = self.store.get_doc(KIND, DOC_ID)
+                if doc is not None:
+                    self._apply({key: value for key, value in doc.items() if key in LogSettings.model_fields})
         except StoreUnavailableError as exc:  # the next pass reads it again
             log.debug("log settings not read: %s", exc)
-            return
-        if doc is not None:
-            self._apply({key: value for key, value in doc.items() if key in LogSettings.model_fields})
+        except Exception:  # a bug: logged, and the thread lives on
+            log.exception("reading the log settings failed")
 
     def _apply(self, fields: dict[str, object]) -> LogSettings:
-        with self._lock:
-            try:
-                settings = LogSettings.model_validate({**self.current.model_dump(), **fields})
-            except ValidationError as exc:  # a record another version of Kiln wrote
-                log.warning("stored log settings not applied: %s", exc)
-                return self.current
-            if settings != self.current:
-                # Announced in whichever of the two settings writes INFO lines, if either does.
-                if settings.log_info:
-                    _configure(settings)
+        try:
+            settings = LogSettings.model_validate({**self.current.model_dump(), **fields})
+        except ValidationError as exc:  # a record another version of Kiln wrote
+            log.warning("stored log settings not applied: %s", exc)
+            return self.current
+        if settings != self.current:
+            # Announced in whichever of the two settings writes INFO lines, if either does.
+            if not settings.log_info:
                 log.info("log settings now %s", settings.model_dump())
-                _configure(settings)
-                self.current = settings
-            return settings
+            _configure(settings)
+            if settings.log_info:
+                log.info("log settings now %s", settings.model_dump())
+            self.current = settings
+        return settings
 
 
 def _configure(settings: LogSettings) -> None:
@@ -113,4 +123,5 @@ def _configure(settings: LogSettings) -> None:
     logging.getLogger("kiln").setLevel(logging.DEBUG if verbose >= 1 else logging.NOTSET)
     logging.getLogger().setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
     for handler in logging.getLogger().handlers:
-        handler.setFormatter(formatter(settings.log_format))
+        if LEVELS in handler.filters:  # the handler logging_config made, not one embedding Kiln added
+            handler.setFormatter(formatter(settings.log_format))

@@ -111,6 +111,15 @@ def test_torch_file_that_is_not_torchscript(http: httpx.Client, kind: str, what:
     assert "torch.jit.save(torch.jit.script(model), path)" in detail
 
 
+def test_damaged_zip(http: httpx.Client) -> None:
+    """A zip that Python's zipfile cannot read (a version it does not know) is a 400 too."""
+    data = bytearray(MLP.torchscript())
+    entry = data.find(b"PK\x01\x02")  # the first central-directory entry
+    data[entry + 6] = 0xFF  # "version needed to extract": 25.5
+    detail = problem(post_upload(http, json.dumps(MLP.config()), bytes(data)), 400)
+    assert "not a TorchScript archive" in detail
+
+
 def test_spec_that_does_not_fit_the_model(http: httpx.Client) -> None:
     config = {"name": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 3]}]}
     detail = problem(post_upload(http, json.dumps(config), MLP.torchscript()), 400)

@@ -258,6 +258,7 @@ def test_compression_on_the_wire(http: httpx.Client) -> None:
         ("gzip", b"not gzip at all", "not valid gzip data"),
         ("gzip", gzip.compress(b'{"inputs": []}')[:-12], "gzip data ends early"),
         ("deflate", zlib.compress(b'{"inputs": []}') + b"junk", "4 bytes after its deflate data"),
+        ("gzip", gzip.compress(b"{}") * 2, "bytes after its gzip data"),  # two members: one is taken
     ],
 )
 def test_malformed_compressed_request(

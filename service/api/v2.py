@@ -381,9 +381,9 @@ def too_large(size: int, limit: int) -> str:
 async def _infer(request: Request, name: str, version: int | None) -> Response:
     svc = await services(request)
     limit = svc.settings.max_request_bytes
+    encoding = content_encoding(request.headers.get("content-encoding"))  # before the body is read
     body = await bounded_body(request, limit)
-    encoding = content_encoding(request.headers.get("content-encoding"))
-    if encoding is not None:  # as costly as the body is big: off the event loop
+    if encoding is not None:  # inflates to at most `limit`: off the event loop
         body = await run_in_threadpool(decompress, body, encoding, limit)
     header_length = request.headers.get(HEADER_LENGTH)
     shared = svc.shared_memory
@@ -405,8 +405,9 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
     if len(payload) >= MIN_COMPRESSED_BYTES and svc.settings.response_compression:
         answer_in = accepted_encoding(request.headers.get("accept-encoding"))
         if answer_in is not None:
-            payload = await run_in_threadpool(compress, payload, answer_in)
+            payload = await compress(payload, answer_in)
             headers["Content-Encoding"] = answer_in
+            headers["Vary"] = "Accept-Encoding"
     media_type = "application/json" if json_length is None else "application/octet-stream"
     return Response(payload, media_type=media_type, headers=headers)
 
