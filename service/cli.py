@@ -110,6 +110,20 @@ def worker() -> None:
     run_worker(settings)
 
 
+def json_fields(pairs: list[str] | None) -> dict[str, Any]:
+    """`--set FIELD=VALUE` options, each VALUE in JSON; a usage error for one that is not."""
+    fields: dict[str, Any] = {}
+    for pair in pairs or []:
+        field, _, value = pair.partition("=")
+        try:
+            fields[field] = json.loads(value)
+        except json.JSONDecodeError:
+            raise typer.BadParameter(
+                f"{pair!r}: give FIELD=VALUE, VALUE in JSON: 2000, true, null or [4,8]", param_hint="--set"
+            ) from None
+    return fields
+
+
 @app.command()
 def upload(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="TorchScript file.")],
@@ -121,6 +135,14 @@ def upload(
         list[str] | None,
         typer.Option("--target", help="Targets to compile for; `auto`: every live worker's."),
     ] = None,
+    fields: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Any other field of the upload config, FIELD=VALUE with a JSON value, e.g. "
+            "max_queue_delay_us=2000, tuning_trials=200 or rtol=1e-3; repeatable.",
+        ),
+    ] = None,
     wait: Annotated[bool, typer.Option(help="Show live progress until every variant settles.")] = True,
     url: UrlOption = "http://127.0.0.1:8000",
     api_key: KeyOption = None,
@@ -129,6 +151,7 @@ def upload(
     from compiler.spec import TensorSpec
 
     config: dict[str, Any] = {
+        **json_fields(fields),
         "name": name,
         "inputs": [TensorSpec.parse(i).to_dict() for i in input],
     }
@@ -330,15 +353,7 @@ def serving(
 ) -> None:
     """Show a version's serving settings (batching, queue, timeout, response cache), or change
     them without a recompile."""
-    body: dict[str, Any] = {}
-    for change in changes or []:
-        field, _, value = change.partition("=")
-        try:
-            body[field] = json.loads(value)
-        except json.JSONDecodeError:
-            raise typer.BadParameter(
-                f"{change!r}: give FIELD=VALUE, VALUE in JSON: 2000, true, null or [4,8]", param_hint="--set"
-            ) from None
+    body = json_fields(changes)
     path = f"/v1/models/{name}/versions/{version}"
     with client(url, api_key) as http:
         found = check(http.patch(f"{path}/serving", json=body) if body else http.get(path))

@@ -73,6 +73,13 @@ def test_config_bad_dtype_names_the_field(http: httpx.Client) -> None:
     assert "inputs.0.dtype" in detail
 
 
+def test_config_unknown_field_is_named(http: httpx.Client) -> None:
+    """A misspelt field is refused, not left at its default."""
+    config = json.dumps(MLP.config(max_queue_delay_ms=20))
+    detail = problem(post_upload(http, config, MLP.torchscript()), 422)
+    assert detail == "config: max_queue_delay_ms: Extra inputs are not permitted"
+
+
 def test_unknown_backend(http: httpx.Client) -> None:
     config = json.dumps(MLP.config(backends=["nope"]))
     assert "nope" in problem(post_upload(http, config, MLP.torchscript()), 422)

@@ -273,9 +273,17 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     refused = run_cli("serving", "cli-mlp", "1", "--set", "max_batch_size=4", "--url", server.url)
     assert refused.returncode == 1 and "fixed at upload" in refused.stdout, refused.stdout
 
-    queued = run_cli("upload", str(model), "--name", "cli-later", "--no-wait", *common)
+    # Any other config field at upload, as --set FIELD=JSON.
+    fields = ["--set", "max_queue_delay_us=1500", "--set", "response_cache=true"]
+    queued = run_cli("upload", str(model), "--name", "cli-later", "--no-wait", *fields, *common)
     assert queued.returncode == 0, queued.stdout + queued.stderr
     assert re.search(r"^tvm\s+cpu-\S+\s+queued", queued.stdout, re.M), queued.stdout
+    shown = json.loads(run_cli("serving", "cli-later", "1", "--url", server.url).stdout)
+    assert (shown["max_queue_delay_us"], shown["response_cache"]) == (1500, True)
+    not_json = run_cli("upload", str(model), "--name", "cli-bad", "--set", "rtol=small", *common)
+    assert not_json.returncode == 2 and "VALUE in JSON" in not_json.stderr, not_json.stderr
+    unknown = run_cli("upload", str(model), "--name", "cli-bad", "--set", "colour=1", *common)
+    assert unknown.returncode == 1 and "colour" in unknown.stdout, unknown.stdout
 
 
 def test_worker_serves_its_own_metrics(redis_url: str, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from typing import IO, Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Depends, File, Form, UploadFile
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import ConfigDict, ValidationError
 
 from compiler.backends import REGISTRY as BACKENDS
 from compiler.backends import family_reason, get_backend, option_problems, options_reason, reference_target
@@ -93,9 +93,17 @@ def check_targets(svc: Services, targets: list[str] | None, where: str) -> None:
             )
 
 
+class UploadConfig(ModelConfig):
+    """An upload's config as sent: a field Kiln does not know is refused, so that a misspelt one
+    (`max_queue_delay_ms`) is not silently left at its default. Stored versions are read as
+    ModelConfig, which ignores fields that a later Kiln no longer has."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 def parse_config(text: str, svc: Services) -> ModelConfig:
     try:
-        config = ModelConfig.model_validate_json(text)
+        config = ModelConfig.model_validate(UploadConfig.model_validate_json(text).model_dump())
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()
