@@ -85,6 +85,7 @@ def test_tritonclient_grpc_conversation(client: triton.InferenceServerClient, se
     assert config.max_batch_size == want_config["max_batch_size"] == 8
     assert [(i.name, list(i.dims)) for i in config.input] == [("x", [64])]
     assert config.dynamic_batching.default_queue_policy.max_queue_size == 1024
+    assert config.parameters["adaptive_queue_delay"].string_value == "true"
 
     x = sample(MLP, 3)
     result = client.infer(

@@ -447,4 +447,8 @@ def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client
     assert tuned.status_code == 200 and tuned.json()["version"] == 1, tuned.text
     batching = http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]
     assert batching["max_queue_delay_microseconds"] == 5000
+    waits = http.patch(path, json={"adaptive_queue_delay": False})
+    assert waits.status_code == 200 and waits.json()["serving"]["adaptive_queue_delay"] is False
+    parameters = http.get(f"/v2/models/{name}/config").json()["parameters"]
+    assert parameters == {"adaptive_queue_delay": {"string_value": "false"}}
     assert len(http.get(f"/v1/models/{name}").json()["versions"]) == 1

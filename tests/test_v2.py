@@ -111,6 +111,7 @@ def test_tritonclient_conversation(client: triton.InferenceServerClient) -> None
             "max_queue_delay_microseconds": 0,
             "default_queue_policy": {"max_queue_size": 1024},
         },
+        "parameters": {"adaptive_queue_delay": {"string_value": "true"}},  # Kiln's, not Triton's
     }
     assert client.get_model_config("mlp", "1", headers=auth()) == config
     assert "model_configuration" in client.get_server_metadata()["extensions"]

@@ -236,6 +236,10 @@ def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
             "max_queue_delay_microseconds": policy.max_queue_delay_us,
             "default_queue_policy": queue_policy,
         }
+        # Kiln's own batching setting, which Triton's dynamic_batching has no field for: in the
+        # config's free-form parameters, which tritonclient parses over HTTP and gRPC alike.
+        adaptive = "true" if policy.adaptive_queue_delay else "false"
+        config["parameters"] = {"adaptive_queue_delay": {"string_value": adaptive}}
     return config
 
 
