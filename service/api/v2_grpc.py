@@ -64,6 +64,7 @@ GRPC_STATUS = {
     503: grpc.StatusCode.UNAVAILABLE,
 }
 # The scope each method needs, as its HTTP route does; the health and server metadata are open.
+# LogSettings needs infer here, and checks admin itself for a change, as POST /v2/logging needs.
 SCOPES = {
     "ServerLive": None,
     "ServerReady": None,
@@ -73,7 +74,6 @@ SCOPES = {
     "SystemSharedMemoryRegister": Scope.admin,
     "SystemSharedMemoryUnregister": Scope.admin,
 }
-# LogSettings reads with the infer scope and changes with admin, as its HTTP routes.
 # Triton's methods Kiln does not offer.
 UNOFFERED = [
     "ModelStreamInfer",
