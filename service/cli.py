@@ -124,6 +124,30 @@ def json_fields(pairs: list[str] | None) -> dict[str, Any]:
     return fields
 
 
+LabelsOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--labels",
+        help="OUTPUT=FILE: the output's class labels, one a line (Triton's label file), which "
+        "answers of the classification extension carry; repeatable.",
+    ),
+]
+
+
+def label_files(pairs: list[str] | None) -> dict[str, list[str]]:
+    """`--labels OUTPUT=FILE` options, each file read as one label a line."""
+    labels: dict[str, list[str]] = {}
+    for pair in pairs or []:
+        output, sep, path = pair.partition("=")
+        if not sep or not output:
+            raise typer.BadParameter(f"{pair!r}: give OUTPUT=FILE", param_hint="--labels")
+        try:
+            labels[output] = Path(path).read_text().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise typer.BadParameter(f"{pair!r}: {exc}", param_hint="--labels") from None
+    return labels
+
+
 @app.command()
 def upload(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="TorchScript file.")],
@@ -143,6 +167,7 @@ def upload(
             "max_queue_delay_us=2000, tuning_trials=200 or rtol=1e-3; repeatable.",
         ),
     ] = None,
+    labels: LabelsOption = None,
     wait: Annotated[bool, typer.Option(help="Show live progress until every variant settles.")] = True,
     url: UrlOption = "http://127.0.0.1:8000",
     api_key: KeyOption = None,
@@ -161,6 +186,8 @@ def upload(
         config["backends"] = backend
     if target:
         config["targets"] = target
+    if labels:
+        config["labels"] = label_files(labels)
     with client(url, api_key) as http:
         body = check(
             http.post("/v1/models", files={"file": file.read_bytes()}, data={"config": json.dumps(config)})
@@ -348,12 +375,15 @@ def serving(
             "or preferred_batch_sizes=[4,8]; repeatable. Without it, the settings are shown.",
         ),
     ] = None,
+    labels: LabelsOption = None,
     url: UrlOption = "http://127.0.0.1:8000",
     api_key: KeyOption = None,
 ) -> None:
-    """Show a version's serving settings (batching, queue, timeout, response cache), or change
-    them without a recompile."""
+    """Show a version's serving settings (batching, queue, timeout, response cache, labels), or
+    change them without a recompile; --labels replaces the labels of every output."""
     body = json_fields(changes)
+    if labels:
+        body["labels"] = label_files(labels)
     path = f"/v1/models/{name}/versions/{version}"
     with client(url, api_key) as http:
         found = check(http.patch(f"{path}/serving", json=body) if body else http.get(path))

@@ -94,6 +94,15 @@ QueueDelayUs = Annotated[int, Field(ge=0, le=10_000_000)]
 PreferredSizes = Annotated[list[int], Field(max_length=16)]
 QueueSize = Annotated[int, Field(ge=0, le=1_000_000)]
 TimeoutUs = Annotated[int, Field(ge=1, le=3_600_000_000)]
+# An output's class labels, by class index (Triton's label file, one label a line); the
+# version's labels together are bounded by service.classification.MAX_LABEL_BYTES.
+Labels = Annotated[
+    dict[
+        Annotated[str, Field(max_length=64)],
+        Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=100_000)],
+    ],
+    Field(max_length=16),
+]
 
 
 # The prefix of a changed serving setting's field in a version's document.
@@ -124,6 +133,9 @@ class ServingConfig(BaseModel):
     # running at once (service.batcher): from a few clients no more are coming, and the delay
     # would only be added to each request. False: wait out the delay, as Triton does.
     adaptive_queue_delay: bool = True
+    # Output name -> its labels, which the classification extension adds to each class it
+    # returns ("<value>:<index>:<label>").
+    labels: Labels = Field(default_factory=dict)
 
 
 class ModelConfig(ServingConfig):

@@ -262,15 +262,23 @@ def decode_tensors(
 
 
 def encode_tensor(name: str, array: np.ndarray, binary: bool) -> tuple[dict[str, Any], bytes]:
-    """One output tensor object, and its raw little-endian bytes when `binary`."""
-    datatype = datatype_of(array.dtype, name)
+    """One output tensor object, and its raw little-endian bytes when `binary`. An array of
+    Python bytes objects goes as BYTES (the classification extension's strings)."""
+    strings = array.dtype == object
+    datatype = "BYTES" if strings else datatype_of(array.dtype, name)
     doc: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
     if not binary:
-        doc["data"] = array.ravel().tolist()
+        doc["data"] = [v.decode() for v in array.flat] if strings else array.ravel().tolist()
         return doc, b""
-    raw = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+    if strings:  # each element its little-endian uint32 length, then its bytes
+        raw = b"".join(len(v).to_bytes(4, "little") + v for v in array.flat)
+    else:
+        raw = np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
     doc["parameters"] = {"binary_data_size": len(raw)}
     return doc, raw
+
+
+Output = tuple[str, np.ndarray, bool]  # a response's tensor: name, values, whether it goes as binary
 
 
 @dataclass(frozen=True)
@@ -284,6 +292,16 @@ class InferRequest:
     timeout_us: int | None = None
     # Requested outputs to write into shared memory instead of the response.
     shared_outputs: dict[str, SharedSlice] = field(default_factory=dict)
+    # Requested outputs to answer with their top classes (service.classification): how many.
+    classifications: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        both = sorted(self.shared_outputs.keys() & self.classifications.keys())
+        if both:  # as tritonclient refuses to ask for it
+            raise BadRequestError(
+                f"output {both[0]!r}: classification is answered in the response, not in shared "
+                "memory; ask for one or the other"
+            )
 
     def check_outputs(self, names: Iterable[str]) -> None:
         """An unknown requested output is an error: checked before inference, not after."""
@@ -292,7 +310,7 @@ class InferRequest:
         if unknown:
             raise BadRequestError(f"unknown output(s) {unknown}; the model outputs {known}")
 
-    def select(self, available: Mapping[str, np.ndarray]) -> list[tuple[str, np.ndarray, bool]]:
+    def select(self, available: Mapping[str, np.ndarray]) -> list[Output]:
         """The outputs to send, each with its binary flag; an unknown requested name is an error."""
         if self.outputs is None:
             return [(name, array, self.binary_output) for name, array in available.items()]
@@ -307,29 +325,38 @@ def _flag(params: Mapping[str, Any], key: str, default: bool) -> bool:
     return value
 
 
-def _requested(
-    docs: object, binary_output: bool, shared: SharedAccess
-) -> tuple[dict[str, bool] | None, dict[str, SharedSlice]]:
-    """The outputs asked for, each with its binary flag (None: every output), and those to write
-    into shared memory."""
+@dataclass(frozen=True)
+class Requested:
+    """The outputs asked for, each with its binary flag (None: every output); those to write into
+    shared memory, and those to classify."""
+
+    binary: dict[str, bool] | None = None
+    shared: dict[str, SharedSlice] = field(default_factory=dict)
+    classifications: dict[str, int] = field(default_factory=dict)
+
+
+def _requested(docs: object, binary_output: bool, shared: SharedAccess) -> Requested:
     if docs is None:
-        return None, {}
+        return Requested()
     if not isinstance(docs, list):
         raise BadRequestError("`outputs` must be a list of {name, parameters}")
     wanted: dict[str, bool] = {}
     to_shared: dict[str, SharedSlice] = {}
+    counts: dict[str, int] = {}
     for doc in docs:
         name = doc.get("name") if isinstance(doc, dict) else None
         if not isinstance(name, str) or not name:
             raise BadRequestError(f"each requested output needs a string `name`; got {_short(doc)}")
-        params = _parameters(doc, f"output {name!r}")
-        if "classification" in params:
-            raise BadRequestError(f"output {name!r}: the classification extension is not supported")
+        what = f"output {name!r}"
+        params = _parameters(doc, what)
         wanted[name] = _flag(params, "binary_data", binary_output)
-        where = shared_slice(params, f"output {name!r}")
+        where = shared_slice(params, what)
         if where is not None:
-            to_shared[name] = shared.bind(where, f"output {name!r}")
-    return wanted, to_shared
+            to_shared[name] = shared.bind(where, what)
+        count = class_count(params.get("classification", 0), what)
+        if count:
+            counts[name] = count
+    return Requested(wanted, to_shared, counts)
 
 
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
@@ -361,15 +388,24 @@ def decode_request(body: bytes, header_length: str | None, shared: SharedAccess 
         raise BadRequestError("`id` must be a string")
     params = _parameters(doc, "the request")
     binary_output = _flag(params, "binary_data_output", False)
-    outputs, shared_outputs = _requested(doc.get("outputs"), binary_output, shared)
+    requested = _requested(doc.get("outputs"), binary_output, shared)
     return InferRequest(
         id=request_id,
         inputs=decode_tensors(doc.get("inputs"), binary, shared),
-        outputs=outputs,
+        outputs=requested.binary,
         binary_output=binary_output,
         timeout_us=timeout_parameter(params.get("timeout")),
-        shared_outputs=shared_outputs,
+        shared_outputs=requested.shared,
+        classifications=requested.classifications,
     )
+
+
+def class_count(value: object, what: str) -> int:
+    """The `classification` parameter of a requested output: how many classes to return; 0, as
+    in Triton, asks for the values themselves."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise BadRequestError(f"{what}: classification must be a non-negative integer of classes to return")
+    return value
 
 
 MAX_TIMEOUT_US = 3_600_000_000  # an hour
@@ -404,7 +440,7 @@ def write_shared(name: str, array: np.ndarray, where: SharedSlice, shared: Share
 
 def encode_response(
     header: Mapping[str, Any],
-    outputs: list[tuple[str, np.ndarray, bool]],
+    outputs: list[Output],
     to_shared: Mapping[str, SharedSlice] | None = None,
     shared: SharedAccess = UNSHARED,
 ) -> tuple[bytes, int | None]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -82,3 +84,17 @@ def scrape(http: httpx.Client) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for lab, v in samples.get(name, []) if labels.items() <= lab.items())
+
+
+def check_classes(got: np.ndarray, values: np.ndarray, count: int, labels: Sequence[str] = ()) -> None:
+    """`got` is the classification extension's answer for `values`, [batch, classes]: each item's
+    top `count` as "<value>:<index>[:<label>]", highest first, a label for indices that have one."""
+    k = min(count, values.shape[1])
+    assert got.shape == (len(values), k), got.shape
+    for row, item in zip(got, values, strict=True):
+        top = np.argsort(-item, kind="stable")[:k]
+        for text, index in zip(row, top, strict=True):
+            value, found, *label = (text.decode() if isinstance(text, bytes) else text).split(":", 2)
+            assert int(found) == index, (row, top)
+            assert float(value) == pytest.approx(float(item[index]), abs=1e-5)
+            assert label == ([labels[index]] if index < len(labels) else []), text

@@ -15,7 +15,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests import models
-from tests.client import expected, sample, upload
+from tests.client import check_classes, expected, sample, upload
 from tests.servers import KilnServer, running
 from tests.test_v2 import HEADS
 
@@ -118,6 +118,22 @@ def test_tritonclient_grpc_conversation(client: triton.InferenceServerClient, se
     assert index == {"heads": "READY", "mlp": "READY"}
 
 
+def test_tritonclient_grpc_classification(client: triton.InferenceServerClient) -> None:
+    """The classification extension over gRPC: BYTES strings in the raw output contents, a
+    parameter error with its status."""
+    x = sample(MLP, 2)
+    requested = [triton.InferRequestedOutput("output0", class_count=3)]
+    result = client.infer("mlp", [fp32("x", x)], outputs=requested, headers=INFER_KEY)
+    assert result.get_output("output0").datatype == "BYTES"
+    check_classes(result.as_numpy("output0"), expected(MLP, x), 3)
+    with pytest.raises(InferenceServerException, match="'output1' is bool") as caught:
+        k = triton.InferInput("k", [1, 4], "INT64")
+        k.set_data_from_numpy(np.zeros((1, 4), np.int64))
+        requested = [triton.InferRequestedOutput("output1", class_count=2)]
+        client.infer("heads", [fp32("x", sample(HEADS, 1)), k], outputs=requested, headers=INFER_KEY)
+    assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+
+
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
 def test_tritonclient_grpc_compression(client: triton.InferenceServerClient, algorithm: str) -> None:
     """tritonclient's `compression_algorithm` compresses the request message; grpc decodes it."""
@@ -190,6 +206,11 @@ def test_each_error_has_its_status(stub: pb_grpc.GRPCInferenceServiceStub) -> No
     )
     code, message = infer(unknown_output)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "unknown output(s) ['logits']" in message
+    classified = pb.ModelInferRequest.InferRequestedOutputTensor(name="output0")
+    classified.parameters["classification"].string_param = "three"
+    unknown_output.outputs[0].CopyFrom(classified)
+    code, message = infer(unknown_output)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "classification must be a non-negative" in message
     # Past KILN_MAX_UPLOAD_MB (1 here), as an HTTP body past it gets 413.
     big = pb.ModelInferRequest(model_name="mlp", inputs=[raw], raw_input_contents=[bytes(2 * 1024 * 1024)])
     code, _ = infer(big)

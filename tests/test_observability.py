@@ -275,11 +275,20 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
 
     # Any other config field at upload, as --set FIELD=JSON.
     fields = ["--set", "max_queue_delay_us=1500", "--set", "response_cache=true"]
+    labels = tmp_path / "labels.txt"
+    labels.write_text("cat\ndog\n")  # Triton's label file: one label a line
+    fields += ["--labels", f"output0={labels}"]
     queued = run_cli("upload", str(model), "--name", "cli-later", "--no-wait", *fields, *common)
     assert queued.returncode == 0, queued.stdout + queued.stderr
     assert re.search(r"^tvm\s+cpu-\S+\s+queued", queued.stdout, re.M), queued.stdout
     shown = json.loads(run_cli("serving", "cli-later", "1", "--url", server.url).stdout)
     assert (shown["max_queue_delay_us"], shown["response_cache"]) == (1500, True)
+    assert shown["labels"] == {"output0": ["cat", "dog"]}
+    labels.write_text("tabby\n")
+    relabelled = run_cli("serving", "cli-later", "1", "--labels", f"output0={labels}", "--url", server.url)
+    assert json.loads(relabelled.stdout)["labels"] == {"output0": ["tabby"]}, relabelled.stdout
+    missing = run_cli("serving", "cli-later", "1", "--labels", "output0=/nonexistent", "--url", server.url)
+    assert missing.returncode == 2 and "No such file" in missing.stderr, missing.stderr
     not_json = run_cli("upload", str(model), "--name", "cli-bad", "--set", "rtol=small", *common)
     assert not_json.returncode == 2 and "VALUE in JSON" in not_json.stderr, not_json.stderr
     unknown = run_cli("upload", str(model), "--name", "cli-bad", "--set", "colour=1", *common)

@@ -393,6 +393,7 @@ def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client
         "default_timeout_us": None,
         "response_cache": True,
         "adaptive_queue_delay": True,
+        "labels": {},
     }
     [version] = http.get(f"/v1/models/{name}").json()["versions"]
     assert version["serving"] == changed.json()["serving"]

@@ -282,6 +282,8 @@ def test_each_misuse_is_a_400_that_says_what_to_fix(server: KilnServer, segments
         )
         small = {"shared_memory_region": "r", "shared_memory_byte_size": 16}
         refused(infer(full, [{"name": "output0", "parameters": small}]), f"give it at least {OUT_BYTES}")
+        classes = {**small, "classification": 2}  # tritonclient refuses it before sending, too
+        refused(infer(full, [{"name": "output0", "parameters": classes}]), "classification is answered")
         assert infer(full).status_code == 200
 
         # A client that shrinks its segment, or puts something else in its place, gets a 400,

@@ -190,9 +190,9 @@ def test_binary_sizes_must_match() -> None:
         (request_body([tensor()], parameters={"binary_data_output": "yes"}), None, "true or false"),
         (request_body([tensor()], outputs=[{"parameters": {}}]), None, "needs a string `name`"),
         (
-            request_body([tensor()], outputs=[{"name": "y", "parameters": {"classification": 3}}]),
+            request_body([tensor()], outputs=[{"name": "y", "parameters": {"classification": -3}}]),
             None,
-            "classification extension is not supported",
+            "output 'y': classification must be a non-negative integer",
         ),
     ],
 )

@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from service.api import compression, v2
 from tests import models
-from tests.client import expected, infer_body, sample, upload
+from tests.client import check_classes, expected, infer_body, sample, upload
 from tests.servers import KilnServer
 
 ADMIN, INFER = "admin-secret", "infer-secret"
@@ -428,3 +428,156 @@ def test_tritonclient_sees_errors(client: triton.InferenceServerClient) -> None:
         tensor64.set_data_from_numpy(np.zeros((1, 64)), binary_data=True)
         client.infer("mlp", [tensor64], headers=auth())
     assert caught.value.status() == "400"
+
+
+LABELS = [f"class {i}: of ten" for i in range(7)]  # three classes without one; colons in a label
+
+
+@pytest.fixture(scope="module")
+def admin(server: KilnServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN}"}) as c:
+        yield c
+
+
+def test_tritonclient_classification(client: triton.InferenceServerClient, admin: httpx.Client) -> None:
+    """Triton's classification extension: an output's top classes as BYTES "<value>:<index>:<label>",
+    per batch item of a batching model, over the whole output of one that is not."""
+    response = upload(admin, MLP, "classifier", backends=[], labels={"output0": LABELS})
+    assert response.status_code == 202, response.text
+    assert "classification" in client.get_server_metadata()["extensions"]
+    x = sample(MLP, 4)
+    want = expected(MLP, x)
+    for binary in (False, True):
+        for count in (3, 50):  # 50: all ten classes, ranked off the event loop (INLINE_CLASSIFY_COST)
+            result = client.infer(
+                "classifier",
+                [fp32_input(x, True)],
+                outputs=[triton.InferRequestedOutput("output0", binary_data=binary, class_count=count)],
+                headers=auth(),
+            )
+            assert result.get_output("output0")["datatype"] == "BYTES"
+            check_classes(result.as_numpy("output0"), want, count, LABELS)
+    # New labels apply at once, without a recompile.
+    relabelled = ["first", "second"]
+    path = "/v1/models/classifier/versions/1/serving"
+    changed = admin.patch(path, json={"labels": {"output0": relabelled}})
+    assert changed.status_code == 200, changed.text
+    assert changed.json()["serving"]["labels"] == {"output0": relabelled}
+    requested = [triton.InferRequestedOutput("output0", class_count=10)]
+    result = client.infer("classifier", [fp32_input(x, True)], outputs=requested, headers=auth())
+    check_classes(result.as_numpy("output0"), want, 10, relabelled)
+    # The model without labels answers indices alone; an INT64 output prints its integers.
+    result = client.infer("mlp", [fp32_input(x, False)], outputs=requested, headers=auth())
+    check_classes(result.as_numpy("output0"), want, 10)
+    k = np.array([[3, -7, 3, 9]])
+    k_input = triton.InferInput("k", [1, 4], "INT64")
+    k_input.set_data_from_numpy(k)
+    result = client.infer(
+        "heads",
+        [fp32_input(sample(HEADS, 1), True), k_input],
+        outputs=[triton.InferRequestedOutput("output2", class_count=3)],
+        headers=auth(),
+    )
+    assert result.as_numpy("output2").tolist() == [[b"19:3", b"7:0", b"7:2"]]  # ties in index order
+
+
+def test_classification_of_a_model_that_does_not_batch(
+    client: triton.InferenceServerClient, admin: httpx.Client
+) -> None:
+    """max_batch_size 1: Triton's clients see a config without a batch, and the classes of the
+    whole output come back as [count]."""
+    response = upload(admin, MLP, "unbatched", backends=[], max_batch_size=1, labels={"output0": LABELS})
+    assert response.status_code == 202, response.text
+    assert client.get_model_config("unbatched", headers=auth())["max_batch_size"] == 0
+    x = sample(MLP, 1)
+    requested = [triton.InferRequestedOutput("output0", class_count=4)]
+    result = client.infer("unbatched", [fp32_input(x, True)], outputs=requested, headers=auth())
+    got = result.as_numpy("output0")
+    assert got.shape == (4,)
+    check_classes(got[None], expected(MLP, x), 4, LABELS)
+
+
+def test_classification_on_the_wire(http: httpx.Client) -> None:
+    x = sample(MLP, 2)
+    want = expected(MLP, x)
+    outputs = [{"name": "output0", "parameters": {"classification": 2}}]
+    response = http.post("/v2/models/mlp/infer", json=infer_body(x, outputs=outputs))
+    assert response.status_code == 200, response.text
+    [output] = response.json()["outputs"]
+    assert (output["datatype"], output["shape"]) == ("BYTES", [2, 2])
+    check_classes(np.array(output["data"]).reshape(2, 2), want, 2)
+    # Binary: each string its little-endian uint32 length, then its bytes.
+    outputs[0]["parameters"]["binary_data"] = True
+    response = http.post("/v2/models/mlp/infer", json=infer_body(x, outputs=outputs))
+    assert response.status_code == 200, response.text
+    length = int(response.headers["Inference-Header-Content-Length"])
+    [output] = json.loads(response.content[:length])["outputs"]
+    raw = response.content[length:]
+    assert output["parameters"]["binary_data_size"] == len(raw)
+    strings = []
+    while raw:
+        size = int.from_bytes(raw[:4], "little")
+        strings.append(raw[4 : 4 + size])
+        raw = raw[4 + size :]
+    check_classes(np.array(strings, dtype=object).reshape(2, 2), want, 2)
+    # The request's binary_data_output applies to the strings too.
+    outputs = [{"name": "output0", "parameters": {"classification": 1}}]
+    body = infer_body(x, outputs=outputs, parameters={"binary_data_output": True})
+    response = http.post("/v2/models/mlp/infer", json=body)
+    length = int(response.headers["Inference-Header-Content-Length"])
+    assert json.loads(response.content[:length])["outputs"][0]["parameters"]["binary_data_size"] > 0
+    # 0 asks for the values themselves, as in Triton.
+    outputs = [{"name": "output0", "parameters": {"classification": 0}}]
+    response = http.post("/v2/models/mlp/infer", json=infer_body(x, outputs=outputs))
+    np.testing.assert_allclose(
+        np.array(response.json()["outputs"][0]["data"]).reshape(2, 10), want, rtol=1e-5, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "output", "count", "message"),
+    [
+        ("mlp", "output0", -1, "classification must be a non-negative integer"),
+        ("mlp", "output0", "3", "classification must be a non-negative integer"),
+        ("mlp", "output0", True, "classification must be a non-negative integer"),
+        ("heads", "output1", 2, "output 'output1' is bool: classification ranks integers and floats"),
+    ],
+)
+def test_malformed_classification(
+    http: httpx.Client, path: str, output: str, count: object, message: str
+) -> None:
+    k = tensor(name="k", shape=[1, 4], datatype="INT64", data=[1] * 4)
+    heads = [tensor(shape=[1, 4], data=[0.5] * 4), k]
+    body = {
+        "inputs": heads if path == "heads" else [tensor()],
+        "outputs": [{"name": output, "parameters": {"classification": count}}],
+    }
+    assert message in error(post(http, body, f"/v2/models/{path}/infer"), 400)
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        ({"nope": ["a"]}, "config.labels: the model has no output 'nope'; it outputs ['output0']"),
+        ({"output0": [str(i) for i in range(11)]}, "labels.output0: 11 labels, but output 'output0' has 10"),
+        ({"output0": ["x" * 257]}, "at most 256 characters"),
+    ],
+)
+def test_labels_are_checked_at_upload(admin: httpx.Client, labels: object, message: str) -> None:
+    response = upload(admin, MLP, "mislabelled", backends=[], labels=labels)
+    assert response.status_code == 422, response.text
+    assert message in response.json()["detail"]
+    assert admin.get("/v1/models/mislabelled").status_code == 404  # nothing stored
+
+
+def test_labels_are_checked_when_changed(admin: httpx.Client) -> None:
+    path = "/v1/models/heads/versions/1/serving"
+    for labels, message in [
+        ({"output1": ["no", "yes"]}, "labels.output1: a bool output has no classes to label"),
+        ({"output9": []}, "labels: the model has no output 'output9'"),
+        ({"output0": ["x" * 200] * 6000}, "labels: the labels take 1206000 bytes; 1048576 at most"),
+    ]:
+        response = admin.patch(path, json={"labels": labels})
+        assert response.status_code == 422, response.text
+        assert message in response.json()["detail"]
+    assert admin.get("/v1/models/heads/versions/1").json()["serving"]["labels"] == {}

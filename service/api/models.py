@@ -32,6 +32,7 @@ from service.api.schemas import (
     VersionOut,
     error_responses,
 )
+from service.classification import check_labels
 from service.errors import InvalidConfigError, NotFoundError
 from service.records import (
     BackendRequest,
@@ -241,13 +242,15 @@ def upload_model(
             )
         except SandboxError as exc:
             raise InvalidModelError(f"the model could not be validated: {exc}") from None
+        output_infos = [OutputInfo.model_validate(o) for o in outputs]
+        check_labels(cfg.labels, output_infos, cfg.inputs, "config.labels")
         key = MODEL_BLOB.format(sha256=sha256)
         if not store.has_blob(key):
             store.put_blob(key, read_chunks(Path(tmp.name)))
     created = svc.registry.create_version(
         cfg,
         sha256,
-        [OutputInfo.model_validate(o) for o in outputs],
+        output_infos,
         lambda name, number: plan_variants(svc, cfg, name, number),
     )
     for job in created.jobs:
@@ -340,7 +343,7 @@ def get_model_version(name: str, version: int, svc: Annotated[Services, Depends(
 @router.patch(
     "/v1/models/{name}/versions/{version}/serving",
     operation_id="update_serving",
-    summary="Change a version's batching, queue, timeout or response-cache settings without a "
+    summary="Change a version's batching, queue, timeout, response-cache or label settings without a "
     "recompile; every replica follows within KILN_ROUTE_TTL_S.",
     dependencies=admin_scope,
     responses=error_responses(Problem, 401, 403, 404, 422, 503),
@@ -360,6 +363,7 @@ def update_serving(
     current = svc.registry.get_version(name, version)
     changes = body.changes()
     check_preferred(changes.get("preferred_batch_sizes", []), current.config.max_batch_size or 1, "")
+    check_labels(changes.get("labels", {}), current.outputs, current.config.inputs, "labels")
     record = svc.registry.update_serving(name, version, changes)
     svc.runtime.reconfigure(name)
     return VersionOut.of(record, svc.registry.variants_of(record))

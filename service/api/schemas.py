@@ -10,6 +10,7 @@ from compiler.backends import MAX_TUNING_TRIALS
 from service.records import (
     BackendRequest,
     JobStatus,
+    Labels,
     ModelConfig,
     Options,
     OutputInfo,
@@ -104,7 +105,7 @@ class ModelOut(BaseModel):
 class ServingIn(BaseModel):
     """The serving settings to change. Those left out keep their value; null restores what an
     upload that leaves a setting out gets (the server's default, no limit, [], false for
-    response_cache, true for adaptive_queue_delay)."""
+    response_cache, true for adaptive_queue_delay, {} for labels)."""
 
     model_config = ConfigDict(extra="allow")  # refused by the route, with a message that says why
 
@@ -114,6 +115,7 @@ class ServingIn(BaseModel):
     default_timeout_us: TimeoutUs | None = None
     response_cache: bool | None = None
     adaptive_queue_delay: bool | None = None
+    labels: Labels | None = None
 
     def changes(self) -> dict[str, Any]:
         """The settings given, null ones at their default."""

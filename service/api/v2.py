@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import numpy as np
@@ -33,6 +34,8 @@ from service.api.deps import Services, services
 from service.api.health import readiness
 from service.api.problems import STATUS_OF, unwrapped, validation_detail
 from service.api.schemas import V2Error, error_responses
+from service.batcher import BatchPolicy
+from service.classification import check_classified, classified, classify_cost
 from service.errors import BadRequestError, KilnError, NotFoundError, NotReadyError, PayloadTooLargeError
 from service.records import VersionRecord
 from service.registry import ModelView
@@ -40,14 +43,21 @@ from service.router import servable, serving_version
 from service.runtime import Prediction, batch_policy
 from service.settings import Settings
 from service.store import StoreUnavailableError
-from service.tensors import InferRequest, datatype_of, decode_request, encode_response
+from service.tensors import InferRequest, Output, datatype_of, decode_request, encode_response
 
 log = logging.getLogger("kiln.api")
 
 PLATFORM = "pytorch_libtorch"  # Triton's platform name for TorchScript models
 HEADER_LENGTH = "Inference-Header-Content-Length"
 # Triton's names for the protocol extensions Kiln implements.
-EXTENSIONS = ["binary_tensor_data", "logging", "model_configuration", "model_repository", "statistics"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "classification",
+    "logging",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+]
 
 
 def error_of(exc: Exception) -> tuple[int, str] | None:
@@ -206,12 +216,18 @@ def metadata_doc(svc: Services, name: str, version: int | None) -> dict[str, Any
     }
 
 
+def batches(policy: BatchPolicy) -> bool:
+    """Whether Triton's clients see the model as batching: its config's max_batch_size is not 0,
+    and the first dimension of each tensor is the batch."""
+    return policy.max_batch_size > 1
+
+
 def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
     """The version's configuration in the shape of Triton's model configuration (what
     tritonclient's get_model_config returns): a batching model's dims leave out the batch."""
     _, record = _described(svc, name, version)
     policy = batch_policy(record, svc.runtime.settings)
-    batching = policy.max_batch_size > 1
+    batching = batches(policy)
     inputs, outputs = _tensors(record)
 
     def tensor(n: str, datatype: str, shape: list[int]) -> dict[str, Any]:
@@ -327,6 +343,7 @@ def check_datatypes(spec: InputSpec, inputs: dict[str, np.ndarray]) -> None:
 INLINE_BINARY_BYTES = 256 * 1024
 INLINE_JSON_BYTES = 4 * 1024
 INLINE_JSON_ELEMENTS = 256  # output values printed as JSON: about 4 KiB of text
+INLINE_CLASSIFY_COST = 2048  # service.classification.classify_cost: the top 5 of 1,000 classes, 50 us
 
 
 def decodes_inline(body: bytes, header_length: str | None) -> bool:
@@ -344,22 +361,31 @@ def names_shared_memory(body: bytes, header_length: str | None) -> bool:
     return body.find(b"shared_memory_", 0, end) != -1 or body.find(b"\\u", 0, end) != -1
 
 
-def encodes_inline(outputs: list[tuple[str, np.ndarray, bool]]) -> bool:
-    binary = sum(array.nbytes for _, array, is_binary in outputs if is_binary)
-    elements = sum(array.size for _, array, is_binary in outputs if not is_binary)
+def encodes_inline(outputs: list[Output]) -> bool:
+    # BYTES (an object array, which nbytes counts 8 bytes an element) count as JSON elements.
+    binary = sum(array.nbytes for _, array, is_binary in outputs if is_binary and array.dtype != object)
+    elements = sum(array.size for _, array, is_binary in outputs if not is_binary or array.dtype == object)
     return binary <= INLINE_BINARY_BYTES and elements <= INLINE_JSON_ELEMENTS
 
 
 async def run_infer(
     svc: Services, name: str, version: int | None, infer: InferRequest
-) -> tuple[Prediction, list[tuple[str, np.ndarray, bool]]]:
+) -> tuple[Prediction, list[Output]]:
     """A decoded request, checked against its model and run; in either protocol."""
     route = await svc.runtime.aroute(name, version)  # in the threadpool only when it asks the store
     check_datatypes(route.spec, infer.inputs)
     infer.check_outputs(o.name for o in route.version.outputs)
+    check_classified(infer.classifications, route.version.outputs)
     # Pin the version just checked against, so a newer upload cannot slip in between.
     result = await svc.runtime.predict(name, route.version.version, infer.inputs, timeout_us=infer.timeout_us)
-    return result, infer.select(result.outputs)
+    outputs = infer.select(result.outputs)
+    if not infer.classifications:
+        return result, outputs
+    batched = batches(batch_policy(route.version, svc.runtime.settings))
+    labels = route.version.config.labels
+    classify = partial(classified, outputs, infer.classifications, batched, labels)
+    inline = classify_cost(outputs, infer.classifications, batched) <= INLINE_CLASSIFY_COST
+    return result, classify() if inline else await run_in_threadpool(classify)
 
 
 async def bounded_body(request: Request, limit: int) -> bytes:

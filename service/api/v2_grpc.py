@@ -42,7 +42,9 @@ from service.tensors import (
     DATATYPES,
     SHARED_KEYS,
     InferRequest,
+    Output,
     SharedAccess,
+    class_count,
     decode_tensors,
     encode_tensor,
     shared_slice,
@@ -94,7 +96,6 @@ CONTENTS_FIELD = {
 }
 # A log setting's type -> the SettingValue field that carries it.
 SETTING_FIELD = {bool: "bool_param", int: "uint32_param", str: "string_param"}
-Output = tuple[str, np.ndarray, bool]
 # gRPC takes a signed 32-bit message size.
 MAX_MESSAGE_BYTES = 2**31 - 1
 
@@ -157,12 +158,15 @@ def decode(request: Any, shared: SharedAccess) -> InferRequest:
             raise BadRequestError(f"tensor {tensor.name!r}: send {tensor.datatype} in raw_input_contents")
         docs.append(doc)
     wanted = [o.name for o in request.outputs]
-    shared_outputs = {}
+    shared_outputs, counts = {}, {}
     for output in request.outputs:
         what = f"output {output.name!r}"
         where = shared_slice(shared_parameters(output.parameters), what)
         if where is not None:
             shared_outputs[output.name] = shared.bind(where, what)
+        count = class_count(parameter(output.parameters, "classification") or 0, what)
+        if count:
+            counts[output.name] = count
     return InferRequest(
         id=request.id or None,
         inputs=decode_tensors(docs, b"".join(raw), shared),
@@ -170,6 +174,7 @@ def decode(request: Any, shared: SharedAccess) -> InferRequest:
         binary_output=True,
         timeout_us=timeout_parameter(parameter(request.parameters, "timeout")),
         shared_outputs=shared_outputs,
+        classifications=counts,
     )
 
 

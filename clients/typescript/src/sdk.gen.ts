@@ -127,7 +127,7 @@ export const predictVersion = <ThrowOnError extends boolean = false>(options: Op
 });
 
 /**
- * Change a version's batching, queue, timeout or response-cache settings without a recompile; every replica follows within KILN_ROUTE_TTL_S.
+ * Change a version's batching, queue, timeout, response-cache or label settings without a recompile; every replica follows within KILN_ROUTE_TTL_S.
  */
 export const updateServing = <ThrowOnError extends boolean = false>(options: Options<UpdateServingData, ThrowOnError>) => (options.client ?? client).patch<UpdateServingResponses, UpdateServingErrors, ThrowOnError>({
     url: '/v1/models/{name}/versions/{version}/serving',

@@ -409,6 +409,12 @@ export type ServingConfig = {
      */
     default_timeout_us?: number | null;
     /**
+     * Labels
+     */
+    labels?: {
+        [key: string]: Array<string>;
+    };
+    /**
      * Max Queue Delay Us
      */
     max_queue_delay_us?: number | null;
@@ -431,7 +437,7 @@ export type ServingConfig = {
  *
  * The serving settings to change. Those left out keep their value; null restores what an
  * upload that leaves a setting out gets (the server's default, no limit, [], false for
- * response_cache, true for adaptive_queue_delay).
+ * response_cache, true for adaptive_queue_delay, {} for labels).
  */
 export type ServingIn = {
     /**
@@ -442,6 +448,12 @@ export type ServingIn = {
      * Default Timeout Us
      */
     default_timeout_us?: number | null;
+    /**
+     * Labels
+     */
+    labels?: {
+        [key: string]: Array<string>;
+    } | null;
     /**
      * Max Queue Delay Us
      */

@@ -26,7 +26,9 @@ from .problem import Problem
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .region import Region
 from .serving_config import ServingConfig
+from .serving_config_labels import ServingConfigLabels
 from .serving_in import ServingIn
+from .serving_in_labels_type_0 import ServingInLabelsType0
 from .skipped_out import SkippedOut
 from .skipped_out_options import SkippedOutOptions
 from .tensor_config import TensorConfig
@@ -82,7 +84,9 @@ __all__ = (
     "ReadyzResponseReadyz",
     "Region",
     "ServingConfig",
+    "ServingConfigLabels",
     "ServingIn",
+    "ServingInLabelsType0",
     "SkippedOut",
     "SkippedOutOptions",
     "TensorConfig",

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
 from ..types import UNSET, Unset
+
+if TYPE_CHECKING:
+    from ..models.serving_config_labels import ServingConfigLabels
+
 
 T = TypeVar("T", bound="ServingConfig")
 
@@ -19,6 +23,7 @@ class ServingConfig:
         Attributes:
             adaptive_queue_delay (bool | Unset):  Default: True.
             default_timeout_us (int | None | Unset):
+            labels (ServingConfigLabels | Unset):
             max_queue_delay_us (int | None | Unset):
             max_queue_size (int | None | Unset):
             preferred_batch_sizes (list[int] | Unset):
@@ -27,6 +32,7 @@ class ServingConfig:
 
     adaptive_queue_delay: bool | Unset = True
     default_timeout_us: int | None | Unset = UNSET
+    labels: ServingConfigLabels | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
     max_queue_size: int | None | Unset = UNSET
     preferred_batch_sizes: list[int] | Unset = UNSET
@@ -41,6 +47,10 @@ class ServingConfig:
             default_timeout_us = UNSET
         else:
             default_timeout_us = self.default_timeout_us
+
+        labels: dict[str, Any] | Unset = UNSET
+        if not isinstance(self.labels, Unset):
+            labels = self.labels.to_dict()
 
         max_queue_delay_us: int | None | Unset
         if isinstance(self.max_queue_delay_us, Unset):
@@ -67,6 +77,8 @@ class ServingConfig:
             field_dict["adaptive_queue_delay"] = adaptive_queue_delay
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
+        if labels is not UNSET:
+            field_dict["labels"] = labels
         if max_queue_delay_us is not UNSET:
             field_dict["max_queue_delay_us"] = max_queue_delay_us
         if max_queue_size is not UNSET:
@@ -80,6 +92,8 @@ class ServingConfig:
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.serving_config_labels import ServingConfigLabels  # noqa: PLC0415
+
         d = dict(src_dict)
         adaptive_queue_delay = d.pop("adaptive_queue_delay", UNSET)
 
@@ -91,6 +105,13 @@ class ServingConfig:
             return cast(int | None | Unset, data)
 
         default_timeout_us = _parse_default_timeout_us(d.pop("default_timeout_us", UNSET))
+
+        _labels = d.pop("labels", UNSET)
+        labels: ServingConfigLabels | Unset
+        if isinstance(_labels, Unset):
+            labels = UNSET
+        else:
+            labels = ServingConfigLabels.from_dict(_labels)
 
         def _parse_max_queue_delay_us(data: object) -> int | None | Unset:
             if data is None:
@@ -117,6 +138,7 @@ class ServingConfig:
         serving_config = cls(
             adaptive_queue_delay=adaptive_queue_delay,
             default_timeout_us=default_timeout_us,
+            labels=labels,
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,
             preferred_batch_sizes=preferred_batch_sizes,

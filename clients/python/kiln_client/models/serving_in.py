@@ -1,12 +1,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
 from ..types import UNSET, Unset
+
+if TYPE_CHECKING:
+    from ..models.serving_in_labels_type_0 import ServingInLabelsType0
+
 
 T = TypeVar("T", bound="ServingIn")
 
@@ -15,11 +19,12 @@ T = TypeVar("T", bound="ServingIn")
 class ServingIn:
     """The serving settings to change. Those left out keep their value; null restores what an
     upload that leaves a setting out gets (the server's default, no limit, [], false for
-    response_cache, true for adaptive_queue_delay).
+    response_cache, true for adaptive_queue_delay, {} for labels).
 
         Attributes:
             adaptive_queue_delay (bool | None | Unset):
             default_timeout_us (int | None | Unset):
+            labels (None | ServingInLabelsType0 | Unset):
             max_queue_delay_us (int | None | Unset):
             max_queue_size (int | None | Unset):
             preferred_batch_sizes (list[int] | None | Unset):
@@ -28,6 +33,7 @@ class ServingIn:
 
     adaptive_queue_delay: bool | None | Unset = UNSET
     default_timeout_us: int | None | Unset = UNSET
+    labels: None | ServingInLabelsType0 | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
     max_queue_size: int | None | Unset = UNSET
     preferred_batch_sizes: list[int] | None | Unset = UNSET
@@ -35,6 +41,8 @@ class ServingIn:
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.serving_in_labels_type_0 import ServingInLabelsType0  # noqa: PLC0415
+
         adaptive_queue_delay: bool | None | Unset
         if isinstance(self.adaptive_queue_delay, Unset):
             adaptive_queue_delay = UNSET
@@ -46,6 +54,14 @@ class ServingIn:
             default_timeout_us = UNSET
         else:
             default_timeout_us = self.default_timeout_us
+
+        labels: dict[str, Any] | None | Unset
+        if isinstance(self.labels, Unset):
+            labels = UNSET
+        elif isinstance(self.labels, ServingInLabelsType0):
+            labels = self.labels.to_dict()
+        else:
+            labels = self.labels
 
         max_queue_delay_us: int | None | Unset
         if isinstance(self.max_queue_delay_us, Unset):
@@ -81,6 +97,8 @@ class ServingIn:
             field_dict["adaptive_queue_delay"] = adaptive_queue_delay
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
+        if labels is not UNSET:
+            field_dict["labels"] = labels
         if max_queue_delay_us is not UNSET:
             field_dict["max_queue_delay_us"] = max_queue_delay_us
         if max_queue_size is not UNSET:
@@ -94,6 +112,8 @@ class ServingIn:
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.serving_in_labels_type_0 import ServingInLabelsType0  # noqa: PLC0415
+
         d = dict(src_dict)
 
         def _parse_adaptive_queue_delay(data: object) -> bool | None | Unset:
@@ -113,6 +133,23 @@ class ServingIn:
             return cast(int | None | Unset, data)
 
         default_timeout_us = _parse_default_timeout_us(d.pop("default_timeout_us", UNSET))
+
+        def _parse_labels(data: object) -> None | ServingInLabelsType0 | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                labels_type_0 = ServingInLabelsType0.from_dict(data)
+
+                return labels_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(None | ServingInLabelsType0 | Unset, data)
+
+        labels = _parse_labels(d.pop("labels", UNSET))
 
         def _parse_max_queue_delay_us(data: object) -> int | None | Unset:
             if data is None:
@@ -161,6 +198,7 @@ class ServingIn:
         serving_in = cls(
             adaptive_queue_delay=adaptive_queue_delay,
             default_timeout_us=default_timeout_us,
+            labels=labels,
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,
             preferred_batch_sizes=preferred_batch_sizes,

@@ -89,8 +89,8 @@ def sync_detailed(
     client: AuthenticatedClient | Client,
     body: ServingIn,
 ) -> Response[Problem | VersionOut]:
-    """Change a version's batching, queue, timeout or response-cache settings without a recompile; every
-    replica follows within KILN_ROUTE_TTL_S.
+    """Change a version's batching, queue, timeout, response-cache or label settings without a recompile;
+    every replica follows within KILN_ROUTE_TTL_S.
 
     Args:
         name (str):
@@ -98,7 +98,7 @@ def sync_detailed(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay).
+            response_cache, true for adaptive_queue_delay, {} for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -128,8 +128,8 @@ def sync(
     client: AuthenticatedClient | Client,
     body: ServingIn,
 ) -> Problem | VersionOut | None:
-    """Change a version's batching, queue, timeout or response-cache settings without a recompile; every
-    replica follows within KILN_ROUTE_TTL_S.
+    """Change a version's batching, queue, timeout, response-cache or label settings without a recompile;
+    every replica follows within KILN_ROUTE_TTL_S.
 
     Args:
         name (str):
@@ -137,7 +137,7 @@ def sync(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay).
+            response_cache, true for adaptive_queue_delay, {} for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -162,8 +162,8 @@ async def asyncio_detailed(
     client: AuthenticatedClient | Client,
     body: ServingIn,
 ) -> Response[Problem | VersionOut]:
-    """Change a version's batching, queue, timeout or response-cache settings without a recompile; every
-    replica follows within KILN_ROUTE_TTL_S.
+    """Change a version's batching, queue, timeout, response-cache or label settings without a recompile;
+    every replica follows within KILN_ROUTE_TTL_S.
 
     Args:
         name (str):
@@ -171,7 +171,7 @@ async def asyncio_detailed(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay).
+            response_cache, true for adaptive_queue_delay, {} for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -199,8 +199,8 @@ async def asyncio(
     client: AuthenticatedClient | Client,
     body: ServingIn,
 ) -> Problem | VersionOut | None:
-    """Change a version's batching, queue, timeout or response-cache settings without a recompile; every
-    replica follows within KILN_ROUTE_TTL_S.
+    """Change a version's batching, queue, timeout, response-cache or label settings without a recompile;
+    every replica follows within KILN_ROUTE_TTL_S.
 
     Args:
         name (str):
@@ -208,7 +208,7 @@ async def asyncio(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay).
+            response_cache, true for adaptive_queue_delay, {} for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
