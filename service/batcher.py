@@ -51,6 +51,14 @@ class BatchPolicy:
     max_queue_size: int = 0
     # Close a batch before its delay once it holds the recent peak of requests outstanding.
     adaptive_queue_delay: bool = False
+    # Triton's priority levels (0: none): a request's priority, 1 the highest, else the default.
+    priority_levels: int = 0
+    default_priority_level: int = 0
+
+    def level(self, priority: int) -> int:
+        """The queue a request of this `priority` parameter waits in; 0 (none given) or out of
+        range is the default level, as in Triton."""
+        return priority if 1 <= priority <= self.priority_levels else self.default_priority_level
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class _Request(Generic[T]):
     batch: int
     future: asyncio.Future[tuple[Arrays, T]]
     deadline: float | None  # time.monotonic() past which it is not run
+    level: int = 0  # its priority level: lower levels are batched first
     started: bool = field(init=False, default=False)  # its batch began: it is answered
     # Requests merge only when every non-batch dimension agrees.
     signature: tuple[tuple[str, tuple[int, ...], str], ...] = field(init=False)
@@ -111,9 +120,12 @@ class Batcher(Generic[T]):
         self._peak = 0
         self._peaks: deque[int] = deque([policy.max_batch_size], maxlen=PEAK_CYCLES)
 
-    async def submit(self, inputs: Arrays, batch: int, deadline: float | None = None) -> tuple[Arrays, T]:
+    async def submit(
+        self, inputs: Arrays, batch: int, deadline: float | None = None, priority: int = 0
+    ) -> tuple[Arrays, T]:
         """The request's outputs; a TimeoutExpiredError at `deadline` (time.monotonic()) if it
-        has not started to run by then, as Triton's queue policy rejects it: it never runs."""
+        has not started to run by then, as Triton's queue policy rejects it: it never runs.
+        `priority` is the request's parameter (see BatchPolicy.level)."""
         limit = self.policy.max_queue_size
         if limit and self._pending >= limit:
             raise QueueFullError(
@@ -127,8 +139,8 @@ class Batcher(Generic[T]):
             if self._task is None or self._task.done():
                 self._task = asyncio.get_running_loop().create_task(self._loop())
             future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
-            request = _Request(inputs, batch, future, deadline)
-            self._queue.append(request)
+            request = _Request(inputs, batch, future, deadline, self.policy.level(priority))
+            self._enqueue(request)
             self._arrived.set()
             if deadline is None:
                 return await future
@@ -139,6 +151,14 @@ class Batcher(Generic[T]):
                 expiry.cancel()
         finally:
             self._count(-1)
+
+    def _enqueue(self, request: _Request[T]) -> None:
+        """Behind every queued request of its level or a higher one, ahead of the lower ones:
+        the queue stays in priority order, and in arrival order within a level."""
+        index = len(self._queue)
+        while index and self._queue[index - 1].level > request.level:
+            index -= 1
+        self._queue.insert(index, request)
 
     def _count(self, change: int) -> None:
         self._pending += change

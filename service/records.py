@@ -94,6 +94,8 @@ QueueDelayUs = Annotated[int, Field(ge=0, le=10_000_000)]
 PreferredSizes = Annotated[list[int], Field(max_length=16)]
 QueueSize = Annotated[int, Field(ge=0, le=1_000_000)]
 TimeoutUs = Annotated[int, Field(ge=1, le=3_600_000_000)]
+PriorityLevels = Annotated[int, Field(ge=0, le=1000)]
+PriorityLevel = Annotated[int, Field(ge=1, le=1000)]
 # An output's class labels, by class index (Triton's label file, one label a line); the
 # version's labels together are bounded by service.classification.MAX_LABEL_BYTES.
 Labels = Annotated[
@@ -133,6 +135,11 @@ class ServingConfig(BaseModel):
     # running at once (service.batcher): from a few clients no more are coming, and the delay
     # would only be added to each request. False: wait out the delay, as Triton does.
     adaptive_queue_delay: bool = True
+    # Triton's priority levels: a batching model's requests queue by their `priority` parameter,
+    # 1 the highest, those without one (or out of range) at default_priority_level, the lowest
+    # when None. 0: one queue, in arrival order.
+    priority_levels: PriorityLevels = 0
+    default_priority_level: PriorityLevel | None = None
     # Output name -> its labels, which the classification extension adds to each class it
     # returns ("<value>:<index>:<label>").
     labels: Labels = Field(default_factory=dict)

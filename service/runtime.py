@@ -121,6 +121,8 @@ def batch_policy(version: VersionRecord, settings: Settings) -> BatchPolicy:
         tuple(config.preferred_batch_sizes),
         queue,
         config.adaptive_queue_delay,
+        config.priority_levels,
+        config.priority_levels if config.default_priority_level is None else config.default_priority_level,
     )
 
 
@@ -323,9 +325,11 @@ class Runtime:
         inputs: Mapping[str, object],
         backend: str | None = None,
         timeout_us: int | None = None,
+        priority: int = 0,
     ) -> Prediction:
         """`timeout_us` (see effective_timeout) bounds the request's wait from now: past it, a
-        TimeoutExpiredError, unless its batch formed before."""
+        TimeoutExpiredError, unless its batch formed before. `priority`: Triton's request
+        parameter (BatchPolicy.level)."""
         arrived = time.monotonic()
         begun = time.perf_counter()
         route = await self.aroute(name, version)
@@ -353,7 +357,8 @@ class Runtime:
                 await run_in_threadpool(self.runner, route, batch, backend)
             timeout_us = effective_timeout(timeout_us, route.version.config.default_timeout_us)
             deadline = None if timeout_us is None else arrived + timeout_us / 1e6
-            outputs, variant = await self._batcher(route.version, backend).submit(arrays, batch, deadline)
+            batcher = self._batcher(route.version, backend)
+            outputs, variant = await batcher.submit(arrays, batch, deadline, priority)
         except BaseException:  # a client that hung up (cancelled) is a failed request too
             self.stats.request(name, number, time.perf_counter() - started, ok=False)
             raise

@@ -294,6 +294,8 @@ class InferRequest:
     shared_outputs: dict[str, SharedSlice] = field(default_factory=dict)
     # Requested outputs to answer with their top classes (service.classification): how many.
     classifications: dict[str, int] = field(default_factory=dict)
+    # Triton's `priority` parameter: 1 is the highest; 0, none (service.batcher.BatchPolicy.level).
+    priority: int = 0
 
     def __post_init__(self) -> None:
         both = sorted(self.shared_outputs.keys() & self.classifications.keys())
@@ -397,6 +399,7 @@ def decode_request(body: bytes, header_length: str | None, shared: SharedAccess 
         timeout_us=timeout_parameter(params.get("timeout")),
         shared_outputs=requested.shared,
         classifications=requested.classifications,
+        priority=priority_parameter(params.get("priority", 0)),
     )
 
 
@@ -405,6 +408,13 @@ def class_count(value: object, what: str) -> int:
     in Triton, asks for the values themselves."""
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise BadRequestError(f"{what}: classification must be a non-negative integer of classes to return")
+    return value
+
+
+def priority_parameter(value: object) -> int:
+    """The `priority` request parameter: Triton's uint64, 0 for none."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
+        raise BadRequestError(f"parameter priority must be a non-negative integer; got {_short(value)}")
     return value
 
 

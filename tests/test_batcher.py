@@ -481,3 +481,40 @@ def test_an_adaptive_delay_counts_only_live_requests_in_the_batch() -> None:
 
     asyncio.run(main())
     assert recorder.calls == [3] * (PEAK_CYCLES + 1) + [3]
+
+
+def test_priority_levels_batch_higher_priorities_first() -> None:
+    """Triton's priority levels: requests queue by level, 1 first, in arrival order within one; a
+    priority of 0 or out of range waits at the default level. Without levels, arrival order."""
+    gate = threading.Event()
+    batches: list[list[int]] = []
+
+    def tagged(inputs: Arrays) -> tuple[Arrays, int]:
+        gate.wait(10)  # the first batch runs until every other request is queued
+        batches.append([int(v) for v in inputs["x"][:, 0]])
+        return {"y": inputs["x"]}, 0
+
+    def tag(n: int) -> Arrays:
+        return {"x": np.full((1, 4), n, np.float32)}
+
+    async def main(policy: BatchPolicy, priorities: list[int]) -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(tagged, policy, pool)
+            first = asyncio.ensure_future(batcher.submit(tag(0), 1))
+            await asyncio.sleep(0.05)  # its batch is running, alone
+            rest = [
+                asyncio.ensure_future(batcher.submit(tag(i + 1), 1, None, p))
+                for i, p in enumerate(priorities)
+            ]
+            await asyncio.sleep(0.05)
+            gate.set()
+            await asyncio.gather(first, *rest)
+            batcher.close()
+
+    # Levels 1..3, default 2: 0 and 9 wait at 2, with the requests that asked for it.
+    asyncio.run(main(BatchPolicy(2, priority_levels=3, default_priority_level=2), [3, 0, 2, 1, 9, 1, 3]))
+    assert batches == [[0], [4, 6], [2, 3], [5, 1], [7]]
+    batches.clear()
+    gate.clear()
+    asyncio.run(main(BatchPolicy(2), [3, 0, 2, 1]))  # no levels: a priority changes nothing
+    assert batches == [[0], [1, 2], [3, 4]]

@@ -393,6 +393,8 @@ def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client
         "default_timeout_us": None,
         "response_cache": True,
         "adaptive_queue_delay": True,
+        "priority_levels": 0,
+        "default_priority_level": None,
         "labels": {},
     }
     [version] = http.get(f"/v1/models/{name}").json()["versions"]
@@ -453,3 +455,53 @@ def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client
     parameters = http.get(f"/v2/models/{name}/config").json()["parameters"]
     assert parameters == {"adaptive_queue_delay": {"string_value": "false"}}
     assert len(http.get(f"/v1/models/{name}").json()["versions"]) == 1
+
+
+def test_higher_priority_requests_are_batched_first(http: httpx.Client, server: KilnServer) -> None:
+    """Triton's priority levels: behind four long batches, requests of priority 1 (tritonclient's
+    `priority`, over HTTP and gRPC) form a batch of their own before a request that arrived
+    earlier at the default level, 2: in arrival order the first of them would have joined it."""
+    name = "slow-priority"
+    config = {"max_batch_size": 512, "priority_levels": 2, "default_priority_level": 2, "backends": []}
+    assert upload(http, SLOW, name=name, **config).status_code == 202
+    batching = http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]
+    assert (batching["priority_levels"], batching["default_priority_level"]) == (2, 2)
+    small = sample(SLOW, 1)
+    http_client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
+    grpc_client = triton_grpc.InferenceServerClient(server.grpc_address)
+    tensors = [triton_http.InferInput("x", [1, 256], "FP32"), triton_grpc.InferInput("x", [1, 256], "FP32")]
+    for tensor in tensors:
+        tensor.set_data_from_numpy(small)
+
+    assert predict(http, name, small).status_code == 200  # loaded
+    with ThreadPoolExecutor(7) as pool:
+        # Each long batch takes 0.1-0.3 s here: the others queue behind them.
+        long_requests = [pool.submit(v2_binary, server.url, sample(SLOW, 512), name) for _ in range(4)]
+        wait_until(lambda: pending(http, name) == 4, 30, "the long requests to be in flight", 0.01)
+        low = pool.submit(v2_binary, server.url, sample(SLOW, 511), name)
+        wait_until(lambda: pending(http, name) == 5, 30, "the low-priority request to queue", 0.01)
+        high = [
+            pool.submit(http_client.infer, name, [tensors[0]], priority=1),
+            pool.submit(grpc_client.infer, name, [tensors[1]], priority=1),
+        ]
+        assert all(r.result().status_code == 200 for r in [*long_requests, low])
+        for future in high:
+            future.result()
+    http_client.close()
+    grpc_client.close()
+    sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats(http, name)["batch_stats"]}  # type: ignore[attr-defined]
+    # In arrival order: 1, four of 512, then 511 with the first request of priority 1, then 1.
+    assert sizes == {1: 1, 512: 4, 2: 1, 511: 1}, sizes
+
+    bad = {"inputs": [{"name": "x", "shape": [1, 256], "datatype": "FP32", "data": small.ravel().tolist()}]}
+    refused = http.post(f"/v2/models/{name}/infer", json={**bad, "parameters": {"priority": -1}})
+    assert refused.status_code == 400 and "priority must be a non-negative integer" in refused.json()["error"]
+    path = f"/v1/models/{name}/versions/1/serving"
+    fewer = http.patch(path, json={"priority_levels": 1})
+    assert fewer.status_code == 422, fewer.text
+    assert "default_priority_level: 2 must lie in 1..priority_levels (1)" in fewer.json()["detail"]
+    both = http.patch(path, json={"priority_levels": None, "default_priority_level": None})
+    assert both.status_code == 200, both.text
+    assert "priority_levels" not in http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]
+    unbounded = upload(http, SLOW, name="slow-unranked", default_priority_level=1, backends=[])
+    assert unbounded.status_code == 422 and "config.default_priority_level: 1 must lie in" in unbounded.text

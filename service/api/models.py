@@ -39,6 +39,7 @@ from service.records import (
     JobRecord,
     ModelConfig,
     OutputInfo,
+    ServingConfig,
     VariantRecord,
     VariantStatus,
     new_id,
@@ -69,6 +70,14 @@ def check_preferred(sizes: list[int], max_batch_size: int, where: str) -> None:
     if too_big:
         raise InvalidConfigError(
             f"{where}preferred_batch_sizes: {too_big} must lie in 1..max_batch_size ({max_batch_size})"
+        )
+
+
+def check_priorities(config: ServingConfig, where: str) -> None:
+    default, levels = config.default_priority_level, config.priority_levels
+    if default is not None and not 1 <= default <= levels:
+        raise InvalidConfigError(
+            f"{where}default_priority_level: {default} must lie in 1..priority_levels ({levels})"
         )
 
 
@@ -115,6 +124,7 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
     if config.backends is None:
         config.backends = list(svc.settings.default_backends)
     check_preferred(config.preferred_batch_sizes, config.max_batch_size, "config.")
+    check_priorities(config, "config.")
     check_targets(svc, config.targets, "config.targets")
     try:
         spec = InputSpec.from_dicts([t.model_dump() for t in config.inputs], config.max_batch_size)
@@ -363,6 +373,7 @@ def update_serving(
     current = svc.registry.get_version(name, version)
     changes = body.changes()
     check_preferred(changes.get("preferred_batch_sizes", []), current.config.max_batch_size or 1, "")
+    check_priorities(current.config.serving().model_copy(update=changes), "")
     check_labels(changes.get("labels", {}), current.outputs, current.config.inputs, "labels")
     record = svc.registry.update_serving(name, version, changes)
     svc.runtime.reconfigure(name)

@@ -15,6 +15,8 @@ from service.records import (
     Options,
     OutputInfo,
     PreferredSizes,
+    PriorityLevel,
+    PriorityLevels,
     QueueDelayUs,
     QueueSize,
     ServingConfig,
@@ -105,7 +107,7 @@ class ModelOut(BaseModel):
 class ServingIn(BaseModel):
     """The serving settings to change. Those left out keep their value; null restores what an
     upload that leaves a setting out gets (the server's default, no limit, [], false for
-    response_cache, true for adaptive_queue_delay, {} for labels)."""
+    response_cache, true for adaptive_queue_delay, 0 for priority_levels, {} for labels)."""
 
     model_config = ConfigDict(extra="allow")  # refused by the route, with a message that says why
 
@@ -115,6 +117,8 @@ class ServingIn(BaseModel):
     default_timeout_us: TimeoutUs | None = None
     response_cache: bool | None = None
     adaptive_queue_delay: bool | None = None
+    priority_levels: PriorityLevels | None = None
+    default_priority_level: PriorityLevel | None = None
     labels: Labels | None = None
 
     def changes(self) -> dict[str, Any]:

@@ -252,6 +252,9 @@ def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
             "max_queue_delay_microseconds": policy.max_queue_delay_us,
             "default_queue_policy": queue_policy,
         }
+        if policy.priority_levels:
+            config["dynamic_batching"]["priority_levels"] = policy.priority_levels
+            config["dynamic_batching"]["default_priority_level"] = policy.default_priority_level
         # Kiln's own batching setting, which Triton's dynamic_batching has no field for: in the
         # config's free-form parameters, which tritonclient parses over HTTP and gRPC alike.
         adaptive = "true" if policy.adaptive_queue_delay else "false"
@@ -377,7 +380,9 @@ async def run_infer(
     infer.check_outputs(o.name for o in route.version.outputs)
     check_classified(infer.classifications, route.version.outputs)
     # Pin the version just checked against, so a newer upload cannot slip in between.
-    result = await svc.runtime.predict(name, route.version.version, infer.inputs, timeout_us=infer.timeout_us)
+    result = await svc.runtime.predict(
+        name, route.version.version, infer.inputs, timeout_us=infer.timeout_us, priority=infer.priority
+    )
     outputs = infer.select(result.outputs)
     if not infer.classifications:
         return result, outputs

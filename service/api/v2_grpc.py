@@ -47,6 +47,7 @@ from service.tensors import (
     class_count,
     decode_tensors,
     encode_tensor,
+    priority_parameter,
     shared_slice,
     timeout_parameter,
     write_shared,
@@ -175,6 +176,7 @@ def decode(request: Any, shared: SharedAccess) -> InferRequest:
         timeout_us=timeout_parameter(parameter(request.parameters, "timeout")),
         shared_outputs=shared_outputs,
         classifications=counts,
+        priority=priority_parameter(parameter(request.parameters, "priority") or 0),
     )
 
 

@@ -405,6 +405,10 @@ export type ServingConfig = {
      */
     adaptive_queue_delay?: boolean;
     /**
+     * Default Priority Level
+     */
+    default_priority_level?: number | null;
+    /**
      * Default Timeout Us
      */
     default_timeout_us?: number | null;
@@ -427,6 +431,10 @@ export type ServingConfig = {
      */
     preferred_batch_sizes?: Array<number>;
     /**
+     * Priority Levels
+     */
+    priority_levels?: number;
+    /**
      * Response Cache
      */
     response_cache?: boolean;
@@ -437,13 +445,17 @@ export type ServingConfig = {
  *
  * The serving settings to change. Those left out keep their value; null restores what an
  * upload that leaves a setting out gets (the server's default, no limit, [], false for
- * response_cache, true for adaptive_queue_delay, {} for labels).
+ * response_cache, true for adaptive_queue_delay, 0 for priority_levels, {} for labels).
  */
 export type ServingIn = {
     /**
      * Adaptive Queue Delay
      */
     adaptive_queue_delay?: boolean | null;
+    /**
+     * Default Priority Level
+     */
+    default_priority_level?: number | null;
     /**
      * Default Timeout Us
      */
@@ -466,6 +478,10 @@ export type ServingIn = {
      * Preferred Batch Sizes
      */
     preferred_batch_sizes?: Array<number> | null;
+    /**
+     * Priority Levels
+     */
+    priority_levels?: number | null;
     /**
      * Response Cache
      */

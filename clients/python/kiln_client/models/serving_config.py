@@ -22,25 +22,35 @@ class ServingConfig:
 
         Attributes:
             adaptive_queue_delay (bool | Unset):  Default: True.
+            default_priority_level (int | None | Unset):
             default_timeout_us (int | None | Unset):
             labels (ServingConfigLabels | Unset):
             max_queue_delay_us (int | None | Unset):
             max_queue_size (int | None | Unset):
             preferred_batch_sizes (list[int] | Unset):
+            priority_levels (int | Unset):  Default: 0.
             response_cache (bool | Unset):  Default: False.
     """
 
     adaptive_queue_delay: bool | Unset = True
+    default_priority_level: int | None | Unset = UNSET
     default_timeout_us: int | None | Unset = UNSET
     labels: ServingConfigLabels | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
     max_queue_size: int | None | Unset = UNSET
     preferred_batch_sizes: list[int] | Unset = UNSET
+    priority_levels: int | Unset = 0
     response_cache: bool | Unset = False
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         adaptive_queue_delay = self.adaptive_queue_delay
+
+        default_priority_level: int | None | Unset
+        if isinstance(self.default_priority_level, Unset):
+            default_priority_level = UNSET
+        else:
+            default_priority_level = self.default_priority_level
 
         default_timeout_us: int | None | Unset
         if isinstance(self.default_timeout_us, Unset):
@@ -68,6 +78,8 @@ class ServingConfig:
         if not isinstance(self.preferred_batch_sizes, Unset):
             preferred_batch_sizes = self.preferred_batch_sizes
 
+        priority_levels = self.priority_levels
+
         response_cache = self.response_cache
 
         field_dict: dict[str, Any] = {}
@@ -75,6 +87,8 @@ class ServingConfig:
         field_dict.update({})
         if adaptive_queue_delay is not UNSET:
             field_dict["adaptive_queue_delay"] = adaptive_queue_delay
+        if default_priority_level is not UNSET:
+            field_dict["default_priority_level"] = default_priority_level
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
         if labels is not UNSET:
@@ -85,6 +99,8 @@ class ServingConfig:
             field_dict["max_queue_size"] = max_queue_size
         if preferred_batch_sizes is not UNSET:
             field_dict["preferred_batch_sizes"] = preferred_batch_sizes
+        if priority_levels is not UNSET:
+            field_dict["priority_levels"] = priority_levels
         if response_cache is not UNSET:
             field_dict["response_cache"] = response_cache
 
@@ -96,6 +112,15 @@ class ServingConfig:
 
         d = dict(src_dict)
         adaptive_queue_delay = d.pop("adaptive_queue_delay", UNSET)
+
+        def _parse_default_priority_level(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        default_priority_level = _parse_default_priority_level(d.pop("default_priority_level", UNSET))
 
         def _parse_default_timeout_us(data: object) -> int | None | Unset:
             if data is None:
@@ -133,15 +158,19 @@ class ServingConfig:
 
         preferred_batch_sizes = cast(list[int], d.pop("preferred_batch_sizes", UNSET))
 
+        priority_levels = d.pop("priority_levels", UNSET)
+
         response_cache = d.pop("response_cache", UNSET)
 
         serving_config = cls(
             adaptive_queue_delay=adaptive_queue_delay,
+            default_priority_level=default_priority_level,
             default_timeout_us=default_timeout_us,
             labels=labels,
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,
             preferred_batch_sizes=preferred_batch_sizes,
+            priority_levels=priority_levels,
             response_cache=response_cache,
         )
 

@@ -19,24 +19,28 @@ T = TypeVar("T", bound="ServingIn")
 class ServingIn:
     """The serving settings to change. Those left out keep their value; null restores what an
     upload that leaves a setting out gets (the server's default, no limit, [], false for
-    response_cache, true for adaptive_queue_delay, {} for labels).
+    response_cache, true for adaptive_queue_delay, 0 for priority_levels, {} for labels).
 
         Attributes:
             adaptive_queue_delay (bool | None | Unset):
+            default_priority_level (int | None | Unset):
             default_timeout_us (int | None | Unset):
             labels (None | ServingInLabelsType0 | Unset):
             max_queue_delay_us (int | None | Unset):
             max_queue_size (int | None | Unset):
             preferred_batch_sizes (list[int] | None | Unset):
+            priority_levels (int | None | Unset):
             response_cache (bool | None | Unset):
     """
 
     adaptive_queue_delay: bool | None | Unset = UNSET
+    default_priority_level: int | None | Unset = UNSET
     default_timeout_us: int | None | Unset = UNSET
     labels: None | ServingInLabelsType0 | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
     max_queue_size: int | None | Unset = UNSET
     preferred_batch_sizes: list[int] | None | Unset = UNSET
+    priority_levels: int | None | Unset = UNSET
     response_cache: bool | None | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
@@ -48,6 +52,12 @@ class ServingIn:
             adaptive_queue_delay = UNSET
         else:
             adaptive_queue_delay = self.adaptive_queue_delay
+
+        default_priority_level: int | None | Unset
+        if isinstance(self.default_priority_level, Unset):
+            default_priority_level = UNSET
+        else:
+            default_priority_level = self.default_priority_level
 
         default_timeout_us: int | None | Unset
         if isinstance(self.default_timeout_us, Unset):
@@ -84,6 +94,12 @@ class ServingIn:
         else:
             preferred_batch_sizes = self.preferred_batch_sizes
 
+        priority_levels: int | None | Unset
+        if isinstance(self.priority_levels, Unset):
+            priority_levels = UNSET
+        else:
+            priority_levels = self.priority_levels
+
         response_cache: bool | None | Unset
         if isinstance(self.response_cache, Unset):
             response_cache = UNSET
@@ -95,6 +111,8 @@ class ServingIn:
         field_dict.update({})
         if adaptive_queue_delay is not UNSET:
             field_dict["adaptive_queue_delay"] = adaptive_queue_delay
+        if default_priority_level is not UNSET:
+            field_dict["default_priority_level"] = default_priority_level
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
         if labels is not UNSET:
@@ -105,6 +123,8 @@ class ServingIn:
             field_dict["max_queue_size"] = max_queue_size
         if preferred_batch_sizes is not UNSET:
             field_dict["preferred_batch_sizes"] = preferred_batch_sizes
+        if priority_levels is not UNSET:
+            field_dict["priority_levels"] = priority_levels
         if response_cache is not UNSET:
             field_dict["response_cache"] = response_cache
 
@@ -124,6 +144,15 @@ class ServingIn:
             return cast(bool | None | Unset, data)
 
         adaptive_queue_delay = _parse_adaptive_queue_delay(d.pop("adaptive_queue_delay", UNSET))
+
+        def _parse_default_priority_level(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        default_priority_level = _parse_default_priority_level(d.pop("default_priority_level", UNSET))
 
         def _parse_default_timeout_us(data: object) -> int | None | Unset:
             if data is None:
@@ -186,6 +215,15 @@ class ServingIn:
 
         preferred_batch_sizes = _parse_preferred_batch_sizes(d.pop("preferred_batch_sizes", UNSET))
 
+        def _parse_priority_levels(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        priority_levels = _parse_priority_levels(d.pop("priority_levels", UNSET))
+
         def _parse_response_cache(data: object) -> bool | None | Unset:
             if data is None:
                 return data
@@ -197,11 +235,13 @@ class ServingIn:
 
         serving_in = cls(
             adaptive_queue_delay=adaptive_queue_delay,
+            default_priority_level=default_priority_level,
             default_timeout_us=default_timeout_us,
             labels=labels,
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,
             preferred_batch_sizes=preferred_batch_sizes,
+            priority_levels=priority_levels,
             response_cache=response_cache,
         )
 
