@@ -224,6 +224,31 @@ def pending(http: httpx.Client, name: str) -> float:
     return 0.0
 
 
+TritonClients = tuple[triton_http.InferenceServerClient, triton_grpc.InferenceServerClient]
+
+
+@pytest.fixture
+def triton_clients(server: KilnServer) -> Iterator[TritonClients]:
+    clients = (
+        triton_http.InferenceServerClient(server.url.removeprefix("http://")),
+        triton_grpc.InferenceServerClient(server.grpc_address),
+    )
+    yield clients
+    for client in clients:
+        client.close()
+
+
+def triton_inputs(x: np.ndarray) -> list[triton_http.InferInput | triton_grpc.InferInput]:
+    """`x` as the input tensor of each client: HTTP's first."""
+    tensors = [
+        triton_http.InferInput("x", list(x.shape), "FP32"),
+        triton_grpc.InferInput("x", list(x.shape), "FP32"),
+    ]
+    for tensor in tensors:
+        tensor.set_data_from_numpy(x)
+    return tensors
+
+
 def v2_binary(url: str, x: np.ndarray, name: str) -> httpx.Response:
     tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32"}
     inputs = [{**tensor, "parameters": {"binary_data_size": x.nbytes}}]
@@ -317,7 +342,9 @@ def test_the_response_cache_answers_repeated_inputs_without_running(
     assert cache_counts(http, "mlp-uncached") == (0, 0, 2)
 
 
-def test_a_request_past_its_timeout_gets_503_in_each_protocol(http: httpx.Client, server: KilnServer) -> None:
+def test_a_request_past_its_timeout_gets_503_in_each_protocol(
+    http: httpx.Client, server: KilnServer, triton_clients: TritonClients
+) -> None:
     """Triton's queue policy: behind a long batch, a request past its timeout (its own `timeout`
     parameter, or its model's default_timeout_us when shorter) is answered at once, never run."""
     name = "slow-timeout"
@@ -326,11 +353,8 @@ def test_a_request_past_its_timeout_gets_503_in_each_protocol(http: httpx.Client
     policy = http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]["default_queue_policy"]
     assert policy["default_timeout_microseconds"] == 60_000_000 and policy["allow_timeout_override"] is True
     small = sample(SLOW, 1)
-    http_client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
-    grpc_client = triton_grpc.InferenceServerClient(server.grpc_address)
-    tensors = [triton_http.InferInput("x", [1, 256], "FP32"), triton_grpc.InferInput("x", [1, 256], "FP32")]
-    for tensor in tensors:
-        tensor.set_data_from_numpy(small)
+    http_client, grpc_client = triton_clients
+    tensors = triton_inputs(small)
 
     def with_timeout(timeout_us: int) -> httpx.Response:
         tensor = {"name": "x", "shape": [1, 256], "datatype": "FP32", "data": small.ravel().tolist()}
@@ -352,8 +376,6 @@ def test_a_request_past_its_timeout_gets_503_in_each_protocol(http: httpx.Client
         assert long_request.result().status_code == 200
         got = np.asarray(patient.result().json()["outputs"][0]["data"], np.float32).reshape(1, 256)
         np.testing.assert_allclose(got, expected(SLOW, small), rtol=1e-4, atol=1e-5)
-    http_client.close()
-    grpc_client.close()
     assert over_http.value.status() == "503"
     assert over_grpc.value.status() == "StatusCode.UNAVAILABLE"
     assert over_json.status_code == 503 and "timeout expired" in over_json.json()["error"]
@@ -457,7 +479,9 @@ def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client
     assert len(http.get(f"/v1/models/{name}").json()["versions"]) == 1
 
 
-def test_higher_priority_requests_are_batched_first(http: httpx.Client, server: KilnServer) -> None:
+def test_higher_priority_requests_are_batched_first(
+    http: httpx.Client, server: KilnServer, triton_clients: TritonClients
+) -> None:
     """Triton's priority levels: behind four long batches, requests of priority 1 (tritonclient's
     `priority`, over HTTP and gRPC) form a batch of their own before a request that arrived
     earlier at the default level, 2: in arrival order the first of them would have joined it."""
@@ -467,11 +491,8 @@ def test_higher_priority_requests_are_batched_first(http: httpx.Client, server: 
     batching = http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]
     assert (batching["priority_levels"], batching["default_priority_level"]) == (2, 2)
     small = sample(SLOW, 1)
-    http_client = triton_http.InferenceServerClient(server.url.removeprefix("http://"))
-    grpc_client = triton_grpc.InferenceServerClient(server.grpc_address)
-    tensors = [triton_http.InferInput("x", [1, 256], "FP32"), triton_grpc.InferInput("x", [1, 256], "FP32")]
-    for tensor in tensors:
-        tensor.set_data_from_numpy(small)
+    http_client, grpc_client = triton_clients
+    tensors = triton_inputs(small)
 
     assert predict(http, name, small).status_code == 200  # loaded
     with ThreadPoolExecutor(7) as pool:
@@ -487,8 +508,6 @@ def test_higher_priority_requests_are_batched_first(http: httpx.Client, server: 
         assert all(r.result().status_code == 200 for r in [*long_requests, low])
         for future in high:
             future.result()
-    http_client.close()
-    grpc_client.close()
     sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats(http, name)["batch_stats"]}  # type: ignore[attr-defined]
     # In arrival order: 1, four of 512, then 511 with the first request of priority 1, then 1.
     assert sizes == {1: 1, 512: 4, 2: 1, 511: 1}, sizes
