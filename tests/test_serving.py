@@ -483,8 +483,9 @@ def test_higher_priority_requests_are_batched_first(
     http: httpx.Client, server: KilnServer, triton_clients: TritonClients
 ) -> None:
     """Triton's priority levels: behind four long batches, requests of priority 1 (tritonclient's
-    `priority`, over HTTP and gRPC) form a batch of their own before a request that arrived
-    earlier at the default level, 2: in arrival order the first of them would have joined it."""
+    `priority` over HTTP and gRPC, and /v1's ?priority=) form a batch of their own before a
+    request that arrived earlier at the default level, 2: in arrival order the first of them
+    would have joined it."""
     name = "slow-priority"
     config = {"max_batch_size": 512, "priority_levels": 2, "default_priority_level": 2, "backends": []}
     assert upload(http, SLOW, name=name, **config).status_code == 202
@@ -493,6 +494,7 @@ def test_higher_priority_requests_are_batched_first(
     small = sample(SLOW, 1)
     http_client, grpc_client = triton_clients
     tensors = triton_inputs(small)
+    v1_body = {"inputs": {"x": small.tolist()}}
 
     assert predict(http, name, small).status_code == 200  # loaded
     with ThreadPoolExecutor(7) as pool:
@@ -505,16 +507,20 @@ def test_higher_priority_requests_are_batched_first(
             pool.submit(http_client.infer, name, [tensors[0]], priority=1),
             pool.submit(grpc_client.infer, name, [tensors[1]], priority=1),
         ]
-        assert all(r.result().status_code == 200 for r in [*long_requests, low])
+        v1 = pool.submit(http.post, f"/v1/models/{name}/predict", json=v1_body, params={"priority": 1})
+        assert all(r.result().status_code == 200 for r in [*long_requests, low, v1])
         for future in high:
             future.result()
     sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats(http, name)["batch_stats"]}  # type: ignore[attr-defined]
-    # In arrival order: 1, four of 512, then 511 with the first request of priority 1, then 1.
-    assert sizes == {1: 1, 512: 4, 2: 1, 511: 1}, sizes
+    # The 511 ran alone: in arrival order the first request of priority 1 would have joined it,
+    # a fifth batch of 512. The three of priority 1 ran in one batch or more, as they arrived.
+    assert (sizes[512], sizes.get(511)) == (4, 1), sizes
 
     bad = {"inputs": [{"name": "x", "shape": [1, 256], "datatype": "FP32", "data": small.ravel().tolist()}]}
     refused = http.post(f"/v2/models/{name}/infer", json={**bad, "parameters": {"priority": -1}})
     assert refused.status_code == 400 and "priority must be a non-negative integer" in refused.json()["error"]
+    negative = http.post(f"/v1/models/{name}/predict", json=v1_body, params={"priority": -1})
+    assert negative.status_code == 422 and "priority" in negative.json()["detail"]
     path = f"/v1/models/{name}/versions/1/serving"
     fewer = http.patch(path, json={"priority_levels": 1})
     assert fewer.status_code == 422, fewer.text

@@ -30,6 +30,15 @@ TimeoutQuery = Annotated[
         "counts when shorter than the model's default_timeout_us; 0 sets none.",
     ),
 ]
+PriorityQuery = Annotated[
+    int,
+    Query(
+        ge=0,
+        le=2**64 - 1,
+        description="Triton's request priority: 1 is the highest of the model's priority_levels; "
+        "0, or one past them, waits at its default_priority_level.",
+    ),
+]
 
 
 async def _predict(
@@ -39,8 +48,9 @@ async def _predict(
     body: PredictIn,
     backend: str | None,
     timeout_us: int | None,
+    priority: int,
 ) -> PredictOut:
-    result = await svc.runtime.predict(name, version, body.inputs, backend, timeout_us)
+    result = await svc.runtime.predict(name, version, body.inputs, backend, timeout_us, priority)
     variant = result.variant
     return PredictOut(
         outputs={k: v.tolist() for k, v in result.outputs.items()},
@@ -61,8 +71,9 @@ async def predict(
     svc: Annotated[Services, Depends(services)],
     backend: BackendQuery = None,
     timeout_us: TimeoutQuery = None,
+    priority: PriorityQuery = 0,
 ) -> PredictOut:
-    return await _predict(svc, name, None, body, backend, timeout_us)
+    return await _predict(svc, name, None, body, backend, timeout_us, priority)
 
 
 @router.post(
@@ -77,5 +88,6 @@ async def predict_version(
     svc: Annotated[Services, Depends(services)],
     backend: BackendQuery = None,
     timeout_us: TimeoutQuery = None,
+    priority: PriorityQuery = 0,
 ) -> PredictOut:
-    return await _predict(svc, name, version, body, backend, timeout_us)
+    return await _predict(svc, name, version, body, backend, timeout_us, priority)

@@ -1101,6 +1101,12 @@ export type PredictData = {
          * Microseconds the request may wait before it is answered 503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
          */
         timeout_us?: number | null;
+        /**
+         * Priority
+         *
+         * Triton's request priority: 1 is the highest of the model's priority_levels; 0, or one past them, waits at its default_priority_level.
+         */
+        priority?: number;
     };
     url: '/v1/models/{name}/predict';
 };
@@ -1288,6 +1294,12 @@ export type PredictVersionData = {
          * Microseconds the request may wait before it is answered 503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
          */
         timeout_us?: number | null;
+        /**
+         * Priority
+         *
+         * Triton's request priority: 1 is the highest of the model's priority_levels; 0, or one past them, waits at its default_priority_level.
+         */
+        priority?: number;
     };
     url: '/v1/models/{name}/versions/{version}/predict';
 };

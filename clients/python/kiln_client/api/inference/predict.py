@@ -17,6 +17,7 @@ def _get_kwargs(
     body: PredictIn,
     backend: None | str | Unset = UNSET,
     timeout_us: int | None | Unset = UNSET,
+    priority: int | Unset = 0,
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {}
 
@@ -35,6 +36,8 @@ def _get_kwargs(
     else:
         json_timeout_us = timeout_us
     params["timeout_us"] = json_timeout_us
+
+    params["priority"] = priority
 
     params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
 
@@ -118,6 +121,7 @@ def sync_detailed(
     body: PredictIn,
     backend: None | str | Unset = UNSET,
     timeout_us: int | None | Unset = UNSET,
+    priority: int | Unset = 0,
 ) -> Response[PredictOut | Problem]:
     """Run the default version, else the newest ready one, with its fastest verified variant.
 
@@ -127,6 +131,8 @@ def sync_detailed(
             variant.
         timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
             503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
+        priority (int | Unset): Triton's request priority: 1 is the highest of the model's
+            priority_levels; 0, or one past them, waits at its default_priority_level. Default: 0.
         body (PredictIn):
 
     Raises:
@@ -142,6 +148,7 @@ def sync_detailed(
         body=body,
         backend=backend,
         timeout_us=timeout_us,
+        priority=priority,
     )
 
     response = client.get_httpx_client().request(
@@ -158,6 +165,7 @@ def sync(
     body: PredictIn,
     backend: None | str | Unset = UNSET,
     timeout_us: int | None | Unset = UNSET,
+    priority: int | Unset = 0,
 ) -> PredictOut | Problem | None:
     """Run the default version, else the newest ready one, with its fastest verified variant.
 
@@ -167,6 +175,8 @@ def sync(
             variant.
         timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
             503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
+        priority (int | Unset): Triton's request priority: 1 is the highest of the model's
+            priority_levels; 0, or one past them, waits at its default_priority_level. Default: 0.
         body (PredictIn):
 
     Raises:
@@ -183,6 +193,7 @@ def sync(
         body=body,
         backend=backend,
         timeout_us=timeout_us,
+        priority=priority,
     ).parsed
 
 
@@ -193,6 +204,7 @@ async def asyncio_detailed(
     body: PredictIn,
     backend: None | str | Unset = UNSET,
     timeout_us: int | None | Unset = UNSET,
+    priority: int | Unset = 0,
 ) -> Response[PredictOut | Problem]:
     """Run the default version, else the newest ready one, with its fastest verified variant.
 
@@ -202,6 +214,8 @@ async def asyncio_detailed(
             variant.
         timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
             503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
+        priority (int | Unset): Triton's request priority: 1 is the highest of the model's
+            priority_levels; 0, or one past them, waits at its default_priority_level. Default: 0.
         body (PredictIn):
 
     Raises:
@@ -217,6 +231,7 @@ async def asyncio_detailed(
         body=body,
         backend=backend,
         timeout_us=timeout_us,
+        priority=priority,
     )
 
     response = await client.get_async_httpx_client().request(**kwargs)
@@ -231,6 +246,7 @@ async def asyncio(
     body: PredictIn,
     backend: None | str | Unset = UNSET,
     timeout_us: int | None | Unset = UNSET,
+    priority: int | Unset = 0,
 ) -> PredictOut | Problem | None:
     """Run the default version, else the newest ready one, with its fastest verified variant.
 
@@ -240,6 +256,8 @@ async def asyncio(
             variant.
         timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
             503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
+        priority (int | Unset): Triton's request priority: 1 is the highest of the model's
+            priority_levels; 0, or one past them, waits at its default_priority_level. Default: 0.
         body (PredictIn):
 
     Raises:
@@ -257,5 +275,6 @@ async def asyncio(
             body=body,
             backend=backend,
             timeout_us=timeout_us,
+            priority=priority,
         )
     ).parsed

@@ -18,6 +18,7 @@ def _get_kwargs(
     body: PredictIn,
     backend: None | str | Unset = UNSET,
     timeout_us: int | None | Unset = UNSET,
+    priority: int | Unset = 0,
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {}
 
@@ -36,6 +37,8 @@ def _get_kwargs(
     else:
         json_timeout_us = timeout_us
     params["timeout_us"] = json_timeout_us
+
+    params["priority"] = priority
 
     params = {k: v for k, v in params.items() if v is not UNSET and v is not None}
 
@@ -121,6 +124,7 @@ def sync_detailed(
     body: PredictIn,
     backend: None | str | Unset = UNSET,
     timeout_us: int | None | Unset = UNSET,
+    priority: int | Unset = 0,
 ) -> Response[PredictOut | Problem]:
     """Run one version of a model.
 
@@ -131,6 +135,8 @@ def sync_detailed(
             variant.
         timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
             503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
+        priority (int | Unset): Triton's request priority: 1 is the highest of the model's
+            priority_levels; 0, or one past them, waits at its default_priority_level. Default: 0.
         body (PredictIn):
 
     Raises:
@@ -147,6 +153,7 @@ def sync_detailed(
         body=body,
         backend=backend,
         timeout_us=timeout_us,
+        priority=priority,
     )
 
     response = client.get_httpx_client().request(
@@ -164,6 +171,7 @@ def sync(
     body: PredictIn,
     backend: None | str | Unset = UNSET,
     timeout_us: int | None | Unset = UNSET,
+    priority: int | Unset = 0,
 ) -> PredictOut | Problem | None:
     """Run one version of a model.
 
@@ -174,6 +182,8 @@ def sync(
             variant.
         timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
             503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
+        priority (int | Unset): Triton's request priority: 1 is the highest of the model's
+            priority_levels; 0, or one past them, waits at its default_priority_level. Default: 0.
         body (PredictIn):
 
     Raises:
@@ -191,6 +201,7 @@ def sync(
         body=body,
         backend=backend,
         timeout_us=timeout_us,
+        priority=priority,
     ).parsed
 
 
@@ -202,6 +213,7 @@ async def asyncio_detailed(
     body: PredictIn,
     backend: None | str | Unset = UNSET,
     timeout_us: int | None | Unset = UNSET,
+    priority: int | Unset = 0,
 ) -> Response[PredictOut | Problem]:
     """Run one version of a model.
 
@@ -212,6 +224,8 @@ async def asyncio_detailed(
             variant.
         timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
             503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
+        priority (int | Unset): Triton's request priority: 1 is the highest of the model's
+            priority_levels; 0, or one past them, waits at its default_priority_level. Default: 0.
         body (PredictIn):
 
     Raises:
@@ -228,6 +242,7 @@ async def asyncio_detailed(
         body=body,
         backend=backend,
         timeout_us=timeout_us,
+        priority=priority,
     )
 
     response = await client.get_async_httpx_client().request(**kwargs)
@@ -243,6 +258,7 @@ async def asyncio(
     body: PredictIn,
     backend: None | str | Unset = UNSET,
     timeout_us: int | None | Unset = UNSET,
+    priority: int | Unset = 0,
 ) -> PredictOut | Problem | None:
     """Run one version of a model.
 
@@ -253,6 +269,8 @@ async def asyncio(
             variant.
         timeout_us (int | None | Unset): Microseconds the request may wait before it is answered
             503 instead of run; counts when shorter than the model's default_timeout_us; 0 sets none.
+        priority (int | Unset): Triton's request priority: 1 is the highest of the model's
+            priority_levels; 0, or one past them, waits at its default_priority_level. Default: 0.
         body (PredictIn):
 
     Raises:
@@ -271,5 +289,6 @@ async def asyncio(
             body=body,
             backend=backend,
             timeout_us=timeout_us,
+            priority=priority,
         )
     ).parsed
