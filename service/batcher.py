@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -74,13 +75,14 @@ class BatchTiming:
     output_s: float  # splitting the outputs back
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: removing one from a queue must not compare arrays
 class _Request(Generic[T]):
     inputs: Arrays
     batch: int
     future: asyncio.Future[tuple[Arrays, T]]
     deadline: float | None  # time.monotonic() past which it is not run
-    level: int = 0  # its priority level: lower levels are batched first
+    priority: int = 0  # the request's parameter
+    level: int = 0  # its priority level under the batcher's policy: lower levels are batched first
     started: bool = field(init=False, default=False)  # its batch began: it is answered
     # Requests merge only when every non-batch dimension agrees.
     signature: tuple[tuple[str, tuple[int, ...], str], ...] = field(init=False)
@@ -90,6 +92,57 @@ class _Request(Generic[T]):
         self.signature = tuple(
             (name, arr.shape[1:], arr.dtype.str) for name, arr in sorted(self.inputs.items())
         )
+
+
+class _Queue(Generic[T]):
+    """The waiting requests: a deque per priority level, as in Triton, taken from the lowest
+    level first and in arrival order within one. O(1) to add, O(levels waiting) to take."""
+
+    def __init__(self) -> None:
+        self._levels: dict[int, deque[_Request[T]]] = {}  # never an empty deque
+
+    def append(self, request: _Request[T]) -> None:
+        self._levels.setdefault(request.level, deque()).append(request)
+
+    def appendleft(self, request: _Request[T]) -> None:
+        self._levels.setdefault(request.level, deque()).appendleft(request)
+
+    def popleft(self) -> _Request[T]:
+        level = min(self._levels)
+        waiting = self._levels[level]
+        request = waiting.popleft()
+        if not waiting:
+            del self._levels[level]
+        return request
+
+    def remove(self, request: _Request[T]) -> None:
+        """ValueError when it is not waiting."""
+        waiting = self._levels.get(request.level)
+        if waiting is None:
+            raise ValueError("not queued")
+        waiting.remove(request)
+        if not waiting:
+            del self._levels[request.level]
+
+    def relevel(self, policy: BatchPolicy) -> None:
+        """Under a new policy: each request at the level it gives, in arrival order."""
+        waiting = sorted(self, key=lambda r: r.arrived)
+        self._levels.clear()
+        for request in waiting:
+            request.level = policy.level(request.priority)
+            self.append(request)
+
+    def clear(self) -> None:
+        self._levels.clear()
+
+    def __iter__(self) -> Iterator[_Request[T]]:
+        return itertools.chain.from_iterable(self._levels[level] for level in sorted(self._levels))
+
+    def __len__(self) -> int:
+        return sum(map(len, self._levels.values()))
+
+    def __bool__(self) -> bool:
+        return bool(self._levels)
 
 
 class Batcher(Generic[T]):
@@ -108,9 +161,9 @@ class Batcher(Generic[T]):
         self.executor = executor
         self.on_batch = on_batch
         self.on_pending = on_pending
-        # A deque rather than an asyncio.Queue: the collector looks at what is queued to pick a
-        # preferred size, and puts back a request that starts the next batch.
-        self._queue: deque[_Request[T]] = deque()
+        # Not an asyncio.Queue: the collector looks at what is queued to pick a preferred size,
+        # and puts back a request that starts the next batch.
+        self._queue: _Queue[T] = _Queue()
         self._arrived = asyncio.Event()
         self._batch: list[_Request[T]] = []  # being collected or run
         self._task: asyncio.Task[None] | None = None
@@ -139,8 +192,8 @@ class Batcher(Generic[T]):
             if self._task is None or self._task.done():
                 self._task = asyncio.get_running_loop().create_task(self._loop())
             future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
-            request = _Request(inputs, batch, future, deadline, self.policy.level(priority))
-            self._enqueue(request)
+            request = _Request(inputs, batch, future, deadline, priority, self.policy.level(priority))
+            self._queue.append(request)
             self._arrived.set()
             if deadline is None:
                 return await future
@@ -152,13 +205,13 @@ class Batcher(Generic[T]):
         finally:
             self._count(-1)
 
-    def _enqueue(self, request: _Request[T]) -> None:
-        """Behind every queued request of its level or a higher one, ahead of the lower ones:
-        the queue stays in priority order, and in arrival order within a level."""
-        index = len(self._queue)
-        while index and self._queue[index - 1].level > request.level:
-            index -= 1
-        self._queue.insert(index, request)
+    def reconfigure(self, policy: BatchPolicy) -> None:
+        """Serve by `policy` from now on; the waiting requests take the priority levels it
+        gives. Safe from any thread."""
+        self.policy = policy
+        task = self._task
+        if task is not None and not task.done():
+            task.get_loop().call_soon_threadsafe(self._queue.relevel, policy)
 
     def _count(self, change: int) -> None:
         self._pending += change
@@ -253,9 +306,11 @@ class Batcher(Generic[T]):
         assert first is not None
         self._batch = batch = [first]
         size = first.batch
-        # From its arrival, as in Triton: under load the oldest request has often waited for the
-        # batch before this one already, and should not wait a whole delay more.
-        deadline = first.arrived + self.policy.max_queue_delay_us / 1e6
+        # From the oldest arrival in the batch, as in Triton: under load the oldest request has
+        # often waited for the batch before this one already, and should not wait a whole delay
+        # more. With priority levels a later one may come first, and an older join it.
+        delay = self.policy.max_queue_delay_us / 1e6
+        deadline = first.arrived + delay
         preferred = self.policy.preferred_batch_sizes
         while size < self.policy.max_batch_size:
             if size in preferred and not self._queued_grow_to_preferred(first, size):
@@ -270,6 +325,7 @@ class Batcher(Generic[T]):
                 break
             batch.append(request)
             size += request.batch
+            deadline = min(deadline, request.arrived + delay)
         self._peaks.append(self._peak)
         # What is outstanding now: the last batch's requests are answered, though their
         # submit() may not yet have counted them out of _pending.

@@ -122,7 +122,8 @@ def batch_policy(version: VersionRecord, settings: Settings) -> BatchPolicy:
         queue,
         config.adaptive_queue_delay,
         config.priority_levels,
-        config.priority_levels if config.default_priority_level is None else config.default_priority_level,
+        # The lowest level when unset; capped, since two changes at once can store one past it.
+        min(config.default_priority_level or config.priority_levels, config.priority_levels),
     )
 
 
@@ -255,7 +256,7 @@ class Runtime:
         for (name, number, _), batcher in list(self._batchers.items()):  # a copy: see unload
             if (name, number) == (version.name, version.version) and batcher.policy != policy:
                 log.info("%s v%d batches with %s from now on", name, number, policy)
-                batcher.policy = policy
+                batcher.reconfigure(policy)
 
     def _check_loaded(self, name: str, unloaded: bool, generation: int) -> None:
         """An unload received by another process reaches this one at its next refresh of the

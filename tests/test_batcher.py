@@ -483,38 +483,105 @@ def test_an_adaptive_delay_counts_only_live_requests_in_the_batch() -> None:
     assert recorder.calls == [3] * (PEAK_CYCLES + 1) + [3]
 
 
-def test_priority_levels_batch_higher_priorities_first() -> None:
-    """Triton's priority levels: requests queue by level, 1 first, in arrival order within one; a
-    priority of 0 or out of range waits at the default level. Without levels, arrival order."""
-    gate = threading.Event()
-    batches: list[list[int]] = []
+class Gated:
+    """A run whose first batch waits for the gate, so that requests queue behind it; it records
+    each batch by the tags of its rows (see `tag`), and when each started."""
 
-    def tagged(inputs: Arrays) -> tuple[Arrays, int]:
-        gate.wait(10)  # the first batch runs until every other request is queued
-        batches.append([int(v) for v in inputs["x"][:, 0]])
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.batches: list[list[int]] = []
+        self.started: list[float] = []
+
+    def __call__(self, inputs: Arrays) -> tuple[Arrays, int]:
+        self.gate.wait(10)
+        self.started.append(time.monotonic())
+        self.batches.append([int(v) for v in inputs["x"][:, 0]])
         return {"y": inputs["x"]}, 0
 
-    def tag(n: int) -> Arrays:
-        return {"x": np.full((1, 4), n, np.float32)}
 
-    async def main(policy: BatchPolicy, priorities: list[int]) -> None:
+def tag(n: int) -> Arrays:
+    return {"x": np.full((1, 4), n, np.float32)}
+
+
+def behind_a_batch(
+    policy: BatchPolicy, queued: list[tuple[int, float | None]], change: BatchPolicy | None = None
+) -> list[list[int]]:
+    """The batches that run when requests tagged 1, 2, ... with these (priority, seconds to
+    their deadline) queue behind a batch of request 0; `change` is applied before it ends."""
+    gated = Gated()
+
+    async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(tagged, policy, pool)
+            batcher = Batcher(gated, policy, pool)
             first = asyncio.ensure_future(batcher.submit(tag(0), 1))
             await asyncio.sleep(0.05)  # its batch is running, alone
             rest = [
-                asyncio.ensure_future(batcher.submit(tag(i + 1), 1, None, p))
-                for i, p in enumerate(priorities)
+                asyncio.ensure_future(
+                    batcher.submit(tag(i + 1), 1, None if s is None else time.monotonic() + s, priority)
+                )
+                for i, (priority, s) in enumerate(queued)
             ]
-            await asyncio.sleep(0.05)
-            gate.set()
-            await asyncio.gather(first, *rest)
+            await asyncio.sleep(0.1)  # deadlines of 0.05 s pass
+            if change is not None:
+                batcher.reconfigure(change)
+            gated.gate.set()
+            await asyncio.gather(first, *rest, return_exceptions=True)
             batcher.close()
 
+    asyncio.run(main())
+    return gated.batches
+
+
+def priorities(*values: int) -> list[tuple[int, float | None]]:
+    return [(p, None) for p in values]
+
+
+def test_priority_levels_batch_higher_priorities_first() -> None:
+    """Triton's priority levels: requests queue by level, 1 first, in arrival order within one; a
+    priority of 0 or out of range waits at the default level. Without levels, arrival order."""
     # Levels 1..3, default 2: 0 and 9 wait at 2, with the requests that asked for it.
-    asyncio.run(main(BatchPolicy(2, priority_levels=3, default_priority_level=2), [3, 0, 2, 1, 9, 1, 3]))
-    assert batches == [[0], [4, 6], [2, 3], [5, 1], [7]]
-    batches.clear()
-    gate.clear()
-    asyncio.run(main(BatchPolicy(2), [3, 0, 2, 1]))  # no levels: a priority changes nothing
-    assert batches == [[0], [1, 2], [3, 4]]
+    policy = BatchPolicy(2, priority_levels=3, default_priority_level=2)
+    assert behind_a_batch(policy, priorities(3, 0, 2, 1, 9, 1, 3)) == [[0], [4, 6], [2, 3], [5, 1], [7]]
+    assert behind_a_batch(BatchPolicy(2), priorities(3, 0, 2, 1)) == [[0], [1, 2], [3, 4]]
+
+
+def test_waiting_requests_follow_a_change_of_priority_levels() -> None:
+    levels = BatchPolicy(2, priority_levels=3, default_priority_level=3)
+    # Turned off: arrival order again, not the order the levels had put them in.
+    assert behind_a_batch(levels, priorities(3, 2, 1), change=BatchPolicy(2)) == [[0], [1, 2], [3]]
+    # Turned on: the waiting requests take their levels.
+    assert behind_a_batch(BatchPolicy(2), priorities(3, 2, 1), change=levels) == [[0], [3, 2], [1]]
+
+
+def test_an_expired_request_leaves_the_queue_from_behind_another() -> None:
+    """Removed from anywhere in the queue, not only its head: it takes no place in a batch."""
+    assert behind_a_batch(BatchPolicy(2), [(0, None), (0, 0.05), (0, None)]) == [[0], [1, 3]]
+    policy = BatchPolicy(2, priority_levels=2, default_priority_level=2)
+    assert behind_a_batch(policy, [(1, None), (2, 0.05), (1, None), (2, None)]) == [[0], [1, 3], [4]]
+
+
+def test_the_delay_counts_from_the_oldest_request_in_the_batch() -> None:
+    """A request of priority 1 leads the batch that an older one joins: the batch waits out the
+    delay from the older one's arrival, as in Triton, not from its own."""
+    gated = Gated()
+    policy = BatchPolicy(4, max_queue_delay_us=300_000, priority_levels=2, default_priority_level=2)
+
+    async def main() -> float:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(gated, policy, pool)
+            full = {"x": np.zeros((4, 4), np.float32)}  # a whole batch: it runs at once
+            first = asyncio.ensure_future(batcher.submit(full, 4))
+            await asyncio.sleep(0.05)
+            old = asyncio.ensure_future(batcher.submit(tag(1), 1))
+            await asyncio.sleep(0.35)  # past its delay already
+            new = asyncio.ensure_future(batcher.submit(tag(2), 1, None, 1))
+            await asyncio.sleep(0)
+            released = time.monotonic()
+            gated.gate.set()
+            await asyncio.gather(first, old, new)
+            batcher.close()
+            return released
+
+    released = asyncio.run(main())
+    assert gated.batches == [[0, 0, 0, 0], [2, 1]]
+    assert gated.started[1] - released < 0.15, gated.started[1] - released  # not the 0.3 s delay

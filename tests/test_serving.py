@@ -482,27 +482,27 @@ def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client
 def test_higher_priority_requests_are_batched_first(
     http: httpx.Client, server: KilnServer, triton_clients: TritonClients
 ) -> None:
-    """Triton's priority levels: behind four long batches, requests of priority 1 (tritonclient's
+    """Triton's priority levels: behind six long batches, requests of priority 1 (tritonclient's
     `priority` over HTTP and gRPC, and /v1's ?priority=) form a batch of their own before a
     request that arrived earlier at the default level, 2: in arrival order the first of them
     would have joined it."""
     name = "slow-priority"
-    config = {"max_batch_size": 512, "priority_levels": 2, "default_priority_level": 2, "backends": []}
+    config = {"max_batch_size": 512, "priority_levels": 2, "backends": []}
     assert upload(http, SLOW, name=name, **config).status_code == 202
     batching = http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]
-    assert (batching["priority_levels"], batching["default_priority_level"]) == (2, 2)
+    assert (batching["priority_levels"], batching["default_priority_level"]) == (2, 2)  # the lowest
     small = sample(SLOW, 1)
     http_client, grpc_client = triton_clients
     tensors = triton_inputs(small)
     v1_body = {"inputs": {"x": small.tolist()}}
 
     assert predict(http, name, small).status_code == 200  # loaded
-    with ThreadPoolExecutor(7) as pool:
+    with ThreadPoolExecutor(10) as pool:
         # Each long batch takes 0.1-0.3 s here: the others queue behind them.
-        long_requests = [pool.submit(v2_binary, server.url, sample(SLOW, 512), name) for _ in range(4)]
-        wait_until(lambda: pending(http, name) == 4, 30, "the long requests to be in flight", 0.01)
+        long_requests = [pool.submit(v2_binary, server.url, sample(SLOW, 512), name) for _ in range(6)]
+        wait_until(lambda: pending(http, name) == 6, 30, "the long requests to be in flight", 0.01)
         low = pool.submit(v2_binary, server.url, sample(SLOW, 511), name)
-        wait_until(lambda: pending(http, name) == 5, 30, "the low-priority request to queue", 0.01)
+        wait_until(lambda: pending(http, name) == 7, 30, "the low-priority request to queue", 0.01)
         high = [
             pool.submit(http_client.infer, name, [tensors[0]], priority=1),
             pool.submit(grpc_client.infer, name, [tensors[1]], priority=1),
@@ -513,8 +513,8 @@ def test_higher_priority_requests_are_batched_first(
             future.result()
     sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats(http, name)["batch_stats"]}  # type: ignore[attr-defined]
     # The 511 ran alone: in arrival order the first request of priority 1 would have joined it,
-    # a fifth batch of 512. The three of priority 1 ran in one batch or more, as they arrived.
-    assert (sizes[512], sizes.get(511)) == (4, 1), sizes
+    # a seventh batch of 512. The three of priority 1 ran in one batch or more, as they arrived.
+    assert (sizes[512], sizes.get(511)) == (6, 1), sizes
 
     bad = {"inputs": [{"name": "x", "shape": [1, 256], "datatype": "FP32", "data": small.ravel().tolist()}]}
     refused = http.post(f"/v2/models/{name}/infer", json={**bad, "parameters": {"priority": -1}})
@@ -522,11 +522,14 @@ def test_higher_priority_requests_are_batched_first(
     negative = http.post(f"/v1/models/{name}/predict", json=v1_body, params={"priority": -1})
     assert negative.status_code == 422 and "priority" in negative.json()["detail"]
     path = f"/v1/models/{name}/versions/1/serving"
+    assert http.patch(path, json={"default_priority_level": 2}).status_code == 200
     fewer = http.patch(path, json={"priority_levels": 1})
     assert fewer.status_code == 422, fewer.text
     assert "default_priority_level: 2 must lie in 1..priority_levels (1)" in fewer.json()["detail"]
-    both = http.patch(path, json={"priority_levels": None, "default_priority_level": None})
-    assert both.status_code == 200, both.text
+    off = http.patch(path, json={"priority_levels": 0})  # as Triton, a default is then ignored
+    assert off.status_code == 200, off.text
     assert "priority_levels" not in http.get(f"/v2/models/{name}/config").json()["dynamic_batching"]
-    unbounded = upload(http, SLOW, name="slow-unranked", default_priority_level=1, backends=[])
-    assert unbounded.status_code == 422 and "config.default_priority_level: 1 must lie in" in unbounded.text
+    beyond = upload(
+        http, SLOW, name="slow-unranked", priority_levels=2, default_priority_level=3, backends=[]
+    )
+    assert beyond.status_code == 422 and "config.default_priority_level: 3 must lie in" in beyond.text

@@ -75,7 +75,7 @@ def check_preferred(sizes: list[int], max_batch_size: int, where: str) -> None:
 
 def check_priorities(config: ServingConfig, where: str) -> None:
     default, levels = config.default_priority_level, config.priority_levels
-    if default is not None and not 1 <= default <= levels:
+    if levels and default is not None and not 1 <= default <= levels:  # as Triton checks it
         raise InvalidConfigError(
             f"{where}default_priority_level: {default} must lie in 1..priority_levels ({levels})"
         )
