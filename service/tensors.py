@@ -406,16 +406,15 @@ def decode_request(body: bytes, header_length: str | None, shared: SharedAccess 
 def class_count(value: object, what: str) -> int:
     """The `classification` parameter of a requested output: how many classes to return; 0, as
     in Triton, asks for the values themselves."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise BadRequestError(f"{what}: classification must be a non-negative integer of classes to return")
-    return value
+    return _count(value, f"{what}: classification")
 
 
 def priority_parameter(value: object) -> int:
     """The `priority` request parameter: Triton's uint64, 0 for none."""
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**64:
-        raise BadRequestError(f"parameter priority must be a non-negative integer; got {_short(value)}")
-    return value
+    priority = _count(value, "parameter priority")
+    if priority >= 2**64:
+        raise BadRequestError(f"parameter priority must be below 2**64; got {priority}")
+    return priority
 
 
 MAX_TIMEOUT_US = 3_600_000_000  # an hour
