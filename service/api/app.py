@@ -20,6 +20,7 @@ from service.api import (
     events,
     health,
     jobs,
+    kserve_v1,
     log_settings,
     models,
     predict,
@@ -89,8 +90,13 @@ class KilnAPI(FastAPI):
         stack = super().build_middleware_stack()
         if not self.hot_path:
             return stack
-        # The router's own routes: FastAPI includes a router as a whole, not route by route.
-        routes = [route for route in v2.inference.routes if isinstance(route, InferRoute)]
+        # The routers' own routes: FastAPI includes a router as a whole, not route by route.
+        routes = [
+            r
+            for router in (v2.inference, kserve_v1.router)
+            for r in router.routes
+            if isinstance(r, InferRoute)
+        ]
         return InferenceFirst(stack, routes)
 
 
@@ -154,7 +160,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # catch-all, which answers unknown /v2 paths in the protocol's error shape, comes last.
     for router in (v2.inference, repository.router, shared_memory.router, log_settings.router, v2.router):
         app.include_router(router)
-    for module in (predict, health, models, variants, jobs, events):
+    for module in (predict, kserve_v1, health, models, variants, jobs, events):
         app.include_router(module.router)
     app.include_router(v2.fallback)
     return app

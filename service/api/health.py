@@ -21,6 +21,15 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@router.get(
+    "/",
+    operation_id="alive",
+    summary='KServe V1\'s liveness, {"status": "alive"} while the process is up, for its clients.',
+)
+def alive() -> dict[str, str]:
+    return {"status": "alive"}
+
+
 # A probe gives up after a second (Kubernetes' default timeoutSeconds); a hung store would not.
 PING_WAIT_S = 0.5
 

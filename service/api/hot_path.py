@@ -3,12 +3,13 @@
 On this project's 2-core machine a bare FastAPI route answered about 4,500 requests/s where a
 plain ASGI app on the same uvicorn answered 19,000: server errors, exception handlers, the body
 limit and exit stacks each wrap every request and its `send`, and that cost is the same for a
-small model's 0.5 ms request as for an upload. So the v2 infer routes (`InferRoute`) are matched
-first, and their handlers run with only what they need around them:
+small model's 0.5 ms request as for an upload. So the inference routes of v2 and of KServe's V1
+protocol (`InferRoute`) are matched first, and their handlers run with only what they need around
+them:
 
 - `RequestContext`, for the request id and the error counts;
 - the route's own handler, which answers every error as `{"error": ...}` and checks the body
-  against KILN_MAX_UPLOAD_MB itself (`v2.bounded_body`).
+  against KILN_MAX_UPLOAD_MB itself (`bodies.bounded_body`).
 
 Everything else, and any route added later, goes through the full stack, as do these routes
 when OpenTelemetry is on (KILN_OPENTELEMETRY): FastAPI's router names the spans' routes. A bug that escapes

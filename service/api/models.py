@@ -291,10 +291,12 @@ def active_of(view: ModelView, svc: Services) -> ActiveOut | None:
 
 
 def model_out(view: ModelView, svc: Services) -> ModelOut:
+    active = active_of(view, svc)
     return ModelOut(
         name=view.name,
         versions=[VersionOut.of(v, variants) for v, variants in view.versions],
-        active=active_of(view, svc),
+        active=active,
+        ready=active is not None,
         unloaded=view.unloaded,
         default_version=view.default_version,
     )
@@ -390,7 +392,9 @@ def update_serving(
 def delete_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOut:
     view = svc.registry.delete_model(name)
     svc.runtime.unload(name)
-    return ModelOut(name=name, versions=[VersionOut.of(v, vs) for v, vs in view.versions], active=None)
+    return ModelOut(
+        name=name, versions=[VersionOut.of(v, vs) for v, vs in view.versions], active=None, ready=False
+    )
 
 
 @router.delete(

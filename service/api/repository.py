@@ -13,13 +13,13 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import admin_scope, infer_scope
 from service.api.schemas import V2Error, error_responses
-from service.api.v2 import ServicesDep, V2Route, version_number
+from service.api.v2 import ProtocolRoute, ServicesDep, version_number
 from service.errors import NotFoundError
 from service.router import serving_version
 
 router = APIRouter(
     tags=["v2"],
-    route_class=V2Route,
+    route_class=ProtocolRoute,
     dependencies=infer_scope,
     responses=error_responses(V2Error, 400, 401, 403, 404, 503),
 )

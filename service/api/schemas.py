@@ -94,6 +94,10 @@ class ModelOut(BaseModel):
     name: str
     versions: list[VersionOut]
     active: ActiveOut | None = Field(description="What serves batch-1 requests on this replica now.")
+    ready: bool = Field(
+        description="Whether requests naming no version are served on this replica now (active is "
+        "set): KServe V1's model readiness."
+    )
     unloaded: bool = Field(
         default=False,
         description="Unloaded through /v2/repository: it serves nothing until it is loaded again.",

@@ -11,14 +11,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import admin_scope, infer_scope
+from service.api.bodies import json_body, json_request_body
 from service.api.schemas import V2Error, error_responses
-from service.api.v2 import ServicesDep, V2Route, json_body, json_request_body
+from service.api.v2 import ProtocolRoute, ServicesDep
 from service.shared_memory import Region
 
 router = APIRouter(
     prefix="/v2/systemsharedmemory",
     tags=["v2"],
-    route_class=V2Route,
+    route_class=ProtocolRoute,
     responses=error_responses(V2Error, 400, 401, 403, 503),
 )
 

@@ -1,7 +1,7 @@
 """The Open Inference Protocol (KServe v2, as Triton speaks it) over HTTP.
 
 Errors on these routes are `{"error": "..."}`, the protocol's shape that its clients parse,
-instead of /v1's problem+json: `V2Route` converts them, in one place.
+instead of /v1's problem+json: `ProtocolRoute` converts them, in one place.
 """
 
 from __future__ import annotations
@@ -10,33 +10,26 @@ import logging
 import re
 from collections.abc import Callable, Coroutine
 from functools import partial
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn
 
 import numpy as np
 from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 
 from compiler.spec import DTYPES, InputSpec
 from service.api.auth import Scope, infer_scope, require
-from service.api.compression import (
-    MIN_COMPRESSED_BYTES,
-    accepted_encoding,
-    compress,
-    content_encoding,
-    decompress,
-)
+from service.api.bodies import answer, read_body
 from service.api.deps import Services, services
 from service.api.health import readiness
 from service.api.problems import STATUS_OF, unwrapped, validation_detail
 from service.api.schemas import V2Error, error_responses
 from service.batcher import BatchPolicy
 from service.classification import check_classified, classified, classify_cost
-from service.errors import BadRequestError, KilnError, NotFoundError, NotReadyError, PayloadTooLargeError
+from service.errors import BadRequestError, KilnError, NotFoundError, NotReadyError
 from service.records import VersionRecord
 from service.registry import ModelView
 from service.router import servable, serving_version
@@ -96,7 +89,7 @@ def guarded(handler: Handler) -> Handler:
     return guarded_handler
 
 
-class V2Route(APIRoute):
+class ProtocolRoute(APIRoute):
     """Wraps each handler, dependencies included, so every error leaves as `{"error": ...}`."""
 
     def get_route_handler(self) -> Handler:
@@ -119,28 +112,10 @@ class InferRoute(APIRoute):
         return guarded(handler)
 
 
-router = APIRouter(tags=["v2"], route_class=V2Route)
+router = APIRouter(tags=["v2"], route_class=ProtocolRoute)
 MODEL_ERRORS = error_responses(V2Error, 400, 401, 403, 404)
 READY_ERRORS = error_responses(V2Error, 400, 401, 403, 404, 409)  # 409: unloaded
 ServicesDep = Annotated[Services, Depends(services)]
-
-
-Body = TypeVar("Body", bound=BaseModel)
-
-
-async def json_body(request: Request, model: type[Body], shape: str) -> Body:
-    """The body as `model`, whatever its content type: tritonclient sends JSON without saying so.
-    `shape` says what it must be, in the 400 of a body that is not."""
-    try:
-        return model.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise BadRequestError(f"the body must be {shape}: {validation_detail(exc)}") from None
-
-
-def json_request_body(model: type[BaseModel]) -> dict[str, Any]:
-    """`openapi_extra` for a route that reads its body with `json_body`."""
-    content = {"application/json": {"schema": model.model_json_schema()}}
-    return {"requestBody": {"required": True, "content": content}}
 
 
 def version_number(version: str) -> int:
@@ -393,33 +368,9 @@ async def run_infer(
     return result, classify() if inline else await run_in_threadpool(classify)
 
 
-async def bounded_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 past `limit` bytes: a declared length before any is read, a
-    chunked body as it arrives. The route checks this itself, since `hot_path` serves it without
-    the framework's body limit."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(too_large(int(declared), limit))
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLargeError(too_large(size, limit))
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def too_large(size: int, limit: int) -> str:
-    return f"the request body is at least {size} bytes; KILN_MAX_UPLOAD_MB allows {limit}"
-
-
 async def _infer(request: Request, name: str, version: int | None) -> Response:
     svc = await services(request)
-    limit = svc.settings.max_request_bytes
-    encoding = content_encoding(request.headers.get("content-encoding"))  # before the body is read
-    body = await bounded_body(request, limit)
-    if encoding is not None:  # inflates to at most `limit`: off the event loop
-        body = await run_in_threadpool(decompress, body, encoding, limit)
+    body = await read_body(request, svc.settings.max_request_bytes)
     header_length = request.headers.get(HEADER_LENGTH)
     shared = svc.shared_memory
     if decodes_inline(body, header_length) and not names_shared_memory(body, header_length):
@@ -437,14 +388,8 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
             encode_response, header, outputs, infer.shared_outputs, shared
         )
     headers = {} if json_length is None else {HEADER_LENGTH: str(json_length)}
-    if len(payload) >= MIN_COMPRESSED_BYTES and svc.settings.response_compression:
-        answer_in = accepted_encoding(request.headers.get("accept-encoding"))
-        if answer_in is not None:
-            payload = await compress(payload, answer_in)
-            headers["Content-Encoding"] = answer_in
-            headers["Vary"] = "Accept-Encoding"
     media_type = "application/json" if json_length is None else "application/octet-stream"
-    return Response(payload, media_type=media_type, headers=headers)
+    return await answer(request, svc.settings, payload, media_type, headers)
 
 
 # The hot path, in a router of its own: `hot_path` matches these routes ahead of the framework's
@@ -472,7 +417,7 @@ async def infer_version(name: str, version: str, request: Request) -> Response:
 
 # Included after every other router (app.py): any other /v2 path answers in the protocol's error
 # shape, not with problem+json.
-fallback = APIRouter(tags=["v2"], route_class=V2Route)
+fallback = APIRouter(tags=["v2"], route_class=ProtocolRoute)
 
 
 @fallback.api_route(

@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import { type Client, formDataBodySerializer, type Options as Options2, type TDataShape } from './client/index.js';
-import type { CompileVersionData, CompileVersionErrors, CompileVersionResponses, DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, SetDefaultVersionData, SetDefaultVersionErrors, SetDefaultVersionResponses, UpdateServingData, UpdateServingErrors, UpdateServingResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2LogSettingsData, V2LogSettingsErrors, V2LogSettingsResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses, V2SharedMemoryRegionStatusData, V2SharedMemoryRegionStatusErrors, V2SharedMemoryRegionStatusResponses, V2SharedMemoryRegisterData, V2SharedMemoryRegisterErrors, V2SharedMemoryRegisterResponses, V2SharedMemoryStatusData, V2SharedMemoryStatusErrors, V2SharedMemoryStatusResponses, V2SharedMemoryUnregisterAllData, V2SharedMemoryUnregisterAllErrors, V2SharedMemoryUnregisterAllResponses, V2SharedMemoryUnregisterData, V2SharedMemoryUnregisterErrors, V2SharedMemoryUnregisterResponses, V2UpdateLogSettingsData, V2UpdateLogSettingsErrors, V2UpdateLogSettingsResponses } from './types.gen.js';
+import type { AliveData, AliveResponses, CompileVersionData, CompileVersionErrors, CompileVersionResponses, DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, SetDefaultVersionData, SetDefaultVersionErrors, SetDefaultVersionResponses, UpdateServingData, UpdateServingErrors, UpdateServingResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V1ProtocolPredictData, V1ProtocolPredictErrors, V1ProtocolPredictResponses, V1ProtocolPredictVersionData, V1ProtocolPredictVersionErrors, V1ProtocolPredictVersionResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2LogSettingsData, V2LogSettingsErrors, V2LogSettingsResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses, V2SharedMemoryRegionStatusData, V2SharedMemoryRegionStatusErrors, V2SharedMemoryRegionStatusResponses, V2SharedMemoryRegisterData, V2SharedMemoryRegisterErrors, V2SharedMemoryRegisterResponses, V2SharedMemoryStatusData, V2SharedMemoryStatusErrors, V2SharedMemoryStatusResponses, V2SharedMemoryUnregisterAllData, V2SharedMemoryUnregisterAllErrors, V2SharedMemoryUnregisterAllResponses, V2SharedMemoryUnregisterData, V2SharedMemoryUnregisterErrors, V2SharedMemoryUnregisterResponses, V2UpdateLogSettingsData, V2UpdateLogSettingsErrors, V2UpdateLogSettingsResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -17,6 +17,11 @@ export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends 
      */
     meta?: Record<string, unknown>;
 };
+
+/**
+ * KServe V1's liveness, {"status": "alive"} while the process is up, for its clients.
+ */
+export const alive = <ThrowOnError extends boolean = false>(options?: Options<AliveData, ThrowOnError>) => (options?.client ?? client).get<AliveResponses, unknown, ThrowOnError>({ url: '/', ...options });
 
 /**
  * The process is up.
@@ -143,6 +148,30 @@ export const updateServing = <ThrowOnError extends boolean = false>(options: Opt
  */
 export const compileVersion = <ThrowOnError extends boolean = false>(options: Options<CompileVersionData, ThrowOnError>) => (options.client ?? client).post<CompileVersionResponses, CompileVersionErrors, ThrowOnError>({
     url: '/v1/models/{name}/versions/{version}/variants',
+    ...options,
+    headers: {
+        'Content-Type': 'application/json',
+        ...options.headers
+    }
+});
+
+/**
+ * KServe V1 / TensorFlow Serving predict with one version of a model.
+ */
+export const v1ProtocolPredictVersion = <ThrowOnError extends boolean = false>(options: Options<V1ProtocolPredictVersionData, ThrowOnError>) => (options.client ?? client).post<V1ProtocolPredictVersionResponses, V1ProtocolPredictVersionErrors, ThrowOnError>({
+    url: '/v1/models/{name}/versions/{version}:predict',
+    ...options,
+    headers: {
+        'Content-Type': 'application/json',
+        ...options.headers
+    }
+});
+
+/**
+ * KServe V1 / TensorFlow Serving predict with the default version, else the newest ready one.
+ */
+export const v1ProtocolPredict = <ThrowOnError extends boolean = false>(options: Options<V1ProtocolPredictData, ThrowOnError>) => (options.client ?? client).post<V1ProtocolPredictResponses, V1ProtocolPredictErrors, ThrowOnError>({
+    url: '/v1/models/{name}:predict',
     ...options,
     headers: {
         'Content-Type': 'application/json',

@@ -283,6 +283,12 @@ export type ModelOut = {
      */
     name: string;
     /**
+     * Ready
+     *
+     * Whether requests naming no version are served on this replica now (active is set): KServe V1's model readiness.
+     */
+    ready: boolean;
+    /**
      * Unloaded
      *
      * Unloaded through /v2/repository: it serves nothing until it is loaded again.
@@ -341,6 +347,24 @@ export type PredictOut = {
         [key: string]: unknown;
     };
     variant: VariantRef;
+};
+
+/**
+ * PredictResponse
+ */
+export type PredictResponse = {
+    /**
+     * Outputs
+     *
+     * For "inputs": the output's batch, or an object of output name -> batch.
+     */
+    outputs?: unknown;
+    /**
+     * Predictions
+     *
+     * For "instances": one item per batch row, the output's value, or for a model of several outputs an object of output name -> value.
+     */
+    predictions?: Array<unknown> | null;
 };
 
 /**
@@ -699,6 +723,26 @@ export type VersionOut = {
      */
     version: number;
 };
+
+export type AliveData = {
+    body?: never;
+    path?: never;
+    query?: never;
+    url: '/';
+};
+
+export type AliveResponses = {
+    /**
+     * Response Alive
+     *
+     * Successful Response
+     */
+    200: {
+        [key: string]: string;
+    };
+};
+
+export type AliveResponse = AliveResponses[keyof AliveResponses];
 
 export type HealthzData = {
     body?: never;
@@ -1155,7 +1199,7 @@ export type PredictResponses = {
     200: PredictOut;
 };
 
-export type PredictResponse = PredictResponses[keyof PredictResponses];
+export type PredictResponse2 = PredictResponses[keyof PredictResponses];
 
 export type DeleteModelVersionData = {
     body?: never;
@@ -1461,6 +1505,166 @@ export type CompileVersionResponses = {
 };
 
 export type CompileVersionResponse = CompileVersionResponses[keyof CompileVersionResponses];
+
+export type V1ProtocolPredictVersionData = {
+    /**
+     * PredictRequest
+     */
+    body: {
+        /**
+         * Inputs
+         *
+         * The columnar form: the input's whole batch, or for a model of several inputs an object of input name -> batch.
+         */
+        inputs?: unknown;
+        /**
+         * Instances
+         *
+         * One item per batch row: the input's value, or for a model of several inputs an object of input name -> value.
+         */
+        instances?: Array<unknown> | null;
+        /**
+         * Signature Name
+         */
+        signature_name?: 'serving_default' | null;
+    };
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+        /**
+         * Version
+         */
+        version: string;
+    };
+    query?: never;
+    url: '/v1/models/{name}/versions/{version}:predict';
+};
+
+export type V1ProtocolPredictVersionErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
+     */
+    409: V2Error;
+    /**
+     * The request body (an upload, or an inference request) is larger than KILN_MAX_UPLOAD_MB.
+     */
+    413: V2Error;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V1ProtocolPredictVersionError = V1ProtocolPredictVersionErrors[keyof V1ProtocolPredictVersionErrors];
+
+export type V1ProtocolPredictVersionResponses = {
+    /**
+     * The model's outputs.
+     */
+    200: PredictResponse;
+};
+
+export type V1ProtocolPredictVersionResponse = V1ProtocolPredictVersionResponses[keyof V1ProtocolPredictVersionResponses];
+
+export type V1ProtocolPredictData = {
+    /**
+     * PredictRequest
+     */
+    body: {
+        /**
+         * Inputs
+         *
+         * The columnar form: the input's whole batch, or for a model of several inputs an object of input name -> batch.
+         */
+        inputs?: unknown;
+        /**
+         * Instances
+         *
+         * One item per batch row: the input's value, or for a model of several inputs an object of input name -> value.
+         */
+        instances?: Array<unknown> | null;
+        /**
+         * Signature Name
+         */
+        signature_name?: 'serving_default' | null;
+    };
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+    };
+    query?: never;
+    url: '/v1/models/{name}:predict';
+};
+
+export type V1ProtocolPredictErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: V2Error;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: V2Error;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: V2Error;
+    /**
+     * No such model, version or job.
+     */
+    404: V2Error;
+    /**
+     * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
+     */
+    409: V2Error;
+    /**
+     * The request body (an upload, or an inference request) is larger than KILN_MAX_UPLOAD_MB.
+     */
+    413: V2Error;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: V2Error;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: V2Error;
+};
+
+export type V1ProtocolPredictError = V1ProtocolPredictErrors[keyof V1ProtocolPredictErrors];
+
+export type V1ProtocolPredictResponses = {
+    /**
+     * The model's outputs.
+     */
+    200: PredictResponse;
+};
+
+export type V1ProtocolPredictResponse = V1ProtocolPredictResponses[keyof V1ProtocolPredictResponses];
 
 export type V2ServerMetadataData = {
     body?: never;

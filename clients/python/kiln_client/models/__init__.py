@@ -1,6 +1,7 @@
 """Contains all the data models used in inputs/outputs"""
 
 from .active_out import ActiveOut
+from .alive_response_alive import AliveResponseAlive
 from .backend_request import BackendRequest
 from .backend_request_options import BackendRequestOptions
 from .body_upload_model import BodyUploadModel
@@ -22,6 +23,7 @@ from .predict_in import PredictIn
 from .predict_in_inputs import PredictInInputs
 from .predict_out import PredictOut
 from .predict_out_outputs import PredictOutOutputs
+from .predict_response import PredictResponse
 from .problem import Problem
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .region import Region
@@ -34,6 +36,8 @@ from .skipped_out_options import SkippedOutOptions
 from .tensor_config import TensorConfig
 from .tensor_config_dtype import TensorConfigDtype
 from .upload_out import UploadOut
+from .v1_protocol_predict_predict_request import V1ProtocolPredictPredictRequest
+from .v1_protocol_predict_version_predict_request import V1ProtocolPredictVersionPredictRequest
 from .v2_all_stats_response_v2_all_stats import V2AllStatsResponseV2AllStats
 from .v2_error import V2Error
 from .v2_model_config_response_v2_model_config import V2ModelConfigResponseV2ModelConfig
@@ -59,6 +63,7 @@ from .version_out import VersionOut
 
 __all__ = (
     "ActiveOut",
+    "AliveResponseAlive",
     "BackendRequest",
     "BackendRequestOptions",
     "BodyUploadModel",
@@ -80,6 +85,7 @@ __all__ = (
     "PredictInInputs",
     "PredictOut",
     "PredictOutOutputs",
+    "PredictResponse",
     "Problem",
     "ReadyzResponseReadyz",
     "Region",
@@ -92,6 +98,8 @@ __all__ = (
     "TensorConfig",
     "TensorConfigDtype",
     "UploadOut",
+    "V1ProtocolPredictPredictRequest",
+    "V1ProtocolPredictVersionPredictRequest",
     "V2AllStatsResponseV2AllStats",
     "V2Error",
     "V2ModelConfigResponseV2ModelConfig",

@@ -22,6 +22,8 @@ class ModelOut:
     Attributes:
         active (ActiveOut | None): What serves batch-1 requests on this replica now.
         name (str):
+        ready (bool): Whether requests naming no version are served on this replica now (active is set): KServe V1's
+            model readiness.
         versions (list[VersionOut]):
         default_version (int | None | Unset): The version that serves requests naming none; null: the newest ready one.
         unloaded (bool | Unset): Unloaded through /v2/repository: it serves nothing until it is loaded again. Default:
@@ -30,6 +32,7 @@ class ModelOut:
 
     active: ActiveOut | None
     name: str
+    ready: bool
     versions: list[VersionOut]
     default_version: int | None | Unset = UNSET
     unloaded: bool | Unset = False
@@ -45,6 +48,8 @@ class ModelOut:
             active = self.active
 
         name = self.name
+
+        ready = self.ready
 
         versions = []
         for versions_item_data in self.versions:
@@ -65,6 +70,7 @@ class ModelOut:
             {
                 "active": active,
                 "name": name,
+                "ready": ready,
                 "versions": versions,
             }
         )
@@ -99,6 +105,8 @@ class ModelOut:
 
         name = d.pop("name")
 
+        ready = d.pop("ready")
+
         versions = []
         _versions = d.pop("versions")
         for versions_item_data in _versions:
@@ -120,6 +128,7 @@ class ModelOut:
         model_out = cls(
             active=active,
             name=name,
+            ready=ready,
             versions=versions,
             default_version=default_version,
             unloaded=unloaded,

@@ -1,0 +1,1 @@
+"""Contains endpoint functions for accessing the API"""

@@ -1,0 +1,85 @@
+"""Request and response bodies of the inference protocols (v2 and KServe's V1), as they come
+and go over HTTP: JSON bodies parsed into their models, Content-Encoding, KILN_MAX_UPLOAD_MB, and
+responses compressed as the client accepts."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from fastapi import Request, Response
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from service.api.compression import (
+    MIN_COMPRESSED_BYTES,
+    accepted_encoding,
+    compress,
+    content_encoding,
+    decompress,
+)
+from service.api.problems import validation_detail
+from service.errors import BadRequestError, PayloadTooLargeError
+from service.settings import Settings
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def json_body(request: Request, model: type[Body], shape: str) -> Body:
+    """The body as `model`, whatever its content type: tritonclient sends JSON without saying so.
+    `shape` says what it must be, in the 400 of a body that is not."""
+    return parsed(await request.body(), model, shape)
+
+
+def parsed(body: bytes, model: type[Body], shape: str) -> Body:
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise BadRequestError(f"the body must be {shape}: {validation_detail(exc)}") from None
+
+
+def json_request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` for a route that reads its body with `json_body`."""
+    content = {"application/json": {"schema": model.model_json_schema()}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+async def bounded_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 past `limit` bytes: a declared length before any is read, a
+    chunked body as it arrives. The route checks this itself, since `hot_path` serves it without
+    the framework's body limit."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(too_large(int(declared), limit))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(too_large(size, limit))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def too_large(size: int, limit: int) -> str:
+    return f"the request body is at least {size} bytes; KILN_MAX_UPLOAD_MB allows {limit}"
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, decompressed as its Content-Encoding says, and at most `limit` bytes either way."""
+    encoding = content_encoding(request.headers.get("content-encoding"))  # before the body is read
+    body = await bounded_body(request, limit)
+    if encoding is not None:  # inflates to at most `limit`: off the event loop
+        body = await run_in_threadpool(decompress, body, encoding, limit)
+    return body
+
+
+async def answer(
+    request: Request, settings: Settings, payload: bytes, media_type: str, headers: dict[str, str]
+) -> Response:
+    """The response, compressed in the encoding that the request's Accept-Encoding weighs most."""
+    if len(payload) >= MIN_COMPRESSED_BYTES and settings.response_compression:
+        answer_in = accepted_encoding(request.headers.get("accept-encoding"))
+        if answer_in is not None:
+            payload = await compress(payload, answer_in)
+            headers["Content-Encoding"] = answer_in
+            headers["Vary"] = "Accept-Encoding"
+    return Response(payload, media_type=media_type, headers=headers)

@@ -1,0 +1,176 @@
+"""KServe's V1 protocol, which is TensorFlow Serving's REST predict API: `{"instances": [...]}`
+in, one item per batch row, and `{"predictions": [...]}` out; or the columnar `{"inputs": ...}`
+in and `{"outputs": ...}` out.
+
+Clients of KServe's V1 data plane (kserve's InferenceRESTClient), of TensorFlow Serving's REST
+API and of Vertex AI's custom prediction containers call a Kiln model with it unchanged. Errors
+are `{"error": "..."}`, as those servers answer them.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import to_json
+from starlette.concurrency import run_in_threadpool
+
+from compiler.spec import InputSpec
+from service.api.bodies import answer, json_request_body, parsed, read_body
+from service.api.deps import services
+from service.api.schemas import V2Error, error_responses
+from service.api.v2 import INLINE_JSON_BYTES, INLINE_JSON_ELEMENTS, InferRoute, check_infer, version_number
+from service.errors import BadRequestError
+
+Arrays = dict[str, np.ndarray]
+SHAPE = 'an object of "instances" (a list, one item per batch row) or "inputs"'
+COLUMNAR = 'the columnar {"inputs": ...}, answered as {"outputs": ...}'
+
+
+class PredictRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    instances: list[Any] | None = Field(
+        default=None,
+        description="One item per batch row: the input's value, or for a model of several inputs "
+        "an object of input name -> value.",
+        examples=[[[0.1, 0.2, 0.3], [0.4, 0.5, 0.6]]],
+    )
+    inputs: Any = Field(
+        default=None,
+        description="The columnar form: the input's whole batch, or for a model of several inputs "
+        "an object of input name -> batch.",
+    )
+    # TensorFlow Serving's name for a model's one signature, which its clients often send.
+    signature_name: Literal["serving_default"] | None = None
+
+    @model_validator(mode="after")
+    def one_form(self) -> PredictRequest:
+        if (self.instances is None) == (self.inputs is None):
+            raise ValueError('give either "instances" (one item per batch row) or "inputs" (columnar)')
+        return self
+
+
+class PredictResponse(BaseModel):
+    predictions: list[Any] | None = Field(
+        default=None,
+        description='For "instances": one item per batch row, the output\'s value, or for a model '
+        "of several outputs an object of output name -> value.",
+    )
+    outputs: Any = Field(
+        default=None,
+        description='For "inputs": the output\'s batch, or an object of output name -> batch.',
+    )
+
+
+def named(spec: InputSpec, value: Any, what: str) -> dict[str, Any]:
+    """`value` as input name -> value: an object is that already; anything else is the value of
+    a model's one input."""
+    if isinstance(value, dict):
+        return value
+    if len(spec.inputs) > 1:
+        raise BadRequestError(
+            f"{what}: the model takes inputs {spec.names}; give an object of input name -> value"
+        )
+    return {spec.names[0]: value}
+
+
+def columns(spec: InputSpec, instances: list[Any]) -> dict[str, list[Any]]:
+    """Instances, one per batch row, as input name -> the rows' values, which stack to a batch."""
+    if not instances:
+        raise BadRequestError('"instances" is empty; give one item per batch row')
+    unbatched = [str(t) for t in spec.inputs if not t.batched]
+    if unbatched:
+        raise BadRequestError(
+            f"input(s) {unbatched} have no batch dimension to stack instances on; send {COLUMNAR}"
+        )
+    rows = [named(spec, instance, f"instance {i}") for i, instance in enumerate(instances)]
+    for i, row in enumerate(rows):
+        if set(row) != set(spec.names):
+            raise BadRequestError(f"instance {i} has inputs {sorted(row)}; the model takes {spec.names}")
+    return {name: [row[name] for row in rows] for name in spec.names}
+
+
+def decoded(body: bytes, spec: InputSpec) -> tuple[int | None, Arrays]:
+    """The request's arrays, and its number of instances (None for the columnar form)."""
+    request = parsed(body, PredictRequest, SHAPE)
+    if request.instances is not None:
+        return len(request.instances), spec.coerce(columns(spec, request.instances))
+    return None, spec.coerce(named(spec, request.inputs, '"inputs"'))
+
+
+def predictions(outputs: Arrays, rows: int) -> list[Any]:
+    """The outputs split into one item per instance."""
+    for name, array in outputs.items():
+        if array.ndim == 0 or array.shape[0] != rows:
+            raise BadRequestError(
+                f"output {name!r} of shape {list(array.shape)} has no row for each of the {rows} "
+                f"instances; send {COLUMNAR}"
+            )
+    values = {name: array.tolist() for name, array in outputs.items()}
+    if len(values) == 1:
+        return next(iter(values.values()))
+    return [{name: value[i] for name, value in values.items()} for i in range(rows)]
+
+
+def encoded(outputs: Arrays, rows: int | None) -> bytes:
+    """The response body. NaN and infinities print as null, as KServe's server prints them: JSON
+    has no such numbers, and kserve's client refuses the bare NaN that Python writes."""
+    if rows is not None:
+        return to_json({"predictions": predictions(outputs, rows)}, inf_nan_mode="null")
+    values = {name: array.tolist() for name, array in outputs.items()}
+    columnar = next(iter(values.values())) if len(values) == 1 else values
+    return to_json({"outputs": columnar}, inf_nan_mode="null")
+
+
+async def _predict(request: Request, name: str, version: int | None) -> Response:
+    svc = await services(request)
+    body = await read_body(request, svc.settings.max_request_bytes)
+    route = await svc.runtime.aroute(name, version)
+    decode = partial(decoded, body, route.spec)
+    rows, arrays = decode() if len(body) <= INLINE_JSON_BYTES else await run_in_threadpool(decode)
+    # Pin the version just decoded for, so a newer upload cannot slip in between.
+    result = await svc.runtime.predict(name, route.version.version, arrays)
+    encode = partial(encoded, result.outputs, rows)
+    elements = sum(array.size for array in result.outputs.values())
+    payload = encode() if elements <= INLINE_JSON_ELEMENTS else await run_in_threadpool(encode)
+    return await answer(request, svc.settings, payload, "application/json", {})
+
+
+# On the hot path, as v2's infer routes (`hot_path`): the handlers check the key themselves.
+router = APIRouter(
+    tags=["kserve-v1"],
+    route_class=InferRoute,
+    responses={
+        200: {"model": PredictResponse, "description": "The model's outputs."},
+        **error_responses(V2Error, 400, 401, 403, 404, 409, 413, 503),
+    },
+)
+OPENAPI = json_request_body(PredictRequest)
+
+
+@router.post(
+    "/v1/models/{name}:predict",
+    operation_id="v1_protocol_predict",
+    summary="KServe V1 / TensorFlow Serving predict with the default version, else the newest ready one.",
+    openapi_extra=OPENAPI,
+    response_model=None,
+)
+async def predict(name: str, request: Request) -> Response:
+    await check_infer(request)
+    return await _predict(request, name, None)
+
+
+@router.post(
+    "/v1/models/{name}/versions/{version}:predict",
+    operation_id="v1_protocol_predict_version",
+    summary="KServe V1 / TensorFlow Serving predict with one version of a model.",
+    openapi_extra=OPENAPI,
+    response_model=None,
+)
+async def predict_version(name: str, version: str, request: Request) -> Response:
+    await check_infer(request)
+    return await _predict(request, name, version_number(version))

@@ -1,0 +1,235 @@
+"""KServe's V1 protocol, TensorFlow Serving's REST predict API, against a real server: kserve's
+own InferenceRESTClient unchanged, instances in and predictions out, the columnar form, strict
+JSON for NaN, and a 4xx `{"error"}` for every malformed request."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from tests import models
+from tests.client import expected, sample, upload
+from tests.servers import ROOT, KilnServer
+from tests.test_v2 import HEADS
+
+ADMIN, INFER = "admin-secret", "infer-secret"
+AUTH = {"Authorization": f"Bearer {INFER}"}
+MLP = models.MODELS["mlp"]
+
+
+class Log(nn.Module):
+    """NaN for a negative input, -inf for zero: values that JSON has no numbers for."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+
+class Total(nn.Module):
+    """One number for the whole batch: an output with no row per instance."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum()
+
+
+LOG = models.TestModel("log", Log, [{"name": "x", "dtype": "float32", "shape": [-1, 3]}])
+TOTAL = models.TestModel("total", Total, [{"name": "x", "dtype": "float32", "shape": [-1, 3]}])
+# A fixed shape: no batch dimension to stack instances on.
+FIXED = models.TestModel("fixed", Log, [{"name": "x", "dtype": "float32", "shape": [2, 3]}])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    root = tmp_path_factory.mktemp("kserve_v1")
+    env = {
+        "KILN_DATA_DIR": str(root / "data"),
+        "KILN_API_KEYS": f"{ADMIN}:admin,{INFER}:infer",
+        "KILN_MAX_UPLOAD_MB": "1",
+    }
+    srv = KilnServer(env, root / "kiln.log")
+    srv.start()
+    with httpx.Client(base_url=srv.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
+        for model, config in ((MLP, {}), (HEADS, {}), (LOG, {}), (TOTAL, {"max_batch_size": 1}), (FIXED, {})):
+            response = upload(admin, model, backends=[], **config)
+            assert response.status_code == 202, response.text
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def http(server: KilnServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {INFER}"}) as c:
+        yield c
+
+
+def heads(x: np.ndarray, k: np.ndarray) -> list[np.ndarray]:
+    with torch.inference_mode():
+        return [t.numpy() for t in HEADS.module()(torch.from_numpy(x), torch.from_numpy(k))]
+
+
+def kserve(server: KilnServer, *calls: tuple[str, dict[str, Any]]) -> list[Any]:
+    """The results of kserve's client calls (tests/kserve_client.py), in order."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.kserve_client", server.url],
+        input=json.dumps(calls),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=ROOT,
+    )
+    results: list[Any] = json.loads(done.stdout)
+    return results
+
+
+def test_kserve_client_checks_liveness_and_readiness_and_predicts(server: KilnServer) -> None:
+    x = sample(MLP, 3)
+    xh, k = sample(HEADS, 2), np.arange(8, dtype=np.int64).reshape(2, 4)
+    rows = [{"x": xh[i].tolist(), "k": k[i].tolist()} for i in range(2)]
+    live, ready, mlp, two_heads, missing = kserve(
+        server,
+        ("is_server_live", {}),
+        ("is_model_ready", {"model_name": "mlp", "headers": AUTH}),
+        ("infer", {"data": {"instances": x.tolist()}, "model_name": "mlp", "headers": AUTH}),
+        ("infer", {"data": {"instances": rows}, "model_name": "heads", "headers": AUTH}),
+        ("infer", {"data": {"instances": x.tolist()}, "model_name": "nope", "headers": AUTH}),
+    )
+    assert live is True
+    assert ready is True
+    assert list(mlp) == ["predictions"]
+    np.testing.assert_allclose(np.array(mlp["predictions"]), expected(MLP, x), rtol=1e-5, atol=1e-6)
+    # A model of several outputs: one object of output name -> value per instance.
+    y, positive, k_out = heads(xh, k)
+    predictions = two_heads["predictions"]
+    assert [sorted(p) for p in predictions] == [["output0", "output1", "output2"]] * 2
+    for i, row in enumerate(predictions):
+        np.testing.assert_allclose(row["output0"], y[i], rtol=1e-5, atol=1e-6)
+        assert row["output1"] is bool(positive[i])
+        assert row["output2"] == k_out[i].tolist()
+    assert missing["status"] == 404
+    assert "no model named 'nope'" in missing["message"]  # kserve's client shows the server's {"error"}
+
+
+def test_readiness_follows_unload_and_load(server: KilnServer, http: httpx.Client) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    ready = ("is_model_ready", {"model_name": "log", "headers": AUTH})
+    assert http.get("/v1/models/log").json()["ready"] is True
+    assert http.post("/v2/repository/models/log/unload", headers=admin).status_code == 200
+    try:
+        assert kserve(server, ready) == [False]
+        response = http.post("/v1/models/log:predict", json={"instances": [[1.0, 2.0, 3.0]]})
+        assert response.status_code == 409
+        assert "/v2/repository/models/log/load" in response.json()["error"]
+    finally:
+        assert http.post("/v2/repository/models/log/load", headers=admin).status_code == 200
+    assert kserve(server, ready) == [True]
+
+
+def test_columnar_form_and_versions(http: httpx.Client) -> None:
+    x = sample(MLP, 2)
+    for path in ("/v1/models/mlp:predict", "/v1/models/mlp/versions/1:predict"):
+        response = http.post(path, json={"inputs": x.tolist(), "signature_name": "serving_default"})
+        assert response.status_code == 200, response.text
+        assert list(response.json()) == ["outputs"]
+        np.testing.assert_allclose(response.json()["outputs"], expected(MLP, x), rtol=1e-5, atol=1e-6)
+    # A single-input model's instances may name their input too.
+    named = http.post("/v1/models/mlp:predict", json={"instances": [{"x": row} for row in x.tolist()]})
+    np.testing.assert_allclose(named.json()["predictions"], expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+    xh, k = sample(HEADS, 3), np.ones((3, 4), dtype=np.int64)
+    response = http.post("/v1/models/heads:predict", json={"inputs": {"x": xh.tolist(), "k": k.tolist()}})
+    assert response.status_code == 200, response.text
+    outputs = response.json()["outputs"]
+    y, positive, k_out = heads(xh, k)
+    np.testing.assert_allclose(outputs["output0"], y, rtol=1e-5, atol=1e-6)
+    assert outputs["output1"] == positive.tolist()
+    assert outputs["output2"] == k_out.tolist()
+
+    # An output with no row per instance, and inputs with no batch: the columnar form serves both.
+    total = http.post("/v1/models/total:predict", json={"inputs": [[1.0, 2.0, 3.0]]})
+    assert total.json() == {"outputs": 6.0}
+    fixed = http.post("/v1/models/fixed:predict", json={"inputs": [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]})
+    assert fixed.json() == {"outputs": [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]}
+
+
+def test_nan_and_infinity_are_null_in_strict_json(http: httpx.Client) -> None:
+    response = http.post("/v1/models/log:predict", json={"instances": [[-1.0, 0.0, 1.0]]})
+    assert response.status_code == 200, response.text
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    assert json.loads(response.text, parse_constant=refuse) == {"predictions": [[None, None, 0.0]]}
+
+
+def test_large_answers_are_compressed_when_asked(http: httpx.Client) -> None:
+    x = sample(MLP, 8)
+    response = http.post(
+        "/v1/models/mlp:predict", json={"instances": x.tolist()}, headers={"Accept-Encoding": "gzip"}
+    )
+    assert response.headers["content-encoding"] == "gzip"
+    np.testing.assert_allclose(response.json()["predictions"], expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
+ROW = [0.5] * 64
+BAD_REQUESTS: dict[str, tuple[str, Any, int, str]] = {
+    "not JSON": ("mlp", b"{", 400, "the body must be an object of"),
+    "both forms": ("mlp", {"instances": [ROW], "inputs": [ROW]}, 400, 'either "instances"'),
+    "neither form": ("mlp", {}, 400, 'either "instances"'),
+    "unknown key": ("mlp", {"instances": [ROW], "parameters": {}}, 400, "parameters"),
+    "other signature": ("mlp", {"instances": [ROW], "signature_name": "predict"}, 400, "serving_default"),
+    "no instances": ("mlp", {"instances": []}, 400, '"instances" is empty'),
+    "instances not a list": ("mlp", {"instances": ROW[0]}, 400, "instances"),
+    "ragged instances": ("mlp", {"instances": [ROW, ROW[:63]]}, 400, "ragged"),
+    "wrong row shape": ("mlp", {"instances": [ROW[:5]]}, 400, "expected shape [-1, 64], received [1, 5]"),
+    "over max batch": ("mlp", {"instances": [ROW] * 9}, 400, "max_batch_size 8"),
+    "unknown input name": ("mlp", {"instances": [{"y": ROW}]}, 400, "instance 0 has inputs ['y']"),
+    "values for several inputs": ("heads", {"instances": [[0.5] * 4]}, 400, "give an object of input name"),
+    "missing input": ("heads", {"instances": [{"x": [0.5] * 4}]}, 400, "the model takes ['x', 'k']"),
+    "float for an integer": (
+        "heads",
+        {"inputs": {"x": [[0.5] * 4], "k": [[0.5] * 4]}},
+        400,
+        "expected dtype int64",
+    ),
+    "columnar values for several inputs": (
+        "heads",
+        {"inputs": [[0.5] * 4]},
+        400,
+        '"inputs": the model takes',
+    ),
+    "instances of fixed inputs": ("fixed", {"instances": [[1.0] * 3]}, 400, "no batch dimension"),
+    "no row per instance": ("total", {"instances": [[1.0] * 3]}, 400, "send the columnar"),
+    "unknown model": ("nope", {"instances": [ROW]}, 404, "'nope'"),
+    "too large": ("mlp", b"[" + b"0.5," * 300_000 + b"0.5]", 413, "KILN_MAX_UPLOAD_MB"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_malformed_requests_get_a_4xx_that_says_what_to_fix(http: httpx.Client, case: str) -> None:
+    model, body, status, message = BAD_REQUESTS[case]
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    response = http.post(f"/v1/models/{model}:predict", content=content)
+    assert response.status_code == status, response.text
+    assert message in response.json()["error"]
+
+
+def test_versions_and_keys_are_checked(http: httpx.Client, server: KilnServer) -> None:
+    body = {"instances": [ROW]}
+    assert (
+        http.post("/v1/models/mlp/versions/x:predict", json=body)
+        .json()["error"]
+        .startswith("model version must be an integer")
+    )
+    assert http.post("/v1/models/mlp/versions/7:predict", json=body).status_code == 404
+    anonymous = httpx.post(f"{server.url}/v1/models/mlp:predict", json=body)
+    assert anonymous.status_code == 401
+    assert "error" in anonymous.json()
