@@ -3,6 +3,7 @@ unchanged, typed tensor contents through the protocol's own stub, and each error
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterator
 
 import grpc
@@ -256,3 +257,44 @@ def test_unload_and_load_need_admin_and_hold(client: triton.InferenceServerClien
         client.load_model("heads", headers=ADMIN_KEY)
     assert client.is_model_ready("heads", headers=INFER_KEY)
     assert client.infer("heads", [x, k], headers=INFER_KEY).as_numpy("output2").tolist() == [[1] * 4]
+
+
+StreamResult = tuple["triton.InferResult | None", "InferenceServerException | None"]
+
+
+def streamed(
+    client: triton.InferenceServerClient, requests: list[tuple[str, str]], key: dict[str, str] | None
+) -> list[StreamResult]:
+    """What tritonclient's stream callback got for each `(model, request id)`, in the order it got
+    them; each request a batch-1 MLP input of its own."""
+    got: queue.Queue[StreamResult] = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)), headers=key)
+    for i, (model, rid) in enumerate(requests):
+        client.async_stream_infer(model, [fp32("x", sample(MLP, 1, seed=i))], request_id=rid)
+    client.stop_stream()  # closes the request stream and waits for every answer
+    return [got.get_nowait() for _ in range(got.qsize())]
+
+
+def test_stream_answers_each_request_in_order(client: triton.InferenceServerClient) -> None:
+    """ModelStreamInfer, as tritonclient streams: the answers come in the order the requests went,
+    each equal to its unbatched result, and an error answers its own request only."""
+    requests = [("mlp", str(i)) for i in range(24)]
+    requests[7] = ("nope", "7")
+    answers = streamed(client, requests, INFER_KEY)
+    assert len(answers) == len(requests)
+    for i, (result, error) in enumerate(answers):
+        if i == 7:
+            assert result is None and error is not None
+            assert "no model named 'nope'" in error.message()
+            continue
+        assert error is None and result is not None
+        assert result.get_response().id == str(i)
+        got = result.as_numpy("output0")
+        np.testing.assert_allclose(got, expected(MLP, sample(MLP, 1, seed=i)), rtol=1e-5, atol=1e-6)
+
+
+def test_stream_needs_a_key(client: triton.InferenceServerClient) -> None:
+    (result, error), *rest = streamed(client, [("mlp", "1")], None)
+    assert result is None and not rest
+    assert error is not None and error.status() == "StatusCode.UNAUTHENTICATED"
+    assert "API key is required" in error.message()

@@ -5,15 +5,16 @@ The service is Triton's `inference.GRPCInferenceService`, from the bindings trit
 proto is a subset of it, so its clients call the same methods. Each method calls the code of its
 HTTP route (service.api.v2 and service.api.repository), and an error leaves with the gRPC status
 of its HTTP one. System shared memory is served as over HTTP (service.shared_memory), and log
-settings as `/v2/logging` (service.log_settings); CUDA shared memory, tracing and streaming are
-not offered: they answer UNIMPLEMENTED.
+settings as `/v2/logging` (service.log_settings), and ModelStreamInfer's streams request by
+request (service.api.grpc_stream); CUDA shared memory and tracing are not offered: they answer
+UNIMPLEMENTED.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
@@ -30,6 +31,7 @@ from service import metrics
 from service.api import repository, v2
 from service.api.auth import Scope, authorize, presented_key
 from service.api.deps import Services
+from service.api.grpc_stream import in_order
 from service.api.health import readiness
 from service.api.middleware import incoming_or_new
 from service.api.problems import validation_detail
@@ -79,7 +81,6 @@ SCOPES = {
 }
 # Triton's methods Kiln does not offer.
 UNOFFERED = [
-    "ModelStreamInfer",
     "CudaSharedMemoryStatus",
     "CudaSharedMemoryRegister",
     "CudaSharedMemoryUnregister",
@@ -211,8 +212,8 @@ def encode(
     return response
 
 
-async def abort(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
-    """End the call with the gRPC status of the error's HTTP status, counted as HTTP's are."""
+def failure(method: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The gRPC status of the error's HTTP status, and its message; counted as HTTP's are."""
     found = v2.error_of(exc)
     if found is None:
         log.exception("unhandled error in gRPC %s", method)
@@ -220,7 +221,18 @@ async def abort(context: grpc.aio.ServicerContext, method: str, exc: Exception) 
     status, message = found
     code = GRPC_STATUS.get(status, grpc.StatusCode.INTERNAL)
     metrics.GRPC_ERRORS.labels(code.name, method).inc()
-    await context.abort(code, message)
+    return code, message
+
+
+async def abort(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
+    """End the call with the error's status."""
+    await context.abort(*failure(method, exc))
+
+
+def set_request_id(context: grpc.aio.ServicerContext) -> None:
+    """The call's log lines carry its `x-request-id` metadata, as over HTTP, or a new id."""
+    metadata = dict(context.invocation_metadata() or ())
+    request_id.set(incoming_or_new(metadata.get("x-request-id")))
 
 
 Method = Callable[[Any, Any, grpc.aio.ServicerContext], Awaitable[Message]]
@@ -232,8 +244,7 @@ def answered(method: Method) -> Method:
 
     @functools.wraps(method)
     async def call(self: Any, request: Any, context: grpc.aio.ServicerContext) -> Message:
-        metadata = dict(context.invocation_metadata() or ())
-        request_id.set(incoming_or_new(metadata.get("x-request-id")))
+        set_request_id(context)
         try:
             return await method(self, request, context)
         except Exception as exc:
@@ -263,9 +274,11 @@ class KeyCheck(grpc.aio.ServerInterceptor):
             except KilnError as exc:
                 refusal = exc
 
-                async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> None:
+                async def refuse(request: Any, context: grpc.aio.ServicerContext) -> None:
                     await abort(context, method, refusal)
 
+                if method == "ModelStreamInfer":  # the handler's kind must match the method's
+                    return grpc.stream_stream_rpc_method_handler(refuse)
                 return grpc.unary_unary_rpc_method_handler(refuse)
         return await continuation(details)
 
@@ -344,6 +357,29 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @answered
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        return await self._infer(request)
+
+    async def ModelStreamInfer(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[Any]:
+        set_request_id(context)
+        try:
+            async for response in in_order(requests, self._stream_answer):
+                yield response
+        except Exception as exc:  # the stream could not be read; its requests' errors are answers
+            await abort(context, "ModelStreamInfer", exc)
+
+    async def _stream_answer(self, request: Any) -> Any:
+        try:
+            return pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+        except Exception as exc:
+            _, message = failure("ModelStreamInfer", exc)
+            # The id too, beyond Triton's message: a client can tell which request failed.
+            return pb.ModelStreamInferResponse(
+                error_message=message, infer_response=pb.ModelInferResponse(id=request.id)
+            )
+
+    async def _infer(self, request: Any) -> Any:
         name, version = request.model_name, version_of(request.model_version)
         shared = self.svc.shared_memory
         if decodes_inline(request):
