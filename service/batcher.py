@@ -14,7 +14,9 @@ merged batch, so it can pick what runs it by the batch's size; what it returns b
 outputs (the variant that ran) reaches every request of the batch. Past `max_queue_size`
 requests waiting or running, new ones are refused at once with a 503, as Triton's queue policy
 and TorchServe's job queue refuse them, rather than queued behind work their clients gave up
-on; and a request still waiting at its deadline gets a 503 then, and never runs.
+on; and a request still waiting at its deadline gets a 503 then, and never runs. Up to
+`instances` batches run at once, each on a lane (an executor) of its own, as Triton runs a
+model's instance_group: the next batch forms as soon as a lane is free.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Generic, TypeVar
 
 import numpy as np
@@ -55,6 +58,8 @@ class BatchPolicy:
     # Triton's priority levels (0: none): a request's priority, 1 the highest, else the default.
     priority_levels: int = 0
     default_priority_level: int = 0
+    # Batches that may run at once (Triton's instance_group count), on as many lanes.
+    instances: int = 1
 
     def level(self, priority: int) -> int:
         """The queue a request of this `priority` parameter waits in; 0 (none given) or out of
@@ -150,22 +155,26 @@ class Batcher(Generic[T]):
         self,
         run: Callable[[Arrays], tuple[Arrays, T]],
         policy: BatchPolicy,
-        executor: Executor,
+        lanes: Sequence[Executor],
         on_batch: Callable[[BatchTiming], None] | None = None,
         on_pending: Callable[[int], None] | None = None,
     ) -> None:
-        """`on_batch` is called after every execution that succeeded, and `on_pending(change)`
-        as requests arrive (+1) and are answered (-1)."""
+        """`lanes`: where batches run, one at a time on each; a policy of max_batch_size 1 runs
+        its requests side by side on the first. `on_batch` is called after every execution
+        that succeeded, and `on_pending(change)` as requests arrive (+1) and are answered (-1)."""
         self.run = run
         self.policy = policy
-        self.executor = executor
+        self.lanes = list(lanes)
+        self._idle = deque(self.lanes)  # lanes running no batch of this batcher
+        self._freed = asyncio.Event()
         self.on_batch = on_batch
         self.on_pending = on_pending
         # Not an asyncio.Queue: the collector looks at what is queued to pick a preferred size,
         # and puts back a request that starts the next batch.
         self._queue: _Queue[T] = _Queue()
         self._arrived = asyncio.Event()
-        self._batch: list[_Request[T]] = []  # being collected or run
+        self._batch: list[_Request[T]] = []  # being collected
+        self._running: dict[asyncio.Task[None], list[_Request[T]]] = {}  # batches, by their task
         self._task: asyncio.Task[None] | None = None
         self._pending = 0  # submitted and not yet answered; only touched on the event loop
         # The most requests pending at once in this batch cycle, and in the last PEAK_CYCLES; a
@@ -205,13 +214,24 @@ class Batcher(Generic[T]):
         finally:
             self._count(-1)
 
-    def reconfigure(self, policy: BatchPolicy) -> None:
-        """Serve by `policy` from now on; the waiting requests take the priority levels it
-        gives. Safe from any thread."""
+    def reconfigure(self, policy: BatchPolicy, lanes: Sequence[Executor] | None = None) -> None:
+        """Serve by `policy` from now on, and on `lanes` when given: the waiting requests take
+        the priority levels it gives, and a batch running on a lane no longer listed finishes
+        there. Safe from any thread."""
         self.policy = policy
         task = self._task
         if task is not None and not task.done():
-            task.get_loop().call_soon_threadsafe(self._queue.relevel, policy)
+            task.get_loop().call_soon_threadsafe(self._reconfigured, policy, lanes)
+        elif lanes is not None:
+            self.lanes, self._idle = list(lanes), deque(lanes)
+
+    def _reconfigured(self, policy: BatchPolicy, lanes: Sequence[Executor] | None) -> None:
+        self._queue.relevel(policy)
+        if lanes is not None:
+            busy = [lane for lane in self.lanes if lane not in self._idle]
+            self.lanes = list(lanes)
+            self._idle = deque(lane for lane in lanes if lane not in busy)
+            self._freed.set()
 
     def _count(self, change: int) -> None:
         self._pending += change
@@ -228,14 +248,14 @@ class Batcher(Generic[T]):
         safe to call from several threads (those that are not hold a lock of their own)."""
         arrived = time.monotonic()
         if deadline is None:
-            result, began, ended = await self._run_timed(inputs)
+            result, began, ended = await self._run_timed(inputs, self.lanes[0])
         else:
             result, began, ended = await self._run_timed_within(inputs, deadline)
         self._report(BatchTiming(batch, [began - arrived], 0.0, ended - began, 0.0))
         return result
 
     async def _run_timed(
-        self, inputs: Arrays, claim: _Claim | None = None
+        self, inputs: Arrays, lane: Executor, claim: _Claim | None = None
     ) -> tuple[tuple[Arrays, T], float, float]:
         """`run` in the executor, with when it began and ended there: a request waits for an
         executor thread as it waits for a batch, and both count as its queue time. Not run if
@@ -247,14 +267,14 @@ class Batcher(Generic[T]):
                 raise _expired()
             return self.run(inputs), began, time.monotonic()
 
-        return await asyncio.get_running_loop().run_in_executor(self.executor, timed)
+        return await asyncio.get_running_loop().run_in_executor(lane, timed)
 
     async def _run_timed_within(
         self, inputs: Arrays, deadline: float
     ) -> tuple[tuple[Arrays, T], float, float]:
         """As `_run_timed`, answered at `deadline` if no thread has taken it up by then."""
         claim = _Claim(deadline)
-        running = asyncio.ensure_future(self._run_timed(inputs, claim))
+        running = asyncio.ensure_future(self._run_timed(inputs, self.lanes[0], claim))
         running.add_done_callback(_retrieve)  # read here if no one waits for it any more
         try:
             return await asyncio.wait_for(asyncio.shield(running), max(deadline - time.monotonic(), 0.0))
@@ -266,6 +286,21 @@ class Batcher(Generic[T]):
             if claim.expire():
                 running.cancel()
             raise
+
+    async def _idle_lane(self) -> Executor:
+        while len(self._running) >= self.policy.instances or not self._idle:
+            self._freed.clear()
+            await self._freed.wait()
+        return self._idle.popleft()
+
+    def _free(self, lane: Executor) -> None:
+        if lane in self.lanes:  # else reconfigured away while it ran a batch
+            self._idle.append(lane)
+            self._freed.set()
+
+    def _ran(self, lane: Executor, running: asyncio.Task[None]) -> None:
+        del self._running[running]
+        self._free(lane)
 
     def close(self) -> None:
         """Stop the batching task; the requests still waiting get a 503. Safe from any thread."""
@@ -335,10 +370,15 @@ class Batcher(Generic[T]):
     async def _loop(self) -> None:
         try:
             while True:
+                lane = await self._idle_lane()  # a batch forms once it has somewhere to run
                 requests = [r for r in await self._collect() if self._runnable(r)]
-                if requests:
-                    await self._execute(requests)
                 self._batch = []
+                if not requests:
+                    self._free(lane)
+                    continue
+                running = asyncio.get_running_loop().create_task(self._execute(requests, lane))
+                self._running[running] = requests
+                running.add_done_callback(partial(self._ran, lane))
         except asyncio.CancelledError:
             self._fail_waiting()
             # End normally: a stored CancelledError's traceback would keep this frame, and with
@@ -362,8 +402,10 @@ class Batcher(Generic[T]):
             self._queue.remove(request)
 
     def _fail_waiting(self) -> None:
-        """Closed: every request still waiting gets an answer instead of hanging."""
-        waiting = [*self._batch, *self._queue]
+        """Closed: every request still waiting or running gets an answer instead of hanging."""
+        waiting = [*self._batch, *itertools.chain.from_iterable(self._running.values()), *self._queue]
+        for running in self._running:
+            running.cancel()
         self._batch = []
         self._queue.clear()
         error = UnavailableError(
@@ -374,7 +416,7 @@ class Batcher(Generic[T]):
             if not r.future.done():
                 r.future.set_exception(error)
 
-    async def _execute(self, requests: list[_Request[T]]) -> None:
+    async def _execute(self, requests: list[_Request[T]], lane: Executor) -> None:
         """Run one batch. Whatever fails, fails its own requests: the loop must live on. A merged
         batch that fails runs again one request at a time, so that one request the model cannot
         take (an index out of range, say) fails alone and not the others it was batched with."""
@@ -382,7 +424,7 @@ class Batcher(Generic[T]):
         try:
             merged = merge([r.inputs for r in requests])
             merged_at = time.monotonic()
-            (outputs, tag), began, ended = await self._run_timed(merged)
+            (outputs, tag), began, ended = await self._run_timed(merged, lane)
             handed_back = time.monotonic()  # the wait for the event loop is no phase's
             parts = split(outputs, [r.batch for r in requests])
             split_at = time.monotonic()
@@ -394,7 +436,7 @@ class Batcher(Generic[T]):
                 return
             log.warning("a batch of %d requests failed (%s); running them one at a time", len(requests), exc)
             for r in waiting:
-                await self._execute([r])
+                await self._execute([r], lane)
             return
         for r, part in zip(requests, parts, strict=True):
             if not r.future.done():

@@ -96,6 +96,7 @@ QueueSize = Annotated[int, Field(ge=0, le=1_000_000)]
 TimeoutUs = Annotated[int, Field(ge=1, le=3_600_000_000)]
 PriorityLevels = Annotated[int, Field(ge=0, le=1000)]
 PriorityLevel = Annotated[int, Field(ge=1, le=1000)]
+Instances = Annotated[int, Field(ge=1, le=64)]
 # An output's class labels, by class index (Triton's label file, one label a line); the
 # version's labels together are bounded by service.classification.MAX_LABEL_BYTES.
 Labels = Annotated[
@@ -140,6 +141,10 @@ class ServingConfig(BaseModel):
     # when None. 0: one queue, in arrival order.
     priority_levels: PriorityLevels = 0
     default_priority_level: PriorityLevel | None = None
+    # Triton's instance_group count: batches of a batching model that may run at once, each on a
+    # lane of its own (at most KILN_INFERENCE_WORKERS). Models that cannot batch run their
+    # requests side by side on KILN_INFERENCE_WORKERS threads whatever it says.
+    instances: Instances = 1
     # Output name -> its labels, which the classification extension adds to each class it
     # returns ("<value>:<index>:<label>").
     labels: Labels = Field(default_factory=dict)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 
@@ -124,6 +124,7 @@ def batch_policy(version: VersionRecord, settings: Settings) -> BatchPolicy:
         config.priority_levels,
         # The lowest level when unset; capped, since two changes at once can store one past it.
         min(config.default_priority_level or config.priority_levels, config.priority_levels),
+        config.instances,
     )
 
 
@@ -162,7 +163,7 @@ class Runtime:
         # A batching model runs one batch at a time, always on the same one of as many one-thread
         # lanes: torch gives each thread that calls it an OpenMP team of its own, and ResNet-18's
         # TorchScript calls ran 1.6-1.8x slower rotated over 4 threads than on one.
-        self._lanes = [
+        self._lanes: list[Executor] = [
             ThreadPoolExecutor(1, thread_name_prefix=f"kiln-lane{i}")
             for i in range(settings.inference_workers)
         ]
@@ -256,7 +257,9 @@ class Runtime:
         for (name, number, _), batcher in list(self._batchers.items()):  # a copy: see unload
             if (name, number) == (version.name, version.version) and batcher.policy != policy:
                 log.info("%s v%d batches with %s from now on", name, number, policy)
-                batcher.reconfigure(policy)
+                relaned = policy.max_batch_size > 1 and policy.instances != batcher.policy.instances
+                first = self._lanes.index(batcher.lanes[0]) if relaned else 0
+                batcher.reconfigure(policy, self._lanes_from(first, policy.instances) if relaned else None)
 
     def _check_loaded(self, name: str, unloaded: bool, generation: int) -> None:
         """An unload received by another process reaches this one at its next refresh of the
@@ -402,13 +405,17 @@ class Runtime:
             newest = self._routes.get((name, number))
             policy = batch_policy(version if newest is None else newest.version, self.settings)
             pending = metrics.PENDING_REQUESTS.labels(name)
-            executor = (
-                self._executor
+            lanes = (
+                [self._executor]
                 if policy.max_batch_size == 1
-                else self._lanes[next(self._next_lane) % len(self._lanes)]
+                else self._lanes_from(next(self._next_lane), policy.instances)
             )
-            batcher = self._batchers[key] = Batcher(run, policy, executor, on_batch, pending.inc)
+            batcher = self._batchers[key] = Batcher(run, policy, lanes, on_batch, pending.inc)
         return batcher
+
+    def _lanes_from(self, first: int, count: int) -> list[Executor]:
+        """`count` lanes from the `first`, in turn: at most every lane, one batch on each."""
+        return [self._lanes[(first + i) % len(self._lanes)] for i in range(min(count, len(self._lanes)))]
 
     def _run(
         self, name: str, number: int, backend: str | None, arrays: Arrays

@@ -55,7 +55,7 @@ def test_concurrent_requests_merge_and_split_exactly() -> None:
 
     async def main() -> list[tuple[Arrays, int]]:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, BatchPolicy(16, max_queue_delay_us=20_000), pool)
+            batcher = Batcher(recorder, BatchPolicy(16, max_queue_delay_us=20_000), [pool])
             results = await asyncio.gather(*(batcher.submit({"x": x}, 1) for x in xs))
             batcher.close()
             return list(results)
@@ -77,7 +77,7 @@ def test_requests_queue_while_a_batch_runs_even_without_delay() -> None:
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, BatchPolicy(8), pool)
+            batcher = Batcher(recorder, BatchPolicy(8), [pool])
             xs = requests(9)
             first = asyncio.ensure_future(batcher.submit({"x": xs[0]}, 1))
             await asyncio.sleep(0.02)  # the first request is now running, alone
@@ -94,7 +94,7 @@ def test_preferred_size_closes_a_batch_early() -> None:
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
             policy = BatchPolicy(16, max_queue_delay_us=200_000, preferred_batch_sizes=(4,))
-            batcher = Batcher(recorder, policy, pool)
+            batcher = Batcher(recorder, policy, [pool])
             await asyncio.gather(*(batcher.submit({"x": x}, 2) for x in requests(4, batch=2)))
             batcher.close()
 
@@ -111,7 +111,7 @@ def test_a_batch_takes_the_largest_preferred_size_the_queue_can_form() -> None:
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
             policy = BatchPolicy(8, preferred_batch_sizes=(2, 4))
-            batcher = Batcher(recorder, policy, pool)
+            batcher = Batcher(recorder, policy, [pool])
             xs = requests(8)
             first = asyncio.ensure_future(batcher.submit({"x": xs[0]}, 1))
             await asyncio.sleep(0.02)  # the first request's batch is running, alone
@@ -133,7 +133,7 @@ def test_different_shapes_never_merge() -> None:
             batcher = Batcher(
                 lambda a: ({"z": a["x"] * 2}, None),
                 BatchPolicy(8, 20_000),
-                pool,
+                [pool],
                 on_batch=lambda timing: recorder.calls.append(timing.batch_size),
             )
             a = np.ones((1, 4), np.float32)
@@ -155,16 +155,16 @@ def test_timings_split_queue_from_compute() -> None:
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
-            delayed = Batcher(Recorder(0.05), BatchPolicy(8, 100_000), pool, timings.append)
+            delayed = Batcher(Recorder(0.05), BatchPolicy(8, 100_000), [pool], timings.append)
             await asyncio.gather(*(delayed.submit({"x": x}, 1) for x in requests(3)))
             delayed.close()
-            eager = Batcher(Recorder(0.1), BatchPolicy(8), pool, timings.append)
+            eager = Batcher(Recorder(0.1), BatchPolicy(8), [pool], timings.append)
             running = asyncio.ensure_future(eager.submit({"x": requests(1)[0]}, 1))
             await asyncio.sleep(0.01)  # it runs, 90 ms to go
             await asyncio.gather(running, eager.submit({"x": requests(1, batch=2)[0]}, 2))
             running = asyncio.ensure_future(eager.submit({"x": requests(1)[0]}, 1))
             await asyncio.sleep(0.01)
-            alone = Batcher(Recorder(0.05), BatchPolicy(1), pool, timings.append)
+            alone = Batcher(Recorder(0.05), BatchPolicy(1), [pool], timings.append)
             await asyncio.gather(running, alone.submit({"x": requests(1)[0]}, 1))
             eager.close()
 
@@ -185,7 +185,7 @@ def test_a_failing_batch_fails_only_its_requests() -> None:
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, BatchPolicy(1), pool)
+            batcher = Batcher(recorder, BatchPolicy(1), [pool])
             bad = np.full((1, 4), np.nan, np.float32)
             with pytest.raises(ValueError, match="non-finite"):
                 await batcher.submit({"x": bad}, 1)
@@ -206,7 +206,7 @@ def test_a_failing_merged_batch_fails_only_the_request_that_broke_it() -> None:
 
     async def main() -> list[object]:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, BatchPolicy(8, max_queue_delay_us=200_000), pool, timings.append)
+            batcher = Batcher(recorder, BatchPolicy(8, max_queue_delay_us=200_000), [pool], timings.append)
             results = await asyncio.gather(*(batcher.submit({"x": x}, 1) for x in xs), return_exceptions=True)
             batcher.close()
             return list(results)
@@ -231,7 +231,7 @@ def test_the_queue_delay_counts_from_a_requests_arrival() -> None:
 
     async def main() -> float:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, BatchPolicy(8, max_queue_delay_us=int(delay_s * 1e6)), pool)
+            batcher = Batcher(recorder, BatchPolicy(8, max_queue_delay_us=int(delay_s * 1e6)), [pool])
             first = asyncio.ensure_future(batcher.submit({"x": requests(1)[0]}, 1))
             await asyncio.sleep(delay_s + 0.05)  # the first request's batch is running now
             arrived = time.monotonic()
@@ -253,7 +253,7 @@ def test_a_full_queue_refuses_requests_at_once_and_recovers(max_batch_size: int)
 
     async def main() -> float:
         with ThreadPoolExecutor(2) as pool:
-            batcher = Batcher(recorder, BatchPolicy(max_batch_size, max_queue_size=3), pool)
+            batcher = Batcher(recorder, BatchPolicy(max_batch_size, max_queue_size=3), [pool])
             admitted = [asyncio.ensure_future(batcher.submit({"x": x}, 1)) for x in requests(3)]
             await asyncio.sleep(0.05)  # all three are in, waiting or running
             begun = time.monotonic()
@@ -279,7 +279,7 @@ def test_closing_answers_every_waiting_request() -> None:
 
     async def main() -> list[object]:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, BatchPolicy(2), pool)
+            batcher = Batcher(recorder, BatchPolicy(2), [pool])
             pending = [asyncio.ensure_future(batcher.submit({"x": x}, 1)) for x in requests(5)]
             await asyncio.sleep(0.05)  # the first batch is running, the rest wait
             batcher.close()
@@ -307,7 +307,7 @@ def test_a_request_past_its_timeout_is_answered_then_and_never_run(max_batch_siz
     async def main() -> tuple[float, object, list[dict[str, object]]]:
         errors = quiet_loop_errors()
         with ThreadPoolExecutor(1) as pool:  # one thread: the late request waits for it too
-            batcher = Batcher(recorder, BatchPolicy(max_batch_size), pool)
+            batcher = Batcher(recorder, BatchPolicy(max_batch_size), [pool])
             running = asyncio.ensure_future(batcher.submit({"x": first}, 1))
             await asyncio.sleep(0.05)  # the first runs; the others wait behind it
             waited = asyncio.ensure_future(batcher.submit({"x": patient}, 1, time.monotonic() + 10))
@@ -335,7 +335,7 @@ def test_an_expired_request_leaves_the_queue_and_the_next_batch_whole() -> None:
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, BatchPolicy(2), pool)
+            batcher = Batcher(recorder, BatchPolicy(2), [pool])
             running = asyncio.ensure_future(batcher.submit({"x": first}, 1))
             await asyncio.sleep(0.05)
             expired = asyncio.ensure_future(batcher.submit({"x": late}, 1, time.monotonic() + 0.05))
@@ -356,7 +356,7 @@ def test_a_client_that_hangs_up_before_its_turn_is_not_run_when_it_has_a_deadlin
     async def main() -> list[dict[str, object]]:
         errors = quiet_loop_errors()
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, BatchPolicy(1), pool)
+            batcher = Batcher(recorder, BatchPolicy(1), [pool])
             running = asyncio.ensure_future(batcher.submit({"x": first}, 1))
             await asyncio.sleep(0.05)
             hung_up = asyncio.ensure_future(batcher.submit({"x": gone}, 1, time.monotonic() + 10))
@@ -387,7 +387,7 @@ def closed_loop(
 
     async def main() -> float:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, policy, pool)
+            batcher = Batcher(recorder, policy, [pool])
             began = time.monotonic()
             await asyncio.gather(*(client(batcher, x) for x in requests(clients)))
             batcher.close()
@@ -411,7 +411,7 @@ def test_an_adaptive_delay_stops_waiting_once_every_recent_client_is_in_the_batc
 
     async def timed_cycles() -> list[float]:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, adaptive, pool)
+            batcher = Batcher(recorder, adaptive, [pool])
             xs = requests(2)
             took = []
             for _ in range(8):
@@ -441,7 +441,7 @@ def test_an_adaptive_delay_still_fills_batches_under_heavier_load() -> None:
 
     async def load_falls() -> float:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, adaptive, pool)
+            batcher = Batcher(recorder, adaptive, [pool])
             for _ in range(5):
                 await asyncio.gather(*(batcher.submit({"x": x}, 1) for x in requests(8)))
             for _ in range(PEAK_CYCLES + 1):  # one client: the peak of 8 ages out
@@ -464,7 +464,7 @@ def test_an_adaptive_delay_counts_only_live_requests_in_the_batch() -> None:
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(recorder, adaptive, pool)
+            batcher = Batcher(recorder, adaptive, [pool])
             for _ in range(PEAK_CYCLES + 1):  # a peak of three requests outstanding
                 await asyncio.gather(*(batcher.submit({"x": x}, 1) for x in requests(3)))
             x = requests(1)[0]
@@ -512,7 +512,7 @@ def behind_a_batch(
 
     async def main() -> None:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(gated, policy, pool)
+            batcher = Batcher(gated, policy, [pool])
             first = asyncio.ensure_future(batcher.submit(tag(0), 1))
             await asyncio.sleep(0.05)  # its batch is running, alone
             rest = [
@@ -568,7 +568,7 @@ def test_the_delay_counts_from_the_oldest_request_in_the_batch() -> None:
 
     async def main() -> float:
         with ThreadPoolExecutor(1) as pool:
-            batcher = Batcher(gated, policy, pool)
+            batcher = Batcher(gated, policy, [pool])
             full = {"x": np.zeros((4, 4), np.float32)}  # a whole batch: it runs at once
             first = asyncio.ensure_future(batcher.submit(full, 4))
             await asyncio.sleep(0.05)
@@ -585,3 +585,68 @@ def test_the_delay_counts_from_the_oldest_request_in_the_batch() -> None:
     released = asyncio.run(main())
     assert gated.batches == [[0, 0, 0, 0], [2, 1]]
     assert gated.started[1] - released < 0.15, gated.started[1] - released  # not the 0.3 s delay
+
+
+def side_by_side(policy: BatchPolicy, lanes: int, change: BatchPolicy | None = None) -> list[object]:
+    """The answers to two requests, the second sent while the first's batch runs, of a model
+    whose batches each wait for another to run beside them (up to a second). `change`, with
+    every lane, is applied between them; before it the batcher has the first lane only."""
+    side = threading.Barrier(2, timeout=1)
+
+    def run(inputs: Arrays) -> tuple[Arrays, int]:
+        side.wait()
+        return {"y": inputs["x"]}, 0
+
+    async def main() -> list[object]:
+        pools = [ThreadPoolExecutor(1) for _ in range(lanes)]
+        try:
+            batcher = Batcher(run, policy, pools if change is None else pools[:1])
+            first = asyncio.ensure_future(batcher.submit(tag(1), 1))
+            await asyncio.sleep(0.05)  # its batch is running, alone
+            if change is not None:
+                batcher.reconfigure(change, pools)
+            second = asyncio.ensure_future(batcher.submit(tag(2), 1))
+            answers = await asyncio.gather(first, second, return_exceptions=True)
+            batcher.close()
+            return answers
+        finally:
+            for pool in pools:
+                pool.shutdown()
+
+    return asyncio.run(main())
+
+
+def test_instances_run_batches_side_by_side() -> None:
+    """Triton's instance_group count: with two instances the second request's batch runs on
+    the second lane while the first's runs; with one it waits, and the first's batch, alone,
+    gives up waiting for a partner."""
+    assert [type(a) for a in side_by_side(BatchPolicy(4, instances=2), lanes=2)] == [tuple, tuple]
+    one = side_by_side(BatchPolicy(4), lanes=2)
+    assert isinstance(one[0], threading.BrokenBarrierError), one
+    # More instances than lanes: one batch a lane.
+    assert isinstance(side_by_side(BatchPolicy(4, instances=2), lanes=1)[0], threading.BrokenBarrierError)
+
+
+def test_a_change_of_instances_applies_to_the_next_batch() -> None:
+    answers = side_by_side(BatchPolicy(4), lanes=2, change=BatchPolicy(4, instances=2))
+    assert [type(a) for a in answers] == [tuple, tuple], answers
+
+
+def test_closing_answers_the_requests_of_every_running_batch() -> None:
+    gated = Gated()
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as a, ThreadPoolExecutor(1) as b:
+            batcher = Batcher(gated, BatchPolicy(2, instances=2), [a, b])
+            first = asyncio.ensure_future(batcher.submit(tag(1), 1))
+            await asyncio.sleep(0.05)
+            second = asyncio.ensure_future(batcher.submit(tag(2), 1))
+            await asyncio.sleep(0.05)  # both batches are running
+            batcher.close()
+            answers = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 5)
+            gated.gate.set()
+            return answers
+
+    answers = asyncio.run(main())
+    assert all(isinstance(a, UnavailableError) for a in answers), answers
+    assert gated.batches == [[1], [2]] or gated.batches == [[2], [1]]

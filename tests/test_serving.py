@@ -417,6 +417,7 @@ def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client
         "adaptive_queue_delay": True,
         "priority_levels": 0,
         "default_priority_level": None,
+        "instances": 1,
         "labels": {},
     }
     [version] = http.get(f"/v1/models/{name}").json()["versions"]

@@ -106,6 +106,7 @@ def test_tritonclient_conversation(client: triton.InferenceServerClient) -> None
         "max_batch_size": 8,  # the server default: batched, so dims leave out the batch
         "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [64]}],
         "output": [{"name": "output0", "data_type": "TYPE_FP32", "dims": [10]}],
+        "instance_group": [{"name": "mlp", "count": 1}],
         "dynamic_batching": {
             "preferred_batch_size": [],
             "max_queue_delay_microseconds": 0,

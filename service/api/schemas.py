@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from compiler.backends import MAX_TUNING_TRIALS
 from service.records import (
     BackendRequest,
+    Instances,
     JobStatus,
     Labels,
     ModelConfig,
@@ -111,7 +112,8 @@ class ModelOut(BaseModel):
 class ServingIn(BaseModel):
     """The serving settings to change. Those left out keep their value; null restores what an
     upload that leaves a setting out gets (the server's default, no limit, [], false for
-    response_cache, true for adaptive_queue_delay, 0 for priority_levels, {} for labels)."""
+    response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
+    for labels)."""
 
     model_config = ConfigDict(extra="allow")  # refused by the route, with a message that says why
 
@@ -123,6 +125,7 @@ class ServingIn(BaseModel):
     adaptive_queue_delay: bool | None = None
     priority_levels: PriorityLevels | None = None
     default_priority_level: PriorityLevel | None = None
+    instances: Instances | None = None
     labels: Labels | None = None
 
     def changes(self) -> dict[str, Any]:

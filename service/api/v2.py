@@ -221,6 +221,9 @@ def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
         queue_policy["allow_timeout_override"] = True
     if record.config.response_cache:
         config["response_cache"] = {"enable": True}
+    # How many of its batches run at once here; a model that cannot batch, how many requests.
+    lanes = svc.runtime.settings.inference_workers
+    config["instance_group"] = [{"name": name, "count": min(policy.instances, lanes) if batching else lanes}]
     if batching:
         config["dynamic_batching"] = {
             "preferred_batch_size": list(policy.preferred_batch_sizes),

@@ -437,6 +437,10 @@ export type ServingConfig = {
      */
     default_timeout_us?: number | null;
     /**
+     * Instances
+     */
+    instances?: number;
+    /**
      * Labels
      */
     labels?: {
@@ -469,7 +473,8 @@ export type ServingConfig = {
  *
  * The serving settings to change. Those left out keep their value; null restores what an
  * upload that leaves a setting out gets (the server's default, no limit, [], false for
- * response_cache, true for adaptive_queue_delay, 0 for priority_levels, {} for labels).
+ * response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
+ * for labels).
  */
 export type ServingIn = {
     /**
@@ -484,6 +489,10 @@ export type ServingIn = {
      * Default Timeout Us
      */
     default_timeout_us?: number | null;
+    /**
+     * Instances
+     */
+    instances?: number | null;
     /**
      * Labels
      */

@@ -24,6 +24,7 @@ class ServingConfig:
             adaptive_queue_delay (bool | Unset):  Default: True.
             default_priority_level (int | None | Unset):
             default_timeout_us (int | None | Unset):
+            instances (int | Unset):  Default: 1.
             labels (ServingConfigLabels | Unset):
             max_queue_delay_us (int | None | Unset):
             max_queue_size (int | None | Unset):
@@ -35,6 +36,7 @@ class ServingConfig:
     adaptive_queue_delay: bool | Unset = True
     default_priority_level: int | None | Unset = UNSET
     default_timeout_us: int | None | Unset = UNSET
+    instances: int | Unset = 1
     labels: ServingConfigLabels | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
     max_queue_size: int | None | Unset = UNSET
@@ -57,6 +59,8 @@ class ServingConfig:
             default_timeout_us = UNSET
         else:
             default_timeout_us = self.default_timeout_us
+
+        instances = self.instances
 
         labels: dict[str, Any] | Unset = UNSET
         if not isinstance(self.labels, Unset):
@@ -91,6 +95,8 @@ class ServingConfig:
             field_dict["default_priority_level"] = default_priority_level
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
+        if instances is not UNSET:
+            field_dict["instances"] = instances
         if labels is not UNSET:
             field_dict["labels"] = labels
         if max_queue_delay_us is not UNSET:
@@ -131,6 +137,8 @@ class ServingConfig:
 
         default_timeout_us = _parse_default_timeout_us(d.pop("default_timeout_us", UNSET))
 
+        instances = d.pop("instances", UNSET)
+
         _labels = d.pop("labels", UNSET)
         labels: ServingConfigLabels | Unset
         if isinstance(_labels, Unset):
@@ -166,6 +174,7 @@ class ServingConfig:
             adaptive_queue_delay=adaptive_queue_delay,
             default_priority_level=default_priority_level,
             default_timeout_us=default_timeout_us,
+            instances=instances,
             labels=labels,
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,

@@ -19,12 +19,14 @@ T = TypeVar("T", bound="ServingIn")
 class ServingIn:
     """The serving settings to change. Those left out keep their value; null restores what an
     upload that leaves a setting out gets (the server's default, no limit, [], false for
-    response_cache, true for adaptive_queue_delay, 0 for priority_levels, {} for labels).
+    response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
+    for labels).
 
         Attributes:
             adaptive_queue_delay (bool | None | Unset):
             default_priority_level (int | None | Unset):
             default_timeout_us (int | None | Unset):
+            instances (int | None | Unset):
             labels (None | ServingInLabelsType0 | Unset):
             max_queue_delay_us (int | None | Unset):
             max_queue_size (int | None | Unset):
@@ -36,6 +38,7 @@ class ServingIn:
     adaptive_queue_delay: bool | None | Unset = UNSET
     default_priority_level: int | None | Unset = UNSET
     default_timeout_us: int | None | Unset = UNSET
+    instances: int | None | Unset = UNSET
     labels: None | ServingInLabelsType0 | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
     max_queue_size: int | None | Unset = UNSET
@@ -64,6 +67,12 @@ class ServingIn:
             default_timeout_us = UNSET
         else:
             default_timeout_us = self.default_timeout_us
+
+        instances: int | None | Unset
+        if isinstance(self.instances, Unset):
+            instances = UNSET
+        else:
+            instances = self.instances
 
         labels: dict[str, Any] | None | Unset
         if isinstance(self.labels, Unset):
@@ -115,6 +124,8 @@ class ServingIn:
             field_dict["default_priority_level"] = default_priority_level
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
+        if instances is not UNSET:
+            field_dict["instances"] = instances
         if labels is not UNSET:
             field_dict["labels"] = labels
         if max_queue_delay_us is not UNSET:
@@ -162,6 +173,15 @@ class ServingIn:
             return cast(int | None | Unset, data)
 
         default_timeout_us = _parse_default_timeout_us(d.pop("default_timeout_us", UNSET))
+
+        def _parse_instances(data: object) -> int | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(int | None | Unset, data)
+
+        instances = _parse_instances(d.pop("instances", UNSET))
 
         def _parse_labels(data: object) -> None | ServingInLabelsType0 | Unset:
             if data is None:
@@ -237,6 +257,7 @@ class ServingIn:
             adaptive_queue_delay=adaptive_queue_delay,
             default_priority_level=default_priority_level,
             default_timeout_us=default_timeout_us,
+            instances=instances,
             labels=labels,
             max_queue_delay_us=max_queue_delay_us,
             max_queue_size=max_queue_size,

@@ -98,7 +98,8 @@ def sync_detailed(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay, 0 for priority_levels, {} for labels).
+            response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
+            for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -137,7 +138,8 @@ def sync(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay, 0 for priority_levels, {} for labels).
+            response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
+            for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -171,7 +173,8 @@ async def asyncio_detailed(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay, 0 for priority_levels, {} for labels).
+            response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
+            for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -208,7 +211,8 @@ async def asyncio(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay, 0 for priority_levels, {} for labels).
+            response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
+            for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
