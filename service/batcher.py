@@ -165,7 +165,9 @@ class Batcher(Generic[T]):
         self.run = run
         self.policy = policy
         self.lanes = list(lanes)
-        self._idle = deque(self.lanes)  # lanes running no batch of this batcher
+        # Each lane is idle, or held: by the batch being collected or by one running. A lane
+        # dropped by `reconfigure` while held is released by its batch and not taken again.
+        self._held: set[Executor] = set()
         self._freed = asyncio.Event()
         self.on_batch = on_batch
         self.on_pending = on_pending
@@ -223,15 +225,13 @@ class Batcher(Generic[T]):
         if task is not None and not task.done():
             task.get_loop().call_soon_threadsafe(self._reconfigured, policy, lanes)
         elif lanes is not None:
-            self.lanes, self._idle = list(lanes), deque(lanes)
+            self.lanes = list(lanes)
 
     def _reconfigured(self, policy: BatchPolicy, lanes: Sequence[Executor] | None) -> None:
         self._queue.relevel(policy)
         if lanes is not None:
-            busy = [lane for lane in self.lanes if lane not in self._idle]
             self.lanes = list(lanes)
-            self._idle = deque(lane for lane in lanes if lane not in busy)
-            self._freed.set()
+        self._freed.set()  # more instances, or lanes, may let the next batch form
 
     def _count(self, change: int) -> None:
         self._pending += change
@@ -288,15 +288,19 @@ class Batcher(Generic[T]):
             raise
 
     async def _idle_lane(self) -> Executor:
-        while len(self._running) >= self.policy.instances or not self._idle:
+        """A lane to collect the next batch for, held until that batch has run: once fewer
+        than `instances` batches run."""
+        while True:
+            idle = [lane for lane in self.lanes if lane not in self._held]
+            if idle and len(self._running) < self.policy.instances:
+                self._held.add(idle[0])
+                return idle[0]
             self._freed.clear()
             await self._freed.wait()
-        return self._idle.popleft()
 
     def _free(self, lane: Executor) -> None:
-        if lane in self.lanes:  # else reconfigured away while it ran a batch
-            self._idle.append(lane)
-            self._freed.set()
+        self._held.discard(lane)
+        self._freed.set()
 
     def _ran(self, lane: Executor, running: asyncio.Task[None]) -> None:
         del self._running[running]
@@ -350,7 +354,9 @@ class Batcher(Generic[T]):
         while size < self.policy.max_batch_size:
             if size in preferred and not self._queued_grow_to_preferred(first, size):
                 break
-            if self.policy.adaptive_queue_delay and not self._queue and _live(batch) >= self._recent_peak():
+            # Requests running on other lanes count in the peak but cannot join this batch.
+            expected = self._recent_peak() - sum(map(_live, self._running.values()))
+            if self.policy.adaptive_queue_delay and not self._queue and _live(batch) >= expected:
                 break
             request = await self._next(deadline - time.monotonic())
             if request is None:
@@ -362,8 +368,8 @@ class Batcher(Generic[T]):
             size += request.batch
             deadline = min(deadline, request.arrived + delay)
         self._peaks.append(self._peak)
-        # What is outstanding now: the last batch's requests are answered, though their
-        # submit() may not yet have counted them out of _pending.
+        # What is outstanding now, beside batches running on other lanes: the last batch on this
+        # lane is answered, though its requests' submit() may not yet have counted them out.
         self._peak = len(batch) + len(self._queue)
         return batch
 
@@ -371,7 +377,11 @@ class Batcher(Generic[T]):
         try:
             while True:
                 lane = await self._idle_lane()  # a batch forms once it has somewhere to run
-                requests = [r for r in await self._collect() if self._runnable(r)]
+                try:
+                    requests = [r for r in await self._collect() if self._runnable(r)]
+                except asyncio.CancelledError:  # closed: a loop started later needs the lane
+                    self._free(lane)
+                    raise
                 self._batch = []
                 if not requests:
                     self._free(lane)

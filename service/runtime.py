@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import itertools
 import logging
 import math
 import threading
@@ -160,14 +159,16 @@ class Runtime:
         self._batchers: dict[tuple[str, int, str | None], Batcher[VariantRecord]] = {}
         # Models that cannot batch run their requests side by side here.
         self._executor = ThreadPoolExecutor(settings.inference_workers, thread_name_prefix="kiln-infer")
-        # A batching model runs one batch at a time, always on the same one of as many one-thread
-        # lanes: torch gives each thread that calls it an OpenMP team of its own, and ResNet-18's
-        # TorchScript calls ran 1.6-1.8x slower rotated over 4 threads than on one.
+        # A batching model runs one batch at a time (`instances` at a time), each always on the
+        # same one of as many one-thread lanes: torch gives each thread that calls it an OpenMP
+        # team of its own (KILN_THREADS each: several instances oversubscribe the cores unless
+        # it is lowered), and ResNet-18's TorchScript calls ran 1.6-1.8x slower rotated over 4
+        # threads than on one.
         self._lanes: list[Executor] = [
             ThreadPoolExecutor(1, thread_name_prefix=f"kiln-lane{i}")
             for i in range(settings.inference_workers)
         ]
-        self._next_lane = itertools.count()
+        self._next_lane = 0  # where the next batcher's lanes begin, round the lanes in turn
         self._responses = ResponseCache(settings.response_cache_mb * MB)
 
     # Routing -----------------------------------------------------------------------------
@@ -257,9 +258,9 @@ class Runtime:
         for (name, number, _), batcher in list(self._batchers.items()):  # a copy: see unload
             if (name, number) == (version.name, version.version) and batcher.policy != policy:
                 log.info("%s v%d batches with %s from now on", name, number, policy)
-                relaned = policy.max_batch_size > 1 and policy.instances != batcher.policy.instances
-                first = self._lanes.index(batcher.lanes[0]) if relaned else 0
-                batcher.reconfigure(policy, self._lanes_from(first, policy.instances) if relaned else None)
+                first = self._lanes.index(batcher.lanes[0]) if batcher.lanes[0] in self._lanes else None
+                lanes = self._lanes_for(policy, first)
+                batcher.reconfigure(policy, None if lanes == batcher.lanes else lanes)
 
     def _check_loaded(self, name: str, unloaded: bool, generation: int) -> None:
         """An unload received by another process reaches this one at its next refresh of the
@@ -405,17 +406,20 @@ class Runtime:
             newest = self._routes.get((name, number))
             policy = batch_policy(version if newest is None else newest.version, self.settings)
             pending = metrics.PENDING_REQUESTS.labels(name)
-            lanes = (
-                [self._executor]
-                if policy.max_batch_size == 1
-                else self._lanes_from(next(self._next_lane), policy.instances)
-            )
+            lanes = self._lanes_for(policy)
             batcher = self._batchers[key] = Batcher(run, policy, lanes, on_batch, pending.inc)
         return batcher
 
-    def _lanes_from(self, first: int, count: int) -> list[Executor]:
-        """`count` lanes from the `first`, in turn: at most every lane, one batch on each."""
-        return [self._lanes[(first + i) % len(self._lanes)] for i in range(min(count, len(self._lanes)))]
+    def _lanes_for(self, policy: BatchPolicy, first: int | None = None) -> list[Executor]:
+        """Where a batcher of `policy` runs: requests that cannot batch side by side in the
+        pool; batches on `instances` lanes (at most every lane), from the `first`, else from the
+        next batcher's turn."""
+        if policy.max_batch_size == 1:
+            return [self._executor]
+        count = min(policy.instances, len(self._lanes))
+        if first is None:
+            first, self._next_lane = self._next_lane, self._next_lane + count
+        return [self._lanes[(first + i) % len(self._lanes)] for i in range(count)]
 
     def _run(
         self, name: str, number: int, backend: str | None, arrays: Arrays

@@ -589,9 +589,9 @@ def test_the_delay_counts_from_the_oldest_request_in_the_batch() -> None:
 
 def side_by_side(policy: BatchPolicy, lanes: int, change: BatchPolicy | None = None) -> list[object]:
     """The answers to two requests, the second sent while the first's batch runs, of a model
-    whose batches each wait for another to run beside them (up to a second). `change`, with
+    whose batches each wait for another to run beside them (up to half a second). `change`, with
     every lane, is applied between them; before it the batcher has the first lane only."""
-    side = threading.Barrier(2, timeout=1)
+    side = threading.Barrier(2, timeout=0.5)
 
     def run(inputs: Arrays) -> tuple[Arrays, int]:
         side.wait()
@@ -650,3 +650,83 @@ def test_closing_answers_the_requests_of_every_running_batch() -> None:
     answers = asyncio.run(main())
     assert all(isinstance(a, UnavailableError) for a in answers), answers
     assert gated.batches == [[1], [2]] or gated.batches == [[2], [1]]
+
+
+def test_a_batcher_serves_again_after_closing() -> None:
+    """A request after a close starts the batching loop again, which finds its lane free."""
+    recorder = Recorder()
+
+    async def main() -> tuple[Arrays, int]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(4), [pool])
+            await batcher.submit(tag(1), 1)
+            await asyncio.sleep(0.02)  # the loop waits for the next batch, holding the lane
+            batcher.close()
+            await asyncio.sleep(0.02)
+            answer = await asyncio.wait_for(batcher.submit(tag(2), 1), 5)
+            batcher.close()
+            return answer
+
+    assert asyncio.run(main())[1] == 1
+
+
+def test_lanes_taken_away_and_given_back_while_busy_run_one_batch_each() -> None:
+    """Two batches hold both lanes while the instances go down to one and back up to two: once
+    they end, the two lanes serve two batches side by side again, one on each."""
+    gate, side = threading.Event(), threading.Barrier(2, timeout=1)
+
+    def run(inputs: Arrays) -> tuple[Arrays, int]:
+        if inputs["x"][0, 0] < 10:
+            gate.wait(5)  # the first two batches hold their lanes
+        else:
+            side.wait()  # the last two run only beside each other
+        return {"y": inputs["x"]}, 0
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as a, ThreadPoolExecutor(1) as b:
+            batcher = Batcher(run, BatchPolicy(4, instances=2), [a, b])
+            held = []
+            for n in (1, 2):
+                held.append(asyncio.ensure_future(batcher.submit(tag(n), 1)))
+                await asyncio.sleep(0.05)  # a batch of its own
+            batcher.reconfigure(BatchPolicy(4), [a])
+            await asyncio.sleep(0.01)
+            batcher.reconfigure(BatchPolicy(4, instances=2), [a, b])
+            await asyncio.sleep(0.01)
+            gate.set()
+            await asyncio.gather(*held)
+            first = asyncio.ensure_future(batcher.submit(tag(11), 1))
+            await asyncio.sleep(0.05)
+            answers = await asyncio.gather(first, batcher.submit(tag(12), 1), return_exceptions=True)
+            batcher.close()
+            return answers
+
+    answers = asyncio.run(main())
+    assert [type(a) for a in answers] == [tuple, tuple], answers
+
+
+def test_an_adaptive_delay_does_not_wait_for_requests_running_on_another_lane() -> None:
+    """Two clients made the recent peak 2. While one's request runs long on one lane, the
+    other's batch on the second lane closes at once: the running request cannot join it."""
+
+    def run(inputs: Arrays) -> tuple[Arrays, int]:
+        if inputs["x"][0, 0] == 9:
+            time.sleep(0.5)
+        return {"y": inputs["x"]}, 0
+
+    async def main() -> float:
+        with ThreadPoolExecutor(1) as a, ThreadPoolExecutor(1) as b:
+            policy = BatchPolicy(8, max_queue_delay_us=2_000_000, adaptive_queue_delay=True, instances=2)
+            batcher = Batcher(run, policy, [a, b])
+            for _ in range(PEAK_CYCLES + 2):
+                await asyncio.gather(batcher.submit(tag(1), 1), batcher.submit(tag(1), 1))
+            long = asyncio.ensure_future(batcher.submit({"x": np.full((8, 4), 9, np.float32)}, 8))
+            await asyncio.sleep(0.05)  # a full batch: it runs at once
+            began = time.monotonic()
+            await batcher.submit(tag(1), 1)
+            waited = time.monotonic() - began
+            await long
+            batcher.close()
+            return waited
+
+    assert asyncio.run(main()) < 1.0  # not the 2 s delay
