@@ -34,7 +34,7 @@ from service.api.auth import parse_keys
 from service.api.deps import Services
 from service.api.hot_path import InferenceFirst
 from service.api.middleware import RequestContext
-from service.api.v2 import InferRoute
+from service.api.protocol import InferRoute
 from service.api.v2_grpc import start_grpc
 from service.log_settings import LogControl
 from service.memory import collect_young_less_often, freeze_heap

@@ -22,6 +22,10 @@ from service.errors import BadRequestError, PayloadTooLargeError
 from service.settings import Settings
 
 Body = TypeVar("Body", bound=BaseModel)
+# JSON up to these sizes is parsed and printed on the event loop, larger in the threadpool: it
+# costs about 20 us per KiB either way, and one big request must not stall every other.
+INLINE_JSON_BYTES = 4 * 1024
+INLINE_JSON_ELEMENTS = 256  # output values printed as JSON: about 4 KiB of text
 
 
 async def json_body(request: Request, model: type[Body], shape: str) -> Body:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from service.log_settings import LogControl
 from service.preload import Preload
@@ -30,3 +31,6 @@ async def services(request: Request) -> Services:
     """Async so that FastAPI calls it inline rather than in its threadpool."""
     found: Services = request.app.state.services
     return found
+
+
+ServicesDep = Annotated[Services, Depends(services)]

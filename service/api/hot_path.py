@@ -25,7 +25,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.middleware import RequestContext
-from service.api.v2 import Handler, InferRoute
+from service.api.protocol import Handler, InferRoute
 
 
 def direct(handler: Handler) -> ASGIApp:

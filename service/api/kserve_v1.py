@@ -9,6 +9,7 @@ are `{"error": "..."}`, as those servers answer them.
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 from typing import Any, Literal
 
@@ -19,13 +20,22 @@ from pydantic_core import to_json
 from starlette.concurrency import run_in_threadpool
 
 from compiler.spec import InputSpec
-from service.api.bodies import answer, json_request_body, parsed, read_body
-from service.api.deps import services
-from service.api.schemas import V2Error, error_responses
-from service.api.v2 import INLINE_JSON_BYTES, INLINE_JSON_ELEMENTS, InferRoute, check_infer, version_number
+from service.api.bodies import (
+    INLINE_JSON_BYTES,
+    INLINE_JSON_ELEMENTS,
+    answer,
+    json_request_body,
+    parsed,
+    read_body,
+)
+from service.api.deps import Services, services
+from service.api.protocol import InferRoute, check_infer, version_number
+from service.api.schemas import ProtocolError, error_responses
+from service.batcher import Arrays
 from service.errors import BadRequestError
+from service.records import OutputInfo
+from service.runtime import Prediction
 
-Arrays = dict[str, np.ndarray]
 SHAPE = 'an object of "instances" (a list, one item per batch row) or "inputs"'
 COLUMNAR = 'the columnar {"inputs": ...}, answered as {"outputs": ...}'
 
@@ -44,8 +54,12 @@ class PredictRequest(BaseModel):
         description="The columnar form: the input's whole batch, or for a model of several inputs "
         "an object of input name -> batch.",
     )
-    # TensorFlow Serving's name for a model's one signature, which its clients often send.
-    signature_name: Literal["serving_default"] | None = None
+    # TensorFlow Serving's name for a model's one signature, which its clients often send; empty
+    # means the same there.
+    signature_name: Literal["serving_default", ""] | None = None
+    parameters: dict[str, Any] | None = Field(
+        default=None, description="Accepted and not used: Vertex AI passes its own through."
+    )
 
     @model_validator(mode="after")
     def one_form(self) -> PredictRequest:
@@ -94,12 +108,38 @@ def columns(spec: InputSpec, instances: list[Any]) -> dict[str, list[Any]]:
     return {name: [row[name] for row in rows] for name in spec.names}
 
 
-def decoded(body: bytes, spec: InputSpec) -> tuple[int | None, Arrays]:
-    """The request's arrays, and its number of instances (None for the columnar form)."""
+def check_rows(outputs: list[OutputInfo]) -> None:
+    """Refuse instances, before anything runs, for a model whose outputs do not each lead with
+    the batch: their values could not be split into one per instance."""
+    unrowed = [f"{o.name}{o.shape}" for o in outputs if o.shape[:1] != [-1]]
+    if unrowed:
+        raise BadRequestError(f"output(s) {unrowed} have no row per instance; send {COLUMNAR}")
+
+
+def decoded(body: bytes, spec: InputSpec, outputs: list[OutputInfo]) -> tuple[int | None, list[Arrays]]:
+    """The request's arrays, as batches the model takes, and its number of instances (None for
+    the columnar form). Instances past max_batch_size make several batches, as TensorFlow
+    Serving's clients send any number; each is checked before any runs."""
     request = parsed(body, PredictRequest, SHAPE)
-    if request.instances is not None:
-        return len(request.instances), spec.coerce(columns(spec, request.instances))
-    return None, spec.coerce(named(spec, request.inputs, '"inputs"'))
+    if request.instances is None:
+        return None, [spec.coerce(named(spec, request.inputs, '"inputs"'))]
+    values = columns(spec, request.instances)
+    check_rows(outputs)
+    rows, size = len(request.instances), spec.largest_batch
+    return rows, [spec.coerce({n: v[i : i + size] for n, v in values.items()}) for i in range(0, rows, size)]
+
+
+async def run(svc: Services, name: str, number: int, batches: list[Arrays]) -> Arrays:
+    """The outputs of the batches, run side by side (they batch together again), joined."""
+    if len(batches) == 1:
+        return (await svc.runtime.predict(name, number, batches[0])).outputs
+    done = await asyncio.gather(
+        *(svc.runtime.predict(name, number, arrays) for arrays in batches), return_exceptions=True
+    )
+    results = [d for d in done if isinstance(d, Prediction)]
+    if len(results) < len(done):
+        raise next(d for d in done if isinstance(d, BaseException))
+    return {k: np.concatenate([r.outputs[k] for r in results]) for k in results[0].outputs}
 
 
 def predictions(outputs: Arrays, rows: int) -> list[Any]:
@@ -130,12 +170,12 @@ async def _predict(request: Request, name: str, version: int | None) -> Response
     svc = await services(request)
     body = await read_body(request, svc.settings.max_request_bytes)
     route = await svc.runtime.aroute(name, version)
-    decode = partial(decoded, body, route.spec)
-    rows, arrays = decode() if len(body) <= INLINE_JSON_BYTES else await run_in_threadpool(decode)
+    decode = partial(decoded, body, route.spec, route.version.outputs)
+    rows, batches = decode() if len(body) <= INLINE_JSON_BYTES else await run_in_threadpool(decode)
     # Pin the version just decoded for, so a newer upload cannot slip in between.
-    result = await svc.runtime.predict(name, route.version.version, arrays)
-    encode = partial(encoded, result.outputs, rows)
-    elements = sum(array.size for array in result.outputs.values())
+    outputs = await run(svc, name, route.version.version, batches)
+    encode = partial(encoded, outputs, rows)
+    elements = sum(array.size for array in outputs.values())
     payload = encode() if elements <= INLINE_JSON_ELEMENTS else await run_in_threadpool(encode)
     return await answer(request, svc.settings, payload, "application/json", {})
 
@@ -146,7 +186,7 @@ router = APIRouter(
     route_class=InferRoute,
     responses={
         200: {"model": PredictResponse, "description": "The model's outputs."},
-        **error_responses(V2Error, 400, 401, 403, 404, 409, 413, 503),
+        **error_responses(ProtocolError, 400, 401, 403, 404, 409, 413, 503),
     },
 )
 OPENAPI = json_request_body(PredictRequest)

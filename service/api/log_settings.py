@@ -9,15 +9,16 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import admin_scope, infer_scope
 from service.api.bodies import json_body, json_request_body
-from service.api.schemas import V2Error, error_responses
-from service.api.v2 import ProtocolRoute, ServicesDep
+from service.api.deps import ServicesDep
+from service.api.protocol import ProtocolRoute
+from service.api.schemas import ProtocolError, error_responses
 from service.log_settings import LogSettings, LogSettingsIn
 
 router = APIRouter(
     prefix="/v2/logging",
     tags=["v2"],
     route_class=ProtocolRoute,
-    responses=error_responses(V2Error, 400, 401, 403),
+    responses=error_responses(ProtocolError, 400, 401, 403),
 )
 
 
@@ -33,7 +34,7 @@ def log_settings(svc: ServicesDep) -> LogSettings:
     operation_id="v2_update_log_settings",
     summary="Change log settings in every process of the deployment; the settings now.",
     dependencies=admin_scope,
-    responses=error_responses(V2Error, 503),
+    responses=error_responses(ProtocolError, 503),
     openapi_extra=json_request_body(LogSettingsIn),
 )
 async def update_log_settings(request: Request, svc: ServicesDep) -> LogSettings:

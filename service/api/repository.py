@@ -12,8 +12,9 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import admin_scope, infer_scope
-from service.api.schemas import V2Error, error_responses
-from service.api.v2 import ProtocolRoute, ServicesDep, version_number
+from service.api.deps import ServicesDep
+from service.api.protocol import ProtocolRoute, version_number
+from service.api.schemas import ProtocolError, error_responses
 from service.errors import NotFoundError
 from service.router import serving_version
 
@@ -21,7 +22,7 @@ router = APIRouter(
     tags=["v2"],
     route_class=ProtocolRoute,
     dependencies=infer_scope,
-    responses=error_responses(V2Error, 400, 401, 403, 404, 503),
+    responses=error_responses(ProtocolError, 400, 401, 403, 404, 503),
 )
 
 

@@ -261,8 +261,8 @@ class Problem(BaseModel):
     detail: str = Field(description="What went wrong, and what to fix.")
 
 
-class V2Error(BaseModel):
-    """Every /v2 error, as the Open Inference Protocol has it."""
+class ProtocolError(BaseModel):
+    """Every error of the inference protocols (/v2, and KServe V1's :predict), as they have it."""
 
     error: str
 

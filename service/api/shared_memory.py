@@ -12,15 +12,16 @@ from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import admin_scope, infer_scope
 from service.api.bodies import json_body, json_request_body
-from service.api.schemas import V2Error, error_responses
-from service.api.v2 import ProtocolRoute, ServicesDep
+from service.api.deps import ServicesDep
+from service.api.protocol import ProtocolRoute
+from service.api.schemas import ProtocolError, error_responses
 from service.shared_memory import Region
 
 router = APIRouter(
     prefix="/v2/systemsharedmemory",
     tags=["v2"],
     route_class=ProtocolRoute,
-    responses=error_responses(V2Error, 400, 401, 403, 503),
+    responses=error_responses(ProtocolError, 400, 401, 403, 503),
 )
 
 

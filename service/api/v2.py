@@ -7,29 +7,23 @@ instead of /v1's problem+json: `ProtocolRoute` converts them, in one place.
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Callable, Coroutine
 from functools import partial
-from typing import Annotated, Any, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
-from fastapi import APIRouter, Depends, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
+from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException
 
 from compiler.spec import DTYPES, InputSpec
-from service.api.auth import Scope, infer_scope, require
-from service.api.bodies import answer, read_body
-from service.api.deps import Services, services
+from service.api.auth import infer_scope
+from service.api.bodies import INLINE_JSON_BYTES, INLINE_JSON_ELEMENTS, answer, read_body
+from service.api.deps import Services, ServicesDep, services
 from service.api.health import readiness
-from service.api.problems import STATUS_OF, unwrapped, validation_detail
-from service.api.schemas import V2Error, error_responses
+from service.api.protocol import InferRoute, ProtocolRoute, check_infer, version_number
+from service.api.schemas import ProtocolError, error_responses
 from service.batcher import BatchPolicy
 from service.classification import check_classified, classified, classify_cost
-from service.errors import BadRequestError, KilnError, NotFoundError, NotReadyError
+from service.errors import BadRequestError, NotFoundError, NotReadyError
 from service.records import VersionRecord
 from service.registry import ModelView
 from service.router import servable, serving_version
@@ -53,75 +47,9 @@ EXTENSIONS = [
 ]
 
 
-def error_of(exc: Exception) -> tuple[int, str] | None:
-    """The status and message of an expected error; None for a bug."""
-    exc = unwrapped(exc)
-    if isinstance(exc, KilnError):
-        return exc.status_code, str(exc)
-    if isinstance(exc, HTTPException):
-        return exc.status_code, str(exc.detail)
-    if isinstance(exc, RequestValidationError):
-        return 400, validation_detail(exc)
-    for exc_type, (status, _) in STATUS_OF.items():
-        if isinstance(exc, exc_type):
-            return status, str(exc)
-    return None
-
-
-Handler = Callable[[Request], Coroutine[Any, Any, Response]]
-
-
-def guarded(handler: Handler) -> Handler:
-    """The handler, with every error it raises answered as `{"error": ...}`."""
-
-    async def guarded_handler(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except Exception as exc:
-            found = error_of(exc)
-            if found is None:
-                log.exception("unhandled error on %s %s", request.method, request.url.path)
-                found = 500, f"{type(exc).__name__}; see the server log"
-            status, message = found
-            headers = exc.headers if isinstance(exc, KilnError) else None
-            return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-    return guarded_handler
-
-
-class ProtocolRoute(APIRoute):
-    """Wraps each handler, dependencies included, so every error leaves as `{"error": ...}`."""
-
-    def get_route_handler(self) -> Handler:
-        return guarded(super().get_route_handler())
-
-
-class InferRoute(APIRoute):
-    """The hot path's routes: the endpoint is called with the request and its path parameters,
-    as in a plain Starlette route. FastAPI's request handler, which validates parameters and
-    solves dependencies there are none of, took about a tenth of a small model's request; the
-    signature still documents the route in OpenAPI."""
-
-    def get_route_handler(self) -> Handler:
-        endpoint = self.endpoint
-
-        async def handler(request: Request) -> Response:
-            response: Response = await endpoint(request=request, **request.path_params)
-            return response
-
-        return guarded(handler)
-
-
 router = APIRouter(tags=["v2"], route_class=ProtocolRoute)
-MODEL_ERRORS = error_responses(V2Error, 400, 401, 403, 404)
-READY_ERRORS = error_responses(V2Error, 400, 401, 403, 404, 409)  # 409: unloaded
-ServicesDep = Annotated[Services, Depends(services)]
-
-
-def version_number(version: str) -> int:
-    if re.fullmatch(r"[0-9]{1,18}", version) is None:
-        raise BadRequestError(f"model version must be an integer; got {version!r}")
-    return int(version)
+MODEL_ERRORS = error_responses(ProtocolError, 400, 401, 403, 404)
+READY_ERRORS = error_responses(ProtocolError, 400, 401, 403, 404, 409)  # 409: unloaded
 
 
 @router.get("/v2", operation_id="v2_server_metadata", summary="Server name, version and extensions.")
@@ -319,11 +247,9 @@ def check_datatypes(spec: InputSpec, inputs: dict[str, np.ndarray]) -> None:
 
 # Bodies this small are decoded and encoded on the event loop: for them a trip to the threadpool
 # costs more than the work (an MLP's binary input decodes in about 20 us). Larger ones, and JSON
-# `data`, which costs about 20 us per KiB to parse or print, stay in the threadpool so that one
-# big request cannot stall every other.
+# `data` past bodies.INLINE_JSON_*, stay in the threadpool so that one big request cannot stall
+# every other.
 INLINE_BINARY_BYTES = 256 * 1024
-INLINE_JSON_BYTES = 4 * 1024
-INLINE_JSON_ELEMENTS = 256  # output values printed as JSON: about 4 KiB of text
 INLINE_CLASSIFY_COST = 2048  # service.classification.classify_cost: the top 5 of 1,000 classes, 50 us
 
 
@@ -401,9 +327,8 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
 inference = APIRouter(
     tags=["v2"],
     route_class=InferRoute,
-    responses=error_responses(V2Error, 400, 401, 403, 404, 409, 413, 503),
+    responses=error_responses(ProtocolError, 400, 401, 403, 404, 409, 413, 503),
 )
-check_infer = require(Scope.infer)
 
 
 @inference.post("/v2/models/{name}/infer", operation_id="v2_infer")

@@ -28,7 +28,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from service import metrics
-from service.api import repository, v2
+from service.api import protocol, repository, v2
 from service.api.auth import Scope, authorize, presented_key
 from service.api.deps import Services
 from service.api.grpc_stream import in_order
@@ -104,7 +104,7 @@ MAX_MESSAGE_BYTES = 2**31 - 1
 
 def version_of(text: str) -> int | None:
     """The protocol's version string: empty means the one serving."""
-    return v2.version_number(text) if text else None
+    return protocol.version_number(text) if text else None
 
 
 def parsed(doc: Mapping[str, Any], message: Message) -> Any:
@@ -214,7 +214,7 @@ def encode(
 
 def failure(method: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
     """The gRPC status of the error's HTTP status, and its message; counted as HTTP's are."""
-    found = v2.error_of(exc)
+    found = protocol.error_of(exc)
     if found is None:
         log.exception("unhandled error in gRPC %s", method)
         found = 500, f"{type(exc).__name__}; see the server log"

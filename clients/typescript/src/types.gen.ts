@@ -394,6 +394,18 @@ export type Problem = {
 };
 
 /**
+ * ProtocolError
+ *
+ * Every error of the inference protocols (/v2, and KServe V1's :predict), as they have it.
+ */
+export type ProtocolError = {
+    /**
+     * Error
+     */
+    error: string;
+};
+
+/**
  * Region
  *
  * A registered region, as the extension's status reports it.
@@ -592,18 +604,6 @@ export type UploadOut = {
      * Version
      */
     version: number;
-};
-
-/**
- * V2Error
- *
- * Every /v2 error, as the Open Inference Protocol has it.
- */
-export type V2Error = {
-    /**
-     * Error
-     */
-    error: string;
 };
 
 /**
@@ -1533,9 +1533,17 @@ export type V1ProtocolPredictVersionData = {
          */
         instances?: Array<unknown> | null;
         /**
+         * Parameters
+         *
+         * Accepted and not used: Vertex AI passes its own through.
+         */
+        parameters?: {
+            [key: string]: unknown;
+        } | null;
+        /**
          * Signature Name
          */
-        signature_name?: 'serving_default' | null;
+        signature_name?: 'serving_default' | '' | null;
     };
     path: {
         /**
@@ -1555,35 +1563,35 @@ export type V1ProtocolPredictVersionErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
      */
-    409: V2Error;
+    409: ProtocolError;
     /**
      * The request body (an upload, or an inference request) is larger than KILN_MAX_UPLOAD_MB.
      */
-    413: V2Error;
+    413: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V1ProtocolPredictVersionError = V1ProtocolPredictVersionErrors[keyof V1ProtocolPredictVersionErrors];
@@ -1615,9 +1623,17 @@ export type V1ProtocolPredictData = {
          */
         instances?: Array<unknown> | null;
         /**
+         * Parameters
+         *
+         * Accepted and not used: Vertex AI passes its own through.
+         */
+        parameters?: {
+            [key: string]: unknown;
+        } | null;
+        /**
          * Signature Name
          */
-        signature_name?: 'serving_default' | null;
+        signature_name?: 'serving_default' | '' | null;
     };
     path: {
         /**
@@ -1633,35 +1649,35 @@ export type V1ProtocolPredictErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
      */
-    409: V2Error;
+    409: ProtocolError;
     /**
      * The request body (an upload, or an inference request) is larger than KILN_MAX_UPLOAD_MB.
      */
-    413: V2Error;
+    413: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V1ProtocolPredictError = V1ProtocolPredictErrors[keyof V1ProtocolPredictErrors];
@@ -1734,19 +1750,19 @@ export type V2LogSettingsErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2LogSettingsError = V2LogSettingsErrors[keyof V2LogSettingsErrors];
@@ -1806,23 +1822,23 @@ export type V2UpdateLogSettingsErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2UpdateLogSettingsError = V2UpdateLogSettingsErrors[keyof V2UpdateLogSettingsErrors];
@@ -1847,27 +1863,27 @@ export type V2AllStatsErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2AllStatsError = V2AllStatsErrors[keyof V2AllStatsErrors];
@@ -1901,23 +1917,23 @@ export type V2ModelMetadataErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2ModelMetadataError = V2ModelMetadataErrors[keyof V2ModelMetadataErrors];
@@ -1951,23 +1967,23 @@ export type V2ModelConfigErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2ModelConfigError = V2ModelConfigErrors[keyof V2ModelConfigErrors];
@@ -2001,35 +2017,35 @@ export type V2InferErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
      */
-    409: V2Error;
+    409: ProtocolError;
     /**
      * The request body (an upload, or an inference request) is larger than KILN_MAX_UPLOAD_MB.
      */
-    413: V2Error;
+    413: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2InferError = V2InferErrors[keyof V2InferErrors];
@@ -2057,27 +2073,27 @@ export type V2ModelReadyErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
      */
-    409: V2Error;
+    409: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2ModelReadyError = V2ModelReadyErrors[keyof V2ModelReadyErrors];
@@ -2105,27 +2121,27 @@ export type V2ModelStatsErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2ModelStatsError = V2ModelStatsErrors[keyof V2ModelStatsErrors];
@@ -2163,23 +2179,23 @@ export type V2ModelVersionMetadataErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2ModelVersionMetadataError = V2ModelVersionMetadataErrors[keyof V2ModelVersionMetadataErrors];
@@ -2217,23 +2233,23 @@ export type V2ModelVersionConfigErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2ModelVersionConfigError = V2ModelVersionConfigErrors[keyof V2ModelVersionConfigErrors];
@@ -2271,35 +2287,35 @@ export type V2InferVersionErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
      */
-    409: V2Error;
+    409: ProtocolError;
     /**
      * The request body (an upload, or an inference request) is larger than KILN_MAX_UPLOAD_MB.
      */
-    413: V2Error;
+    413: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2InferVersionError = V2InferVersionErrors[keyof V2InferVersionErrors];
@@ -2331,27 +2347,27 @@ export type V2ModelVersionReadyErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The model is unloaded (POST /v2/repository/models/{name}/load serves it again).
      */
-    409: V2Error;
+    409: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2ModelVersionReadyError = V2ModelVersionReadyErrors[keyof V2ModelVersionReadyErrors];
@@ -2383,27 +2399,27 @@ export type V2ModelVersionStatsErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2ModelVersionStatsError = V2ModelVersionStatsErrors[keyof V2ModelVersionStatsErrors];
@@ -2435,27 +2451,27 @@ export type V2RepositoryIndexErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2RepositoryIndexError = V2RepositoryIndexErrors[keyof V2RepositoryIndexErrors];
@@ -2489,27 +2505,27 @@ export type V2RepositoryLoadErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2RepositoryLoadError = V2RepositoryLoadErrors[keyof V2RepositoryLoadErrors];
@@ -2537,27 +2553,27 @@ export type V2RepositoryUnloadErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * No such model, version or job.
      */
-    404: V2Error;
+    404: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2RepositoryUnloadError = V2RepositoryUnloadErrors[keyof V2RepositoryUnloadErrors];
@@ -2607,23 +2623,23 @@ export type V2SharedMemoryRegisterErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2SharedMemoryRegisterError = V2SharedMemoryRegisterErrors[keyof V2SharedMemoryRegisterErrors];
@@ -2651,23 +2667,23 @@ export type V2SharedMemoryRegionStatusErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2SharedMemoryRegionStatusError = V2SharedMemoryRegionStatusErrors[keyof V2SharedMemoryRegionStatusErrors];
@@ -2699,23 +2715,23 @@ export type V2SharedMemoryUnregisterErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2SharedMemoryUnregisterError = V2SharedMemoryUnregisterErrors[keyof V2SharedMemoryUnregisterErrors];
@@ -2738,23 +2754,23 @@ export type V2SharedMemoryStatusErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2SharedMemoryStatusError = V2SharedMemoryStatusErrors[keyof V2SharedMemoryStatusErrors];
@@ -2781,23 +2797,23 @@ export type V2SharedMemoryUnregisterAllErrors = {
     /**
      * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
      */
-    400: V2Error;
+    400: ProtocolError;
     /**
      * No or unknown API key, when KILN_API_KEYS is set.
      */
-    401: V2Error;
+    401: ProtocolError;
     /**
      * The API key lacks the scope this needs.
      */
-    403: V2Error;
+    403: ProtocolError;
     /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
-    503: V2Error;
+    503: ProtocolError;
     /**
      * An unexpected error; the server log has more.
      */
-    default: V2Error;
+    default: ProtocolError;
 };
 
 export type V2SharedMemoryUnregisterAllError = V2SharedMemoryUnregisterAllErrors[keyof V2SharedMemoryUnregisterAllErrors];

@@ -25,6 +25,7 @@ from .predict_out import PredictOut
 from .predict_out_outputs import PredictOutOutputs
 from .predict_response import PredictResponse
 from .problem import Problem
+from .protocol_error import ProtocolError
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .region import Region
 from .serving_config import ServingConfig
@@ -37,9 +38,16 @@ from .tensor_config import TensorConfig
 from .tensor_config_dtype import TensorConfigDtype
 from .upload_out import UploadOut
 from .v1_protocol_predict_predict_request import V1ProtocolPredictPredictRequest
+from .v1_protocol_predict_predict_request_parameters_type_0 import V1ProtocolPredictPredictRequestParametersType0
+from .v1_protocol_predict_predict_request_signature_name_type_0 import V1ProtocolPredictPredictRequestSignatureNameType0
 from .v1_protocol_predict_version_predict_request import V1ProtocolPredictVersionPredictRequest
+from .v1_protocol_predict_version_predict_request_parameters_type_0 import (
+    V1ProtocolPredictVersionPredictRequestParametersType0,
+)
+from .v1_protocol_predict_version_predict_request_signature_name_type_0 import (
+    V1ProtocolPredictVersionPredictRequestSignatureNameType0,
+)
 from .v2_all_stats_response_v2_all_stats import V2AllStatsResponseV2AllStats
-from .v2_error import V2Error
 from .v2_model_config_response_v2_model_config import V2ModelConfigResponseV2ModelConfig
 from .v2_model_metadata_response_v2_model_metadata import V2ModelMetadataResponseV2ModelMetadata
 from .v2_model_stats_response_v2_model_stats import V2ModelStatsResponseV2ModelStats
@@ -87,6 +95,7 @@ __all__ = (
     "PredictOutOutputs",
     "PredictResponse",
     "Problem",
+    "ProtocolError",
     "ReadyzResponseReadyz",
     "Region",
     "ServingConfig",
@@ -99,9 +108,12 @@ __all__ = (
     "TensorConfigDtype",
     "UploadOut",
     "V1ProtocolPredictPredictRequest",
+    "V1ProtocolPredictPredictRequestParametersType0",
+    "V1ProtocolPredictPredictRequestSignatureNameType0",
     "V1ProtocolPredictVersionPredictRequest",
+    "V1ProtocolPredictVersionPredictRequestParametersType0",
+    "V1ProtocolPredictVersionPredictRequestSignatureNameType0",
     "V2AllStatsResponseV2AllStats",
-    "V2Error",
     "V2ModelConfigResponseV2ModelConfig",
     "V2ModelMetadataResponseV2ModelMetadata",
     "V2ModelStatsResponseV2ModelStats",

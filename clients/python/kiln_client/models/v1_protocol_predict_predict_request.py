@@ -1,11 +1,20 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 
+from ..models.v1_protocol_predict_predict_request_signature_name_type_0 import (
+    V1ProtocolPredictPredictRequestSignatureNameType0,
+)
 from ..types import UNSET, Unset
+
+if TYPE_CHECKING:
+    from ..models.v1_protocol_predict_predict_request_parameters_type_0 import (
+        V1ProtocolPredictPredictRequestParametersType0,
+    )
+
 
 T = TypeVar("T", bound="V1ProtocolPredictPredictRequest")
 
@@ -18,14 +27,21 @@ class V1ProtocolPredictPredictRequest:
             input name -> batch.
         instances (list[Any] | None | Unset): One item per batch row: the input's value, or for a model of several
             inputs an object of input name -> value.
-        signature_name (Literal['serving_default'] | None | Unset):
+        parameters (None | Unset | V1ProtocolPredictPredictRequestParametersType0): Accepted and not used: Vertex AI
+            passes its own through.
+        signature_name (None | Unset | V1ProtocolPredictPredictRequestSignatureNameType0):
     """
 
     inputs: Any | Unset = UNSET
     instances: list[Any] | None | Unset = UNSET
-    signature_name: Literal["serving_default"] | None | Unset = UNSET
+    parameters: None | Unset | V1ProtocolPredictPredictRequestParametersType0 = UNSET
+    signature_name: None | Unset | V1ProtocolPredictPredictRequestSignatureNameType0 = UNSET
 
     def to_dict(self) -> dict[str, Any]:
+        from ..models.v1_protocol_predict_predict_request_parameters_type_0 import (
+            V1ProtocolPredictPredictRequestParametersType0,  # noqa: PLC0415
+        )
+
         inputs = self.inputs
 
         instances: list[Any] | None | Unset
@@ -37,9 +53,19 @@ class V1ProtocolPredictPredictRequest:
         else:
             instances = self.instances
 
-        signature_name: Literal["serving_default"] | None | Unset
+        parameters: dict[str, Any] | None | Unset
+        if isinstance(self.parameters, Unset):
+            parameters = UNSET
+        elif isinstance(self.parameters, V1ProtocolPredictPredictRequestParametersType0):
+            parameters = self.parameters.to_dict()
+        else:
+            parameters = self.parameters
+
+        signature_name: None | str | Unset
         if isinstance(self.signature_name, Unset):
             signature_name = UNSET
+        elif isinstance(self.signature_name, V1ProtocolPredictPredictRequestSignatureNameType0):
+            signature_name = self.signature_name.value
         else:
             signature_name = self.signature_name
 
@@ -50,6 +76,8 @@ class V1ProtocolPredictPredictRequest:
             field_dict["inputs"] = inputs
         if instances is not UNSET:
             field_dict["instances"] = instances
+        if parameters is not UNSET:
+            field_dict["parameters"] = parameters
         if signature_name is not UNSET:
             field_dict["signature_name"] = signature_name
 
@@ -57,6 +85,10 @@ class V1ProtocolPredictPredictRequest:
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
+        from ..models.v1_protocol_predict_predict_request_parameters_type_0 import (
+            V1ProtocolPredictPredictRequestParametersType0,  # noqa: PLC0415
+        )
+
         d = dict(src_dict)
         inputs = d.pop("inputs", UNSET)
 
@@ -77,24 +109,44 @@ class V1ProtocolPredictPredictRequest:
 
         instances = _parse_instances(d.pop("instances", UNSET))
 
-        def _parse_signature_name(data: object) -> Literal["serving_default"] | None | Unset:
+        def _parse_parameters(data: object) -> None | Unset | V1ProtocolPredictPredictRequestParametersType0:
             if data is None:
                 return data
             if isinstance(data, Unset):
                 return data
-            signature_name_type_0 = cast(Literal["serving_default"], data)
-            if signature_name_type_0 != "serving_default":
-                raise ValueError(
-                    f"signature_name_type_0 must match const 'serving_default', got '{signature_name_type_0}'"
-                )
-            return signature_name_type_0
-            return cast(Literal["serving_default"] | None | Unset, data)
+            try:
+                if not isinstance(data, dict):
+                    raise TypeError()
+                parameters_type_0 = V1ProtocolPredictPredictRequestParametersType0.from_dict(data)
+
+                return parameters_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(None | Unset | V1ProtocolPredictPredictRequestParametersType0, data)
+
+        parameters = _parse_parameters(d.pop("parameters", UNSET))
+
+        def _parse_signature_name(data: object) -> None | Unset | V1ProtocolPredictPredictRequestSignatureNameType0:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            try:
+                if not isinstance(data, str):
+                    raise TypeError()
+                signature_name_type_0 = V1ProtocolPredictPredictRequestSignatureNameType0(data)
+
+                return signature_name_type_0
+            except (TypeError, ValueError, AttributeError, KeyError):
+                pass
+            return cast(None | Unset | V1ProtocolPredictPredictRequestSignatureNameType0, data)
 
         signature_name = _parse_signature_name(d.pop("signature_name", UNSET))
 
         v1_protocol_predict_predict_request = cls(
             inputs=inputs,
             instances=instances,
+            parameters=parameters,
             signature_name=signature_name,
         )
 

@@ -6,8 +6,8 @@ import httpx
 
 from ...client import AuthenticatedClient, Client
 from ...models.predict_response import PredictResponse
+from ...models.protocol_error import ProtocolError
 from ...models.v1_protocol_predict_predict_request import V1ProtocolPredictPredictRequest
-from ...models.v2_error import V2Error
 from ...types import Response
 
 
@@ -33,55 +33,57 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> PredictResponse | V2Error:
+def _parse_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> PredictResponse | ProtocolError:
     if response.status_code == 200:
         response_200 = PredictResponse.from_dict(response.json())
 
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 404:
-        response_404 = V2Error.from_dict(response.json())
+        response_404 = ProtocolError.from_dict(response.json())
 
         return response_404
 
     if response.status_code == 409:
-        response_409 = V2Error.from_dict(response.json())
+        response_409 = ProtocolError.from_dict(response.json())
 
         return response_409
 
     if response.status_code == 413:
-        response_413 = V2Error.from_dict(response.json())
+        response_413 = ProtocolError.from_dict(response.json())
 
         return response_413
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[PredictResponse | V2Error]:
+) -> Response[PredictResponse | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -95,7 +97,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: V1ProtocolPredictPredictRequest,
-) -> Response[PredictResponse | V2Error]:
+) -> Response[PredictResponse | ProtocolError]:
     """KServe V1 / TensorFlow Serving predict with the default version, else the newest ready one.
 
     Args:
@@ -107,7 +109,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[PredictResponse | V2Error]
+        Response[PredictResponse | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -127,7 +129,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
     body: V1ProtocolPredictPredictRequest,
-) -> PredictResponse | V2Error | None:
+) -> PredictResponse | ProtocolError | None:
     """KServe V1 / TensorFlow Serving predict with the default version, else the newest ready one.
 
     Args:
@@ -139,7 +141,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        PredictResponse | V2Error
+        PredictResponse | ProtocolError
     """
 
     return sync_detailed(
@@ -154,7 +156,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: V1ProtocolPredictPredictRequest,
-) -> Response[PredictResponse | V2Error]:
+) -> Response[PredictResponse | ProtocolError]:
     """KServe V1 / TensorFlow Serving predict with the default version, else the newest ready one.
 
     Args:
@@ -166,7 +168,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[PredictResponse | V2Error]
+        Response[PredictResponse | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -184,7 +186,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
     body: V1ProtocolPredictPredictRequest,
-) -> PredictResponse | V2Error | None:
+) -> PredictResponse | ProtocolError | None:
     """KServe V1 / TensorFlow Serving predict with the default version, else the newest ready one.
 
     Args:
@@ -196,7 +198,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        PredictResponse | V2Error
+        PredictResponse | ProtocolError
     """
 
     return (

@@ -4,8 +4,8 @@ from typing import Any
 import httpx
 
 from ...client import AuthenticatedClient, Client
+from ...models.protocol_error import ProtocolError
 from ...models.v2_all_stats_response_v2_all_stats import V2AllStatsResponseV2AllStats
-from ...models.v2_error import V2Error
 from ...types import Response
 
 
@@ -21,45 +21,45 @@ def _get_kwargs() -> dict[str, Any]:
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> V2AllStatsResponseV2AllStats | V2Error:
+) -> ProtocolError | V2AllStatsResponseV2AllStats:
     if response.status_code == 200:
         response_200 = V2AllStatsResponseV2AllStats.from_dict(response.json())
 
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 404:
-        response_404 = V2Error.from_dict(response.json())
+        response_404 = ProtocolError.from_dict(response.json())
 
         return response_404
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[V2AllStatsResponseV2AllStats | V2Error]:
+) -> Response[ProtocolError | V2AllStatsResponseV2AllStats]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -71,7 +71,7 @@ def _build_response(
 def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2AllStatsResponseV2AllStats | V2Error]:
+) -> Response[ProtocolError | V2AllStatsResponseV2AllStats]:
     """Inference statistics of every model.
 
     Raises:
@@ -79,7 +79,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2AllStatsResponseV2AllStats | V2Error]
+        Response[ProtocolError | V2AllStatsResponseV2AllStats]
     """
 
     kwargs = _get_kwargs()
@@ -94,7 +94,7 @@ def sync_detailed(
 def sync(
     *,
     client: AuthenticatedClient | Client,
-) -> V2AllStatsResponseV2AllStats | V2Error | None:
+) -> ProtocolError | V2AllStatsResponseV2AllStats | None:
     """Inference statistics of every model.
 
     Raises:
@@ -102,7 +102,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2AllStatsResponseV2AllStats | V2Error
+        ProtocolError | V2AllStatsResponseV2AllStats
     """
 
     return sync_detailed(
@@ -113,7 +113,7 @@ def sync(
 async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2AllStatsResponseV2AllStats | V2Error]:
+) -> Response[ProtocolError | V2AllStatsResponseV2AllStats]:
     """Inference statistics of every model.
 
     Raises:
@@ -121,7 +121,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2AllStatsResponseV2AllStats | V2Error]
+        Response[ProtocolError | V2AllStatsResponseV2AllStats]
     """
 
     kwargs = _get_kwargs()
@@ -134,7 +134,7 @@ async def asyncio_detailed(
 async def asyncio(
     *,
     client: AuthenticatedClient | Client,
-) -> V2AllStatsResponseV2AllStats | V2Error | None:
+) -> ProtocolError | V2AllStatsResponseV2AllStats | None:
     """Inference statistics of every model.
 
     Raises:
@@ -142,7 +142,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2AllStatsResponseV2AllStats | V2Error
+        ProtocolError | V2AllStatsResponseV2AllStats
     """
 
     return (

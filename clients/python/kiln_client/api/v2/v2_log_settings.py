@@ -5,7 +5,7 @@ import httpx
 
 from ...client import AuthenticatedClient, Client
 from ...models.log_settings import LogSettings
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...types import Response
 
 
@@ -19,35 +19,35 @@ def _get_kwargs() -> dict[str, Any]:
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> LogSettings | V2Error:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> LogSettings | ProtocolError:
     if response.status_code == 200:
         response_200 = LogSettings.from_dict(response.json())
 
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[LogSettings | V2Error]:
+) -> Response[LogSettings | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -59,7 +59,7 @@ def _build_response(
 def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[LogSettings | V2Error]:
+) -> Response[LogSettings | ProtocolError]:
     """This process's log settings.
 
     Raises:
@@ -67,7 +67,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[LogSettings | V2Error]
+        Response[LogSettings | ProtocolError]
     """
 
     kwargs = _get_kwargs()
@@ -82,7 +82,7 @@ def sync_detailed(
 def sync(
     *,
     client: AuthenticatedClient | Client,
-) -> LogSettings | V2Error | None:
+) -> LogSettings | ProtocolError | None:
     """This process's log settings.
 
     Raises:
@@ -90,7 +90,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        LogSettings | V2Error
+        LogSettings | ProtocolError
     """
 
     return sync_detailed(
@@ -101,7 +101,7 @@ def sync(
 async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[LogSettings | V2Error]:
+) -> Response[LogSettings | ProtocolError]:
     """This process's log settings.
 
     Raises:
@@ -109,7 +109,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[LogSettings | V2Error]
+        Response[LogSettings | ProtocolError]
     """
 
     kwargs = _get_kwargs()
@@ -122,7 +122,7 @@ async def asyncio_detailed(
 async def asyncio(
     *,
     client: AuthenticatedClient | Client,
-) -> LogSettings | V2Error | None:
+) -> LogSettings | ProtocolError | None:
     """This process's log settings.
 
     Raises:
@@ -130,7 +130,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        LogSettings | V2Error
+        LogSettings | ProtocolError
     """
 
     return (

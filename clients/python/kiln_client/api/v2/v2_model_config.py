@@ -5,7 +5,7 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...models.v2_model_config_response_v2_model_config import V2ModelConfigResponseV2ModelConfig
 from ...types import Response
 
@@ -26,40 +26,40 @@ def _get_kwargs(
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> V2Error | V2ModelConfigResponseV2ModelConfig:
+) -> ProtocolError | V2ModelConfigResponseV2ModelConfig:
     if response.status_code == 200:
         response_200 = V2ModelConfigResponseV2ModelConfig.from_dict(response.json())
 
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 404:
-        response_404 = V2Error.from_dict(response.json())
+        response_404 = ProtocolError.from_dict(response.json())
 
         return response_404
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[V2Error | V2ModelConfigResponseV2ModelConfig]:
+) -> Response[ProtocolError | V2ModelConfigResponseV2ModelConfig]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -72,7 +72,7 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | V2ModelConfigResponseV2ModelConfig]:
+) -> Response[ProtocolError | V2ModelConfigResponseV2ModelConfig]:
     """The model's configuration, as Triton's model configuration extension has it.
 
     Args:
@@ -83,7 +83,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | V2ModelConfigResponseV2ModelConfig]
+        Response[ProtocolError | V2ModelConfigResponseV2ModelConfig]
     """
 
     kwargs = _get_kwargs(
@@ -101,7 +101,7 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | V2ModelConfigResponseV2ModelConfig | None:
+) -> ProtocolError | V2ModelConfigResponseV2ModelConfig | None:
     """The model's configuration, as Triton's model configuration extension has it.
 
     Args:
@@ -112,7 +112,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | V2ModelConfigResponseV2ModelConfig
+        ProtocolError | V2ModelConfigResponseV2ModelConfig
     """
 
     return sync_detailed(
@@ -125,7 +125,7 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | V2ModelConfigResponseV2ModelConfig]:
+) -> Response[ProtocolError | V2ModelConfigResponseV2ModelConfig]:
     """The model's configuration, as Triton's model configuration extension has it.
 
     Args:
@@ -136,7 +136,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | V2ModelConfigResponseV2ModelConfig]
+        Response[ProtocolError | V2ModelConfigResponseV2ModelConfig]
     """
 
     kwargs = _get_kwargs(
@@ -152,7 +152,7 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | V2ModelConfigResponseV2ModelConfig | None:
+) -> ProtocolError | V2ModelConfigResponseV2ModelConfig | None:
     """The model's configuration, as Triton's model configuration extension has it.
 
     Args:
@@ -163,7 +163,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | V2ModelConfigResponseV2ModelConfig
+        ProtocolError | V2ModelConfigResponseV2ModelConfig
     """
 
     return (

@@ -5,7 +5,7 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...types import Response
 
 
@@ -23,42 +23,42 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | V2Error:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | ProtocolError:
     if response.status_code == 200:
         response_200 = response.json()
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 404:
-        response_404 = V2Error.from_dict(response.json())
+        response_404 = ProtocolError.from_dict(response.json())
 
         return response_404
 
     if response.status_code == 409:
-        response_409 = V2Error.from_dict(response.json())
+        response_409 = ProtocolError.from_dict(response.json())
 
         return response_409
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
-def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | V2Error]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -71,7 +71,7 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | V2Error]:
+) -> Response[Any | ProtocolError]:
     """Model Ready
 
     Args:
@@ -82,7 +82,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | V2Error]
+        Response[Any | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -100,7 +100,7 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | V2Error | None:
+) -> Any | ProtocolError | None:
     """Model Ready
 
     Args:
@@ -111,7 +111,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | V2Error
+        Any | ProtocolError
     """
 
     return sync_detailed(
@@ -124,7 +124,7 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | V2Error]:
+) -> Response[Any | ProtocolError]:
     """Model Ready
 
     Args:
@@ -135,7 +135,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | V2Error]
+        Response[Any | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -151,7 +151,7 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | V2Error | None:
+) -> Any | ProtocolError | None:
     """Model Ready
 
     Args:
@@ -162,7 +162,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | V2Error
+        Any | ProtocolError
     """
 
     return (

@@ -5,7 +5,7 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...models.v2_model_stats_response_v2_model_stats import V2ModelStatsResponseV2ModelStats
 from ...types import Response
 
@@ -26,45 +26,45 @@ def _get_kwargs(
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> V2Error | V2ModelStatsResponseV2ModelStats:
+) -> ProtocolError | V2ModelStatsResponseV2ModelStats:
     if response.status_code == 200:
         response_200 = V2ModelStatsResponseV2ModelStats.from_dict(response.json())
 
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 404:
-        response_404 = V2Error.from_dict(response.json())
+        response_404 = ProtocolError.from_dict(response.json())
 
         return response_404
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[V2Error | V2ModelStatsResponseV2ModelStats]:
+) -> Response[ProtocolError | V2ModelStatsResponseV2ModelStats]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -77,7 +77,7 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | V2ModelStatsResponseV2ModelStats]:
+) -> Response[ProtocolError | V2ModelStatsResponseV2ModelStats]:
     """A model's inference statistics.
 
     Args:
@@ -88,7 +88,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | V2ModelStatsResponseV2ModelStats]
+        Response[ProtocolError | V2ModelStatsResponseV2ModelStats]
     """
 
     kwargs = _get_kwargs(
@@ -106,7 +106,7 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | V2ModelStatsResponseV2ModelStats | None:
+) -> ProtocolError | V2ModelStatsResponseV2ModelStats | None:
     """A model's inference statistics.
 
     Args:
@@ -117,7 +117,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | V2ModelStatsResponseV2ModelStats
+        ProtocolError | V2ModelStatsResponseV2ModelStats
     """
 
     return sync_detailed(
@@ -130,7 +130,7 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | V2ModelStatsResponseV2ModelStats]:
+) -> Response[ProtocolError | V2ModelStatsResponseV2ModelStats]:
     """A model's inference statistics.
 
     Args:
@@ -141,7 +141,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | V2ModelStatsResponseV2ModelStats]
+        Response[ProtocolError | V2ModelStatsResponseV2ModelStats]
     """
 
     kwargs = _get_kwargs(
@@ -157,7 +157,7 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | V2ModelStatsResponseV2ModelStats | None:
+) -> ProtocolError | V2ModelStatsResponseV2ModelStats | None:
     """A model's inference statistics.
 
     Args:
@@ -168,7 +168,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | V2ModelStatsResponseV2ModelStats
+        ProtocolError | V2ModelStatsResponseV2ModelStats
     """
 
     return (

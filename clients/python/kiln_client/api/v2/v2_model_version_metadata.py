@@ -5,7 +5,7 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...models.v2_model_version_metadata_response_v2_model_version_metadata import (
     V2ModelVersionMetadataResponseV2ModelVersionMetadata,
 )
@@ -30,40 +30,40 @@ def _get_kwargs(
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata:
+) -> ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata:
     if response.status_code == 200:
         response_200 = V2ModelVersionMetadataResponseV2ModelVersionMetadata.from_dict(response.json())
 
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 404:
-        response_404 = V2Error.from_dict(response.json())
+        response_404 = ProtocolError.from_dict(response.json())
 
         return response_404
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
+) -> Response[ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -77,7 +77,7 @@ def sync_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
+) -> Response[ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
     """Model Version Metadata
 
     Args:
@@ -89,7 +89,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata]
+        Response[ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]
     """
 
     kwargs = _get_kwargs(
@@ -109,7 +109,7 @@ def sync(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
+) -> ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
     """Model Version Metadata
 
     Args:
@@ -121,7 +121,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata
+        ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata
     """
 
     return sync_detailed(
@@ -136,7 +136,7 @@ async def asyncio_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
+) -> Response[ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
     """Model Version Metadata
 
     Args:
@@ -148,7 +148,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata]
+        Response[ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]
     """
 
     kwargs = _get_kwargs(
@@ -166,7 +166,7 @@ async def asyncio(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
+) -> ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
     """Model Version Metadata
 
     Args:
@@ -178,7 +178,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | V2ModelVersionMetadataResponseV2ModelVersionMetadata
+        ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata
     """
 
     return (

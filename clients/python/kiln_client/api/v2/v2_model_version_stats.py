@@ -5,7 +5,7 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...models.v2_model_version_stats_response_v2_model_version_stats import (
     V2ModelVersionStatsResponseV2ModelVersionStats,
 )
@@ -30,45 +30,45 @@ def _get_kwargs(
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> V2Error | V2ModelVersionStatsResponseV2ModelVersionStats:
+) -> ProtocolError | V2ModelVersionStatsResponseV2ModelVersionStats:
     if response.status_code == 200:
         response_200 = V2ModelVersionStatsResponseV2ModelVersionStats.from_dict(response.json())
 
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 404:
-        response_404 = V2Error.from_dict(response.json())
+        response_404 = ProtocolError.from_dict(response.json())
 
         return response_404
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[V2Error | V2ModelVersionStatsResponseV2ModelVersionStats]:
+) -> Response[ProtocolError | V2ModelVersionStatsResponseV2ModelVersionStats]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -82,7 +82,7 @@ def sync_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | V2ModelVersionStatsResponseV2ModelVersionStats]:
+) -> Response[ProtocolError | V2ModelVersionStatsResponseV2ModelVersionStats]:
     """One version's inference statistics.
 
     Args:
@@ -94,7 +94,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | V2ModelVersionStatsResponseV2ModelVersionStats]
+        Response[ProtocolError | V2ModelVersionStatsResponseV2ModelVersionStats]
     """
 
     kwargs = _get_kwargs(
@@ -114,7 +114,7 @@ def sync(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | V2ModelVersionStatsResponseV2ModelVersionStats | None:
+) -> ProtocolError | V2ModelVersionStatsResponseV2ModelVersionStats | None:
     """One version's inference statistics.
 
     Args:
@@ -126,7 +126,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | V2ModelVersionStatsResponseV2ModelVersionStats
+        ProtocolError | V2ModelVersionStatsResponseV2ModelVersionStats
     """
 
     return sync_detailed(
@@ -141,7 +141,7 @@ async def asyncio_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | V2ModelVersionStatsResponseV2ModelVersionStats]:
+) -> Response[ProtocolError | V2ModelVersionStatsResponseV2ModelVersionStats]:
     """One version's inference statistics.
 
     Args:
@@ -153,7 +153,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | V2ModelVersionStatsResponseV2ModelVersionStats]
+        Response[ProtocolError | V2ModelVersionStatsResponseV2ModelVersionStats]
     """
 
     kwargs = _get_kwargs(
@@ -171,7 +171,7 @@ async def asyncio(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | V2ModelVersionStatsResponseV2ModelVersionStats | None:
+) -> ProtocolError | V2ModelVersionStatsResponseV2ModelVersionStats | None:
     """One version's inference statistics.
 
     Args:
@@ -183,7 +183,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | V2ModelVersionStatsResponseV2ModelVersionStats
+        ProtocolError | V2ModelVersionStatsResponseV2ModelVersionStats
     """
 
     return (

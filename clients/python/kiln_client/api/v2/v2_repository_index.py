@@ -5,7 +5,7 @@ import httpx
 
 from ...client import AuthenticatedClient, Client
 from ...models.index_request import IndexRequest
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...models.v2_repository_index_response_200_item import V2RepositoryIndexResponse200Item
 from ...types import UNSET, Response, Unset
 
@@ -34,7 +34,7 @@ def _get_kwargs(
 
 def _parse_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> V2Error | list[V2RepositoryIndexResponse200Item]:
+) -> ProtocolError | list[V2RepositoryIndexResponse200Item]:
     if response.status_code == 200:
         response_200 = []
         _response_200 = response.json()
@@ -46,38 +46,38 @@ def _parse_response(
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 404:
-        response_404 = V2Error.from_dict(response.json())
+        response_404 = ProtocolError.from_dict(response.json())
 
         return response_404
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[V2Error | list[V2RepositoryIndexResponse200Item]]:
+) -> Response[ProtocolError | list[V2RepositoryIndexResponse200Item]]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -90,7 +90,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: IndexRequest | None | Unset = UNSET,
-) -> Response[V2Error | list[V2RepositoryIndexResponse200Item]]:
+) -> Response[ProtocolError | list[V2RepositoryIndexResponse200Item]]:
     """Every model and its state.
 
     Args:
@@ -101,7 +101,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | list[V2RepositoryIndexResponse200Item]]
+        Response[ProtocolError | list[V2RepositoryIndexResponse200Item]]
     """
 
     kwargs = _get_kwargs(
@@ -119,7 +119,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
     body: IndexRequest | None | Unset = UNSET,
-) -> V2Error | list[V2RepositoryIndexResponse200Item] | None:
+) -> ProtocolError | list[V2RepositoryIndexResponse200Item] | None:
     """Every model and its state.
 
     Args:
@@ -130,7 +130,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | list[V2RepositoryIndexResponse200Item]
+        ProtocolError | list[V2RepositoryIndexResponse200Item]
     """
 
     return sync_detailed(
@@ -143,7 +143,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: IndexRequest | None | Unset = UNSET,
-) -> Response[V2Error | list[V2RepositoryIndexResponse200Item]]:
+) -> Response[ProtocolError | list[V2RepositoryIndexResponse200Item]]:
     """Every model and its state.
 
     Args:
@@ -154,7 +154,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | list[V2RepositoryIndexResponse200Item]]
+        Response[ProtocolError | list[V2RepositoryIndexResponse200Item]]
     """
 
     kwargs = _get_kwargs(
@@ -170,7 +170,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
     body: IndexRequest | None | Unset = UNSET,
-) -> V2Error | list[V2RepositoryIndexResponse200Item] | None:
+) -> ProtocolError | list[V2RepositoryIndexResponse200Item] | None:
     """Every model and its state.
 
     Args:
@@ -181,7 +181,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | list[V2RepositoryIndexResponse200Item]
+        ProtocolError | list[V2RepositoryIndexResponse200Item]
     """
 
     return (

@@ -5,7 +5,7 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...types import Response
 
 
@@ -23,42 +23,42 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | V2Error:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | ProtocolError:
     if response.status_code == 200:
         response_200 = response.json()
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 404:
-        response_404 = V2Error.from_dict(response.json())
+        response_404 = ProtocolError.from_dict(response.json())
 
         return response_404
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
-def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | V2Error]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -71,7 +71,7 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | V2Error]:
+) -> Response[Any | ProtocolError]:
     """Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every
     replica until it is loaded again, and its runners are freed.
 
@@ -83,7 +83,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | V2Error]
+        Response[Any | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -101,7 +101,7 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | V2Error | None:
+) -> Any | ProtocolError | None:
     """Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every
     replica until it is loaded again, and its runners are freed.
 
@@ -113,7 +113,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | V2Error
+        Any | ProtocolError
     """
 
     return sync_detailed(
@@ -126,7 +126,7 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | V2Error]:
+) -> Response[Any | ProtocolError]:
     """Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every
     replica until it is loaded again, and its runners are freed.
 
@@ -138,7 +138,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | V2Error]
+        Response[Any | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -154,7 +154,7 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | V2Error | None:
+) -> Any | ProtocolError | None:
     """Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every
     replica until it is loaded again, and its runners are freed.
 
@@ -166,7 +166,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | V2Error
+        Any | ProtocolError
     """
 
     return (

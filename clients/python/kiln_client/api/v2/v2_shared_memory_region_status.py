@@ -5,8 +5,8 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
+from ...models.protocol_error import ProtocolError
 from ...models.region import Region
-from ...models.v2_error import V2Error
 from ...types import Response
 
 
@@ -24,7 +24,7 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> V2Error | list[Region]:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> ProtocolError | list[Region]:
     if response.status_code == 200:
         response_200 = []
         _response_200 = response.json()
@@ -36,33 +36,33 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[V2Error | list[Region]]:
+) -> Response[ProtocolError | list[Region]]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -75,7 +75,7 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | list[Region]]:
+) -> Response[ProtocolError | list[Region]]:
     """One registered region.
 
     Args:
@@ -86,7 +86,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | list[Region]]
+        Response[ProtocolError | list[Region]]
     """
 
     kwargs = _get_kwargs(
@@ -104,7 +104,7 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | list[Region] | None:
+) -> ProtocolError | list[Region] | None:
     """One registered region.
 
     Args:
@@ -115,7 +115,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | list[Region]
+        ProtocolError | list[Region]
     """
 
     return sync_detailed(
@@ -128,7 +128,7 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | list[Region]]:
+) -> Response[ProtocolError | list[Region]]:
     """One registered region.
 
     Args:
@@ -139,7 +139,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | list[Region]]
+        Response[ProtocolError | list[Region]]
     """
 
     kwargs = _get_kwargs(
@@ -155,7 +155,7 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | list[Region] | None:
+) -> ProtocolError | list[Region] | None:
     """One registered region.
 
     Args:
@@ -166,7 +166,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | list[Region]
+        ProtocolError | list[Region]
     """
 
     return (

@@ -5,7 +5,7 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...models.v2_shared_memory_register_register_in import V2SharedMemoryRegisterRegisterIn
 from ...types import Response
 
@@ -32,37 +32,37 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | V2Error:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | ProtocolError:
     if response.status_code == 200:
         response_200 = response.json()
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
-def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | V2Error]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -76,7 +76,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: V2SharedMemoryRegisterRegisterIn,
-) -> Response[Any | V2Error]:
+) -> Response[Any | ProtocolError]:
     """Register a byte range of a POSIX shared-memory segment of this host under a name.
 
     Args:
@@ -88,7 +88,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | V2Error]
+        Response[Any | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -108,7 +108,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
     body: V2SharedMemoryRegisterRegisterIn,
-) -> Any | V2Error | None:
+) -> Any | ProtocolError | None:
     """Register a byte range of a POSIX shared-memory segment of this host under a name.
 
     Args:
@@ -120,7 +120,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | V2Error
+        Any | ProtocolError
     """
 
     return sync_detailed(
@@ -135,7 +135,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: V2SharedMemoryRegisterRegisterIn,
-) -> Response[Any | V2Error]:
+) -> Response[Any | ProtocolError]:
     """Register a byte range of a POSIX shared-memory segment of this host under a name.
 
     Args:
@@ -147,7 +147,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | V2Error]
+        Response[Any | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -165,7 +165,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
     body: V2SharedMemoryRegisterRegisterIn,
-) -> Any | V2Error | None:
+) -> Any | ProtocolError | None:
     """Register a byte range of a POSIX shared-memory segment of this host under a name.
 
     Args:
@@ -177,7 +177,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | V2Error
+        Any | ProtocolError
     """
 
     return (

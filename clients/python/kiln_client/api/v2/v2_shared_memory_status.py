@@ -4,8 +4,8 @@ from typing import Any
 import httpx
 
 from ...client import AuthenticatedClient, Client
+from ...models.protocol_error import ProtocolError
 from ...models.region import Region
-from ...models.v2_error import V2Error
 from ...types import Response
 
 
@@ -19,7 +19,7 @@ def _get_kwargs() -> dict[str, Any]:
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> V2Error | list[Region]:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> ProtocolError | list[Region]:
     if response.status_code == 200:
         response_200 = []
         _response_200 = response.json()
@@ -31,33 +31,33 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[V2Error | list[Region]]:
+) -> Response[ProtocolError | list[Region]]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -69,7 +69,7 @@ def _build_response(
 def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | list[Region]]:
+) -> Response[ProtocolError | list[Region]]:
     """Every registered system shared-memory region.
 
     Raises:
@@ -77,7 +77,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | list[Region]]
+        Response[ProtocolError | list[Region]]
     """
 
     kwargs = _get_kwargs()
@@ -92,7 +92,7 @@ def sync_detailed(
 def sync(
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | list[Region] | None:
+) -> ProtocolError | list[Region] | None:
     """Every registered system shared-memory region.
 
     Raises:
@@ -100,7 +100,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | list[Region]
+        ProtocolError | list[Region]
     """
 
     return sync_detailed(
@@ -111,7 +111,7 @@ def sync(
 async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[V2Error | list[Region]]:
+) -> Response[ProtocolError | list[Region]]:
     """Every registered system shared-memory region.
 
     Raises:
@@ -119,7 +119,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[V2Error | list[Region]]
+        Response[ProtocolError | list[Region]]
     """
 
     kwargs = _get_kwargs()
@@ -132,7 +132,7 @@ async def asyncio_detailed(
 async def asyncio(
     *,
     client: AuthenticatedClient | Client,
-) -> V2Error | list[Region] | None:
+) -> ProtocolError | list[Region] | None:
     """Every registered system shared-memory region.
 
     Raises:
@@ -140,7 +140,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        V2Error | list[Region]
+        ProtocolError | list[Region]
     """
 
     return (

@@ -4,7 +4,7 @@ from typing import Any
 import httpx
 
 from ...client import AuthenticatedClient, Client
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...types import Response
 
 
@@ -18,37 +18,37 @@ def _get_kwargs() -> dict[str, Any]:
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | V2Error:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | ProtocolError:
     if response.status_code == 200:
         response_200 = response.json()
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
-def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | V2Error]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -60,7 +60,7 @@ def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Res
 def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | V2Error]:
+) -> Response[Any | ProtocolError]:
     """Unregister every region.
 
     Raises:
@@ -68,7 +68,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | V2Error]
+        Response[Any | ProtocolError]
     """
 
     kwargs = _get_kwargs()
@@ -83,7 +83,7 @@ def sync_detailed(
 def sync(
     *,
     client: AuthenticatedClient | Client,
-) -> Any | V2Error | None:
+) -> Any | ProtocolError | None:
     """Unregister every region.
 
     Raises:
@@ -91,7 +91,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | V2Error
+        Any | ProtocolError
     """
 
     return sync_detailed(
@@ -102,7 +102,7 @@ def sync(
 async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | V2Error]:
+) -> Response[Any | ProtocolError]:
     """Unregister every region.
 
     Raises:
@@ -110,7 +110,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | V2Error]
+        Response[Any | ProtocolError]
     """
 
     kwargs = _get_kwargs()
@@ -123,7 +123,7 @@ async def asyncio_detailed(
 async def asyncio(
     *,
     client: AuthenticatedClient | Client,
-) -> Any | V2Error | None:
+) -> Any | ProtocolError | None:
     """Unregister every region.
 
     Raises:
@@ -131,7 +131,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | V2Error
+        Any | ProtocolError
     """
 
     return (

@@ -5,7 +5,7 @@ import httpx
 
 from ...client import AuthenticatedClient, Client
 from ...models.log_settings import LogSettings
-from ...models.v2_error import V2Error
+from ...models.protocol_error import ProtocolError
 from ...models.v2_update_log_settings_log_settings_in import V2UpdateLogSettingsLogSettingsIn
 from ...types import Response
 
@@ -29,40 +29,40 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> LogSettings | V2Error:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> LogSettings | ProtocolError:
     if response.status_code == 200:
         response_200 = LogSettings.from_dict(response.json())
 
         return response_200
 
     if response.status_code == 400:
-        response_400 = V2Error.from_dict(response.json())
+        response_400 = ProtocolError.from_dict(response.json())
 
         return response_400
 
     if response.status_code == 401:
-        response_401 = V2Error.from_dict(response.json())
+        response_401 = ProtocolError.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = V2Error.from_dict(response.json())
+        response_403 = ProtocolError.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 503:
-        response_503 = V2Error.from_dict(response.json())
+        response_503 = ProtocolError.from_dict(response.json())
 
         return response_503
 
-    response_default = V2Error.from_dict(response.json())
+    response_default = ProtocolError.from_dict(response.json())
 
     return response_default
 
 
 def _build_response(
     *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[LogSettings | V2Error]:
+) -> Response[LogSettings | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -75,7 +75,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: V2UpdateLogSettingsLogSettingsIn,
-) -> Response[LogSettings | V2Error]:
+) -> Response[LogSettings | ProtocolError]:
     """Change log settings in every process of the deployment; the settings now.
 
     Args:
@@ -88,7 +88,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[LogSettings | V2Error]
+        Response[LogSettings | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -106,7 +106,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
     body: V2UpdateLogSettingsLogSettingsIn,
-) -> LogSettings | V2Error | None:
+) -> LogSettings | ProtocolError | None:
     """Change log settings in every process of the deployment; the settings now.
 
     Args:
@@ -119,7 +119,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        LogSettings | V2Error
+        LogSettings | ProtocolError
     """
 
     return sync_detailed(
@@ -132,7 +132,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: V2UpdateLogSettingsLogSettingsIn,
-) -> Response[LogSettings | V2Error]:
+) -> Response[LogSettings | ProtocolError]:
     """Change log settings in every process of the deployment; the settings now.
 
     Args:
@@ -145,7 +145,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[LogSettings | V2Error]
+        Response[LogSettings | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -161,7 +161,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
     body: V2UpdateLogSettingsLogSettingsIn,
-) -> LogSettings | V2Error | None:
+) -> LogSettings | ProtocolError | None:
     """Change log settings in every process of the deployment; the settings now.
 
     Args:
@@ -174,7 +174,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        LogSettings | V2Error
+        LogSettings | ProtocolError
     """
 
     return (

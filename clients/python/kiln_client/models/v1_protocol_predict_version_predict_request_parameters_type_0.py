@@ -6,44 +6,27 @@ from typing import Any, TypeVar
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
-T = TypeVar("T", bound="V2Error")
+T = TypeVar("T", bound="V1ProtocolPredictVersionPredictRequestParametersType0")
 
 
 @_attrs_define
-class V2Error:
-    """Every /v2 error, as the Open Inference Protocol has it.
-
-    Attributes:
-        error (str):
-    """
-
-    error: str
+class V1ProtocolPredictVersionPredictRequestParametersType0:
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        error = self.error
 
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
-        field_dict.update(
-            {
-                "error": error,
-            }
-        )
 
         return field_dict
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         d = dict(src_dict)
-        error = d.pop("error")
+        v1_protocol_predict_version_predict_request_parameters_type_0 = cls()
 
-        v2_error = cls(
-            error=error,
-        )
-
-        v2_error.additional_properties = d
-        return v2_error
+        v1_protocol_predict_version_predict_request_parameters_type_0.additional_properties = d
+        return v1_protocol_predict_version_predict_request_parameters_type_0
 
     @property
     def additional_keys(self) -> list[str]:
