@@ -1,5 +1,5 @@
-"""KILN_OPENTELEMETRY: FastAPI's spans name each request's route, v2 inference included (which
-otherwise skips the framework's middleware and router, in service/api/hot_path.py)."""
+"""KILN_OPENTELEMETRY: FastAPI's spans name each request's route, v2 and KServe V1 inference
+included (which otherwise skip the framework's middleware and router, in service/api/hot_path.py)."""
 
 from __future__ import annotations
 
@@ -69,6 +69,10 @@ def test_inference_spans_name_their_route(tmp_path: Path) -> None:
     with TestClient(app) as client:
         body = infer_body(sample(MODELS["mlp"], 1))
         response = client.post("/v2/models/nope/infer", json=body, headers={"X-Request-ID": "traced"})
+        kserve = client.post("/v1/models/nope:predict", json={"instances": [[0.5] * 64]})
     assert response.status_code == 404 and response.headers["x-request-id"] == "traced"
+    # Through the framework's router too, KServe V1 answers in its own error shape.
+    assert kserve.status_code == 404 and kserve.json() == {"error": "no model named 'nope'"}
     routes = [span.attributes.get("http.route") for span in provider.spans]
     assert "/v2/models/{name}/infer" in routes, [(s.name, s.attributes) for s in provider.spans]
+    assert "/v1/models/{name}:predict" in routes
