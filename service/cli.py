@@ -1,4 +1,4 @@
-"""`kiln`: serve, worker, upload, models, default, predict, and offline compile."""
+"""`kiln`: serve, worker, upload, models, default, load, unload, delete, predict, and offline compile."""
 
 from __future__ import annotations
 
@@ -36,12 +36,13 @@ def client(url: str, api_key: str | None) -> httpx.Client:
 def check(response: httpx.Response) -> Any:
     if response.is_error:
         try:
-            detail = response.json().get("detail", response.text)
+            doc = response.json()
+            detail = doc.get("detail") or doc.get("error") or response.text  # /v1, or a protocol
         except ValueError:
             detail = response.text
         console.print(f"[red]error {response.status_code}:[/red] {detail}")
         raise typer.Exit(1)
-    return response.json()
+    return response.json() if response.content else None  # the repository's answers are empty
 
 
 @app.command()
@@ -388,6 +389,40 @@ def serving(
     with client(url, api_key) as http:
         found = check(http.patch(f"{path}/serving", json=body) if body else http.get(path))
     console.print_json(data=found["serving"])
+
+
+@app.command()
+def unload(name: str, url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) -> None:
+    """Take a model out of service on every replica (Triton's repository unload), keeping it."""
+    with client(url, api_key) as http:
+        check(http.post(f"/v2/repository/models/{name}/unload"))
+    console.print(f"{name}: unloaded; `kiln load {name}` serves it again")
+
+
+@app.command()
+def load(name: str, url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) -> None:
+    """Put an unloaded model back in service, loaded and warmed up on the replica that gets it."""
+    with client(url, api_key) as http:
+        check(http.post(f"/v2/repository/models/{name}/load"))
+    console.print(f"{name}: loaded")
+
+
+@app.command()
+def delete(
+    name: str,
+    version: Annotated[int | None, typer.Argument(help="Omit it to delete the model, every version.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask first.")] = False,
+    url: UrlOption = "http://127.0.0.1:8000",
+    api_key: KeyOption = None,
+) -> None:
+    """Delete a model, or one version of it, and the artifacts nothing else uses."""
+    what = name if version is None else f"{name} version {version}"
+    if not yes:
+        typer.confirm(f"Delete {what} and its artifacts?", abort=True)
+    path = f"/v1/models/{name}" + ("" if version is None else f"/versions/{version}")
+    with client(url, api_key) as http:
+        check(http.delete(path))
+    console.print(f"{what}: deleted")
 
 
 @app.command()

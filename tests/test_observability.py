@@ -294,6 +294,20 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     unknown = run_cli("upload", str(model), "--name", "cli-bad", "--set", "colour=1", *common)
     assert unknown.returncode == 1 and "colour" in unknown.stdout, unknown.stdout
 
+    unloaded = run_cli("unload", "cli-later", "--url", server.url)
+    assert unloaded.returncode == 0 and "cli-later: unloaded" in unloaded.stdout, unloaded.stdout
+    assert "cli-later (unloaded)" in run_cli("models", "--url", server.url).stdout
+    assert run_cli("load", "cli-later", "--url", server.url).stdout.strip() == "cli-later: loaded"
+    assert "cli-later (unloaded)" not in run_cli("models", "--url", server.url).stdout
+    missing = run_cli("unload", "cli-none", "--url", server.url)  # the protocol's {"error"}, shown
+    assert missing.returncode == 1 and "no model named 'cli-none'" in missing.stdout, missing.stdout
+    asked = run_cli("delete", "cli-later", "1", "--url", server.url)  # no one to say yes: kept
+    assert asked.returncode == 1 and "Delete cli-later version 1 and its artifacts?" in asked.stdout
+    assert "cli-later" in run_cli("models", "--url", server.url).stdout
+    deleted = run_cli("delete", "cli-later", "--yes", "--url", server.url)
+    assert deleted.returncode == 0 and "cli-later: deleted" in deleted.stdout, deleted.stdout
+    assert "cli-later" not in run_cli("models", "--url", server.url).stdout
+
 
 def test_worker_serves_its_own_metrics(redis_url: str, tmp_path: Path) -> None:
     port = free_port()
