@@ -37,7 +37,8 @@ def check(response: httpx.Response) -> Any:
     if response.is_error:
         try:
             doc = response.json()
-            detail = doc.get("detail") or doc.get("error") or response.text  # /v1, or a protocol
+            found = doc.get("detail") or doc.get("error") if isinstance(doc, dict) else None
+            detail = found or response.text  # /v1's problem, or a protocol's {"error"}
         except ValueError:
             detail = response.text
         console.print(f"[red]error {response.status_code}:[/red] {detail}")

@@ -107,7 +107,8 @@ RESPONSE_CACHE = Counter(
 )
 GRPC_ERRORS = Counter(
     "kiln_grpc_errors",
-    "gRPC calls that ended in an error, by status code and method.",
+    "gRPC calls that ended in an error, and requests of a ModelStreamInfer stream answered with "
+    "one, by status code and method.",
     ["code", "method"],
 )
 QUEUE_DEPTH_HELP = (

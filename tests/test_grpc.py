@@ -288,13 +288,39 @@ def test_stream_answers_each_request_in_order(client: triton.InferenceServerClie
             assert "no model named 'nope'" in error.message()
             continue
         assert error is None and result is not None
-        assert result.get_response().id == str(i)
+        response = result.get_response()
+        assert response.id == str(i)
+        # As Triton marks each answer of a model that is not decoupled: the request's last.
+        assert response.parameters["triton_final_response"].bool_param is True
         got = result.as_numpy("output0")
         np.testing.assert_allclose(got, expected(MLP, sample(MLP, 1, seed=i)), rtol=1e-5, atol=1e-6)
 
 
-def test_stream_needs_a_key(client: triton.InferenceServerClient) -> None:
-    (result, error), *rest = streamed(client, [("mlp", "1")], None)
-    assert result is None and not rest
-    assert error is not None and error.status() == "StatusCode.UNAUTHENTICATED"
-    assert "API key is required" in error.message()
+def stream_call(
+    stub: pb_grpc.GRPCInferenceServiceStub, key: dict[str, str] | None
+) -> tuple[grpc.StatusCode, str]:
+    """The status that ends a stream of one good MLP request, or of a message that is not one."""
+    x = sample(MLP, 1)
+    raw = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 64])
+    good = pb.ModelInferRequest(model_name="mlp", inputs=[raw], raw_input_contents=[x.tobytes()])
+    with pytest.raises(grpc.RpcError) as caught:
+        list(stub.ModelStreamInfer(iter([good]), metadata=tuple((key or {}).items())))
+    return status_of(caught.value)
+
+
+def test_stream_needs_a_key(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    code, message = stream_call(stub, None)
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "API key is required" in message
+
+
+def test_a_malformed_stream_message_is_the_clients_error(server: KilnServer) -> None:
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stream = channel.stream_stream(
+            "/inference.GRPCInferenceService/ModelStreamInfer",
+            request_serializer=lambda raw: raw,
+            response_deserializer=pb.ModelStreamInferResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            list(stream(iter([b"\xff\xff\xff"]), metadata=tuple(INFER_KEY.items())))
+    code, message = status_of(caught.value)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in message, message

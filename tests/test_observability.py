@@ -217,6 +217,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200"}
     return subprocess.run(
         [sys.executable, "-m", "service.cli", *args],
+        stdin=subprocess.DEVNULL,  # the delete prompt gets no answer, on a terminal too
         cwd=ROOT,
         env=env,
         capture_output=True,

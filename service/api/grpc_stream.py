@@ -9,7 +9,7 @@ other request; an error is the answer to its own request, and the stream goes on
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 # The requests of one stream in flight at once. Past it the stream is not read further, and
@@ -19,7 +19,7 @@ WINDOW = 64
 
 async def in_order(
     requests: AsyncIterator[Any], answer: Callable[[Any], Awaitable[Any]]
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """`answer(request)` for each request, started as it arrives and yielded in arrival order.
     `answer` must not raise: its errors are its answers. Closing this generator (the client
     cancelled the stream) cancels the answers still outstanding, so that none of them runs."""
@@ -38,9 +38,8 @@ async def in_order(
     current = None
     try:
         while (current := await started.get()) is not None:
-            response = await current
-            window.release()
-            yield response
+            yield await current
+            window.release()  # once written: the answer being written holds its place too
         await reader  # raises what ended the reading, if anything did
     finally:
         reader.cancel()

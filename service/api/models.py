@@ -20,6 +20,7 @@ from compiler.inspect import inspect_model
 from compiler.spec import InputSpec
 from service.api.auth import admin_scope, infer_scope
 from service.api.deps import Services, services
+from service.api.problems import validation_detail
 from service.api.schemas import (
     ActiveOut,
     DefaultVersionIn,
@@ -115,10 +116,7 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
     try:
         config = ModelConfig.model_validate(UploadConfig.model_validate_json(text).model_dump())
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in exc.errors()
-        )
-        raise InvalidConfigError(f"config: {problems}") from None
+        raise InvalidConfigError(f"config: {validation_detail(exc)}") from None
     if config.max_batch_size is None:
         config.max_batch_size = svc.settings.default_max_batch_size
     if config.backends is None:

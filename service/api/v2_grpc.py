@@ -12,6 +12,7 @@ UNIMPLEMENTED.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -20,7 +21,7 @@ from typing import Any
 import grpc
 import numpy as np
 from google.protobuf import json_format
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from tritonclient.grpc import model_config_pb2 as config_pb
@@ -359,25 +360,42 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await self._infer(request)
 
-    async def ModelStreamInfer(
-        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[Any]:
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
+        """Written with `context.write`, not yielded: a write to a client that hung up then fails
+        here, where it is the client's doing, rather than in gRPC's own loop, which logs it as an
+        error; and the answers still outstanding are cancelled at once."""
         set_request_id(context)
         try:
-            async for response in in_order(requests, self._stream_answer):
-                yield response
-        except Exception as exc:  # the stream could not be read; its requests' errors are answers
+            async with contextlib.aclosing(in_order(requests, self._stream_answer)) as answers:
+                async for response in answers:
+                    try:
+                        await context.write(response)
+                    except Exception as exc:  # gRPC's ExecuteBatchError, among others
+                        log.debug("a stream's client left before its answers: %r", exc)
+                        return
+        except DecodeError as exc:  # a message of the stream is not a ModelInferRequest
+            await abort(
+                context, "ModelStreamInfer", BadRequestError(f"a request message is malformed: {exc}")
+            )
+        except Exception as exc:
             await abort(context, "ModelStreamInfer", exc)
 
     async def _stream_answer(self, request: Any) -> Any:
+        """A request's answer, or its error, as Triton sends either: marked final (a model that
+        is not decoupled sends one), and an error with the request's id, so that the client
+        knows which failed. Runs in a task of its own: its log lines carry the request's id."""
+        if request.id:
+            request_id.set(f"{request_id.get()}/{request.id}")
         try:
-            return pb.ModelStreamInferResponse(infer_response=await self._infer(request))
+            response = await self._infer(request)
         except Exception as exc:
             _, message = failure("ModelStreamInfer", exc)
-            # The id too, beyond Triton's message: a client can tell which request failed.
-            return pb.ModelStreamInferResponse(
-                error_message=message, infer_response=pb.ModelInferResponse(id=request.id)
+            failed = pb.ModelInferResponse(
+                id=request.id, model_name=request.model_name, model_version=request.model_version
             )
+            return pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
+        response.parameters["triton_final_response"].bool_param = True
+        return pb.ModelStreamInferResponse(infer_response=response)
 
     async def _infer(self, request: Any) -> Any:
         name, version = request.model_name, version_of(request.model_version)
