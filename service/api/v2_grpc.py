@@ -4,7 +4,8 @@ The service is Triton's `inference.GRPCInferenceService`, from the bindings trit
 (`tritonclient.grpc.service_pb2`), so that tritonclient.grpc talks to Kiln unchanged; KServe's v2
 proto is a subset of it, so its clients call the same methods. Each method calls the code of its
 HTTP route (service.api.v2 and service.api.repository), and an error leaves with the gRPC status
-of its HTTP one. System shared memory is served as over HTTP (service.shared_memory), and log
+of its HTTP one; its tensors are coded in service.api.grpc_tensors. System shared memory is
+served as over HTTP (service.shared_memory), and log
 settings as `/v2/logging` (service.log_settings), and ModelStreamInfer's streams request by
 request (service.api.grpc_stream); CUDA shared memory and tracing are not offered: they answer
 UNIMPLEMENTED.
@@ -19,7 +20,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import grpc
-import numpy as np
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
 from pydantic import ValidationError
@@ -33,6 +33,7 @@ from service.api import protocol, repository, v2
 from service.api.auth import Scope, authorize, presented_key
 from service.api.deps import Services
 from service.api.grpc_stream import in_order
+from service.api.grpc_tensors import decode, decodes_inline, encode
 from service.api.health import readiness
 from service.api.middleware import incoming_or_new
 from service.api.problems import validation_detail
@@ -41,20 +42,6 @@ from service.log_settings import LogSettingsIn
 from service.logs import request_id
 from service.settings import Settings
 from service.store import StoreUnavailableError
-from service.tensors import (
-    DATATYPES,
-    SHARED_KEYS,
-    InferRequest,
-    Output,
-    SharedAccess,
-    class_count,
-    decode_tensors,
-    encode_tensor,
-    priority_parameter,
-    shared_slice,
-    timeout_parameter,
-    write_shared,
-)
 
 log = logging.getLogger("kiln.grpc")
 
@@ -87,16 +74,6 @@ UNOFFERED = [
     "CudaSharedMemoryUnregister",
     "TraceSetting",
 ]
-# Datatype -> the InferTensorContents field that carries it; FP16 has none: it travels raw.
-CONTENTS_FIELD = {
-    "BOOL": "bool_contents",
-    **dict.fromkeys(("INT8", "INT16", "INT32"), "int_contents"),
-    "INT64": "int64_contents",
-    **dict.fromkeys(("UINT8", "UINT16", "UINT32"), "uint_contents"),
-    "UINT64": "uint64_contents",
-    "FP32": "fp32_contents",
-    "FP64": "fp64_contents",
-}
 # A log setting's type -> the SettingValue field that carries it.
 SETTING_FIELD = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 # gRPC takes a signed 32-bit message size.
@@ -111,106 +88,6 @@ def version_of(text: str) -> int | None:
 def parsed(doc: Mapping[str, Any], message: Message) -> Any:
     """An HTTP route's JSON document as the protobuf message of its gRPC method."""
     return json_format.ParseDict(doc, message, ignore_unknown_fields=True)
-
-
-def decodes_inline(request: Any) -> bool:
-    """As for HTTP bodies: small requests decode on the event loop, big ones in the threadpool,
-    as do those with tensors in shared memory, which asks the store where."""
-    if any(shared_parameters(t.parameters) for t in [*request.inputs, *request.outputs]):
-        return False
-    raw = sum(len(r) for r in request.raw_input_contents)
-    typed = sum(
-        len(getattr(t.contents, CONTENTS_FIELD[t.datatype]))
-        for t in request.inputs
-        if t.datatype in CONTENTS_FIELD
-    )
-    return raw <= v2.INLINE_BINARY_BYTES and typed <= v2.INLINE_JSON_ELEMENTS
-
-
-def shared_parameters(parameters: Any) -> dict[str, object]:
-    """A tensor's shared-memory parameters, as the HTTP codec reads them."""
-    return {key: parameter(parameters, key) for key in SHARED_KEYS if key in parameters}
-
-
-def decode(request: Any, shared: SharedAccess) -> InferRequest:
-    """The request's tensors through the HTTP codec's checks: raw contents become binary
-    tensors, typed contents JSON `data`; inputs in shared memory have no contents."""
-    raw = list(request.raw_input_contents)
-    in_shared = [shared_parameters(t.parameters) for t in request.inputs]
-    sent = sum(not params for params in in_shared)
-    if raw and len(raw) != sent:
-        raise BadRequestError(
-            f"raw_input_contents has {len(raw)} entries for {sent} inputs outside shared memory; "
-            "send raw contents for every one of them or for none"
-        )
-    docs: list[dict[str, Any]] = []
-    contents = iter(raw)
-    for tensor, params in zip(request.inputs, in_shared, strict=True):
-        doc: dict[str, Any] = {"name": tensor.name, "shape": list(tensor.shape), "datatype": tensor.datatype}
-        if params:
-            if tensor.HasField("contents"):
-                raise BadRequestError(
-                    f"tensor {tensor.name!r} names a shared memory region and sends contents too; send one"
-                )
-            doc["parameters"] = params
-        elif raw:
-            doc["parameters"] = {"binary_data_size": len(next(contents))}
-        elif tensor.datatype in CONTENTS_FIELD:
-            doc["data"] = np.asarray(getattr(tensor.contents, CONTENTS_FIELD[tensor.datatype]))
-        elif tensor.datatype in DATATYPES:
-            raise BadRequestError(f"tensor {tensor.name!r}: send {tensor.datatype} in raw_input_contents")
-        docs.append(doc)
-    wanted = [o.name for o in request.outputs]
-    shared_outputs, counts = {}, {}
-    for output in request.outputs:
-        what = f"output {output.name!r}"
-        where = shared_slice(shared_parameters(output.parameters), what)
-        if where is not None:
-            shared_outputs[output.name] = shared.bind(where, what)
-        count = class_count(parameter(output.parameters, "classification") or 0, what)
-        if count:
-            counts[output.name] = count
-    return InferRequest(
-        id=request.id or None,
-        inputs=decode_tensors(docs, b"".join(raw), shared),
-        outputs=dict.fromkeys(wanted, True) if wanted else None,
-        binary_output=True,
-        timeout_us=timeout_parameter(parameter(request.parameters, "timeout")),
-        shared_outputs=shared_outputs,
-        classifications=counts,
-        priority=priority_parameter(parameter(request.parameters, "priority") or 0),
-    )
-
-
-def parameter(parameters: Any, key: str) -> object:
-    """A request parameter's value, in whichever of InferParameter's fields it came."""
-    if key not in parameters:
-        return None
-    field = parameters[key].WhichOneof("parameter_choice")
-    return None if field is None else getattr(parameters[key], field)
-
-
-def encode(
-    name: str, version: int, rid: str, infer: InferRequest, outputs: list[Output], shared: SharedAccess
-) -> Any:
-    response = pb.ModelInferResponse(model_name=name, model_version=str(version), id=rid)
-    for output, array, _ in outputs:
-        where = infer.shared_outputs.get(output)
-        if where is None:
-            doc, raw = encode_tensor(output, array, binary=True)
-            response.outputs.add(name=output, datatype=doc["datatype"], shape=doc["shape"])
-        else:
-            doc, raw = write_shared(output, array, where, shared), b""
-            tensor = response.outputs.add(name=output, datatype=doc["datatype"], shape=doc["shape"])
-            for key, value in doc["parameters"].items():
-                if isinstance(value, str):
-                    tensor.parameters[key].string_param = value
-                else:
-                    tensor.parameters[key].int64_param = value
-        # One entry per output, empty for those in shared memory: clients find an output's
-        # contents by its index.
-        response.raw_output_contents.append(raw)
-    return response
 
 
 def failure(method: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
