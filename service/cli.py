@@ -522,5 +522,18 @@ def compile_command(
         )
 
 
+def main() -> None:
+    """The `kiln` command: a server it cannot reach is one line, not a traceback."""
+    try:
+        app()
+    except httpx.TransportError as exc:
+        try:
+            where = str(exc.request.url)
+        except RuntimeError:  # raised before it had a request
+            where = "its URL"
+        console.print(f"[red]cannot reach Kiln at {where}:[/red] {exc or type(exc).__name__}; is it running?")
+        sys.exit(1)
+
+
 if __name__ == "__main__":
-    sys.exit(app())
+    main()

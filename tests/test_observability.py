@@ -295,6 +295,9 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     unknown = run_cli("upload", str(model), "--name", "cli-bad", "--set", "colour=1", *common)
     assert unknown.returncode == 1 and "colour" in unknown.stdout, unknown.stdout
 
+    down = run_cli("unload", "cli-later", "--url", "http://127.0.0.1:1")  # nothing listens there
+    assert down.returncode == 1 and "cannot reach Kiln at http://127.0.0.1:1/" in down.stdout, down.stdout
+    assert "Traceback" not in down.stdout + down.stderr
     unloaded = run_cli("unload", "cli-later", "--url", server.url)
     assert unloaded.returncode == 0 and "cli-later: unloaded" in unloaded.stdout, unloaded.stdout
     assert "cli-later (unloaded)" in run_cli("models", "--url", server.url).stdout

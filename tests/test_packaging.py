@@ -617,7 +617,7 @@ def test_gpu_worker_lands_on_gpu_nodes_only(path: Path) -> None:
 
 
 def test_console_script_and_commands_exist() -> None:
-    assert pyproject()["project"]["scripts"]["kiln"] == "service.cli:app"
+    assert pyproject()["project"]["scripts"]["kiln"] == "service.cli:main"  # app, behind its error line
     commands = get_command(app).commands  # type: ignore[attr-defined]
     assert {"serve", "worker"} <= set(commands)
 
