@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from functools import partial
@@ -36,13 +36,18 @@ from typing import Any, Generic, TypeVar
 
 import numpy as np
 
-from service.errors import KilnError, QueueFullError, TimeoutExpiredError, UnavailableError
+from service.errors import ClientGoneError, KilnError, QueueFullError, TimeoutExpiredError, UnavailableError
 
 Arrays = dict[str, np.ndarray]
 T = TypeVar("T")  # what `run` returns beside the outputs
 # Batch cycles whose peak of outstanding requests a batch may wait to reach: long enough that one
 # quiet cycle does not end the batching of a steady load, short enough to follow a load that fell.
 PEAK_CYCLES = 4
+# A request that waited this long is asked, before it runs, whether its client is still there:
+# under overload clients give up (and retry), and running what they left would only delay the
+# requests still wanted. Asking costs a few microseconds, which a short wait is not worth.
+GONE_CHECK_S = 0.05
+Gone = Callable[[], Awaitable[bool]]  # whether the request's client hung up
 log = logging.getLogger("kiln.batcher")
 
 
@@ -88,6 +93,7 @@ class _Request(Generic[T]):
     deadline: float | None  # time.monotonic() past which it is not run
     priority: int = 0  # the request's parameter
     level: int = 0  # its priority level under the batcher's policy: lower levels are batched first
+    gone: Gone | None = None
     started: bool = field(init=False, default=False)  # its batch began: it is answered
     # Requests merge only when every non-batch dimension agrees.
     signature: tuple[tuple[str, tuple[int, ...], str], ...] = field(init=False)
@@ -185,11 +191,18 @@ class Batcher(Generic[T]):
         self._peaks: deque[int] = deque([policy.max_batch_size], maxlen=PEAK_CYCLES)
 
     async def submit(
-        self, inputs: Arrays, batch: int, deadline: float | None = None, priority: int = 0
+        self,
+        inputs: Arrays,
+        batch: int,
+        deadline: float | None = None,
+        priority: int = 0,
+        gone: Gone | None = None,
     ) -> tuple[Arrays, T]:
         """The request's outputs; a TimeoutExpiredError at `deadline` (time.monotonic()) if it
         has not started to run by then, as Triton's queue policy rejects it: it never runs.
-        `priority` is the request's parameter (see BatchPolicy.level)."""
+        `priority` is the request's parameter (see BatchPolicy.level). A batched request that
+        waited past GONE_CHECK_S and whose client is `gone` then gets a ClientGoneError, and
+        does not run."""
         limit = self.policy.max_queue_size
         if limit and self._pending >= limit:
             raise QueueFullError(
@@ -203,7 +216,7 @@ class Batcher(Generic[T]):
             if self._task is None or self._task.done():
                 self._task = asyncio.get_running_loop().create_task(self._loop())
             future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
-            request = _Request(inputs, batch, future, deadline, priority, self.policy.level(priority))
+            request = _Request(inputs, batch, future, deadline, priority, self.policy.level(priority), gone)
             self._queue.append(request)
             self._arrived.set()
             if deadline is None:
@@ -378,7 +391,7 @@ class Batcher(Generic[T]):
             while True:
                 lane = await self._idle_lane()  # a batch forms once it has somewhere to run
                 try:
-                    requests = [r for r in await self._collect() if self._runnable(r)]
+                    requests = await self._present([r for r in await self._collect() if self._runnable(r)])
                 except asyncio.CancelledError:  # closed: a loop started later needs the lane
                     self._free(lane)
                     raise
@@ -401,6 +414,18 @@ class Batcher(Generic[T]):
             self._expire(request)  # its timer may not have fired yet
         request.started = not request.future.done()
         return request.started
+
+    async def _present(self, requests: list[_Request[T]]) -> list[_Request[T]]:
+        """Those whose clients are still there, as far as the ones that waited long can say."""
+        present = []
+        now = time.monotonic()
+        for r in requests:
+            if r.gone is not None and now - r.arrived > GONE_CHECK_S and await r.gone():
+                if not r.future.done():
+                    r.future.set_exception(ClientGoneError("the client hung up while its request waited"))
+            else:
+                present.append(r)
+        return present
 
     def _expire(self, request: _Request[T]) -> None:
         """Its deadline passed: answered now, and out of the queue, where it would count towards

@@ -47,6 +47,14 @@ class InvalidConfigError(KilnError):
     title = "Invalid config"
 
 
+class ClientGoneError(KilnError):
+    """The client hung up while its request waited: it is not run. No one reads the answer;
+    nginx's 499 keeps such requests out of both client and server errors."""
+
+    status_code = 499
+    title = "Client closed request"
+
+
 class UnavailableError(KilnError):
     status_code = 503
     title = "Service unavailable"

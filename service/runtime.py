@@ -29,7 +29,7 @@ from compiler.benchmark import benchmark_batches
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service import metrics
-from service.batcher import Arrays, Batcher, BatchPolicy, BatchTiming
+from service.batcher import Arrays, Batcher, BatchPolicy, BatchTiming, Gone
 from service.errors import ConflictError, NotFoundError
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
@@ -331,10 +331,11 @@ class Runtime:
         backend: str | None = None,
         timeout_us: int | None = None,
         priority: int = 0,
+        gone: Gone | None = None,
     ) -> Prediction:
         """`timeout_us` (see effective_timeout) bounds the request's wait from now: past it, a
         TimeoutExpiredError, unless its batch formed before. `priority`: Triton's request
-        parameter (BatchPolicy.level)."""
+        parameter (BatchPolicy.level). `gone`: whether its client hung up (Batcher.submit)."""
         arrived = time.monotonic()
         begun = time.perf_counter()
         route = await self.aroute(name, version)
@@ -363,7 +364,7 @@ class Runtime:
             timeout_us = effective_timeout(timeout_us, route.version.config.default_timeout_us)
             deadline = None if timeout_us is None else arrived + timeout_us / 1e6
             batcher = self._batcher(route.version, backend)
-            outputs, variant = await batcher.submit(arrays, batch, deadline, priority)
+            outputs, variant = await batcher.submit(arrays, batch, deadline, priority, gone)
         except BaseException:  # a client that hung up (cancelled) is a failed request too
             self.stats.request(name, number, time.perf_counter() - started, ok=False)
             raise

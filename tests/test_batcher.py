@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from service.batcher import PEAK_CYCLES, Arrays, Batcher, BatchPolicy, BatchTiming
-from service.errors import QueueFullError, TimeoutExpiredError, UnavailableError
+from service.batcher import GONE_CHECK_S, PEAK_CYCLES, Arrays, Batcher, BatchPolicy, BatchTiming
+from service.errors import ClientGoneError, QueueFullError, TimeoutExpiredError, UnavailableError
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 
@@ -730,3 +731,36 @@ def test_an_adaptive_delay_does_not_wait_for_requests_running_on_another_lane() 
             return waited
 
     assert asyncio.run(main()) < 1.0  # not the 2 s delay
+
+
+def test_a_request_whose_client_hung_up_is_not_run() -> None:
+    """Behind a long batch: a request whose client is gone is answered so and not run, once it
+    has waited past GONE_CHECK_S; one still wanted runs; a client is not asked sooner."""
+    gated, asked = Gated(), []
+
+    def client(there: bool, n: int) -> Callable[[], Awaitable[bool]]:
+        async def gone() -> bool:
+            asked.append(n)
+            return not there
+
+        return gone
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(gated, BatchPolicy(4), [pool])
+            first = asyncio.ensure_future(batcher.submit(tag(0), 1, gone=client(False, 0)))
+            await asyncio.sleep(0.01)  # its batch runs at once: no one is asked
+            left, stayed = (
+                asyncio.ensure_future(batcher.submit(tag(n), 1, gone=client(n == 2, n))) for n in (1, 2)
+            )
+            await asyncio.sleep(GONE_CHECK_S * 2)
+            gated.gate.set()
+            answers = await asyncio.gather(first, left, stayed, return_exceptions=True)
+            batcher.close()
+            return answers
+
+    first, left, stayed = asyncio.run(main())
+    assert isinstance(left, ClientGoneError), left
+    assert isinstance(first, tuple) and isinstance(stayed, tuple)
+    assert gated.batches == [[0], [2]]
+    assert asked == [1, 2]

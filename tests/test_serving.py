@@ -534,3 +534,31 @@ def test_higher_priority_requests_are_batched_first(
         http, SLOW, name="slow-unranked", priority_levels=2, default_priority_level=3, backends=[]
     )
     assert beyond.status_code == 422 and "config.default_priority_level: 3 must lie in" in beyond.text
+
+
+def test_requests_whose_clients_hung_up_are_not_run(http: httpx.Client, server: KilnServer) -> None:
+    """Under overload clients give up: requests that wait behind long batches, whose clients
+    close their connections meanwhile (over v2, the native predict and KServe V1), do not run
+    when their turn comes; the requests still wanted do."""
+    name = "slow-abandoned"
+    assert upload(http, SLOW, name=name, max_batch_size=512, backends=[]).status_code == 202
+    small = sample(SLOW, 1)
+    assert predict(http, name, small).status_code == 200  # loaded
+    tensor = {"name": "x", "shape": [1, 256], "datatype": "FP32", "data": small.ravel().tolist()}
+    abandoned = {
+        f"/v2/models/{name}/infer": {"inputs": [tensor]},
+        f"/v1/models/{name}/predict": {"inputs": {"x": small.tolist()}},
+        f"/v1/models/{name}:predict": {"instances": small.tolist()},
+    }
+    with ThreadPoolExecutor(4) as pool:
+        long_requests = [pool.submit(v2_binary, server.url, sample(SLOW, 512), name) for _ in range(3)]
+        wait_until(lambda: pending(http, name) == 3, 30, "the long requests to be in flight", 0.01)
+        for path, body in abandoned.items():
+            with pytest.raises(httpx.ReadTimeout):  # the client gives up, and closes its connection
+                httpx.post(f"{server.url}{path}", json=body, timeout=httpx.Timeout(30, read=0.1))
+        wanted = pool.submit(v2_binary, server.url, small, name)
+        assert all(r.result().status_code == 200 for r in [*long_requests, wanted])
+    sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats(http, name)["batch_stats"]}  # type: ignore[attr-defined]
+    # The load's request and the one still wanted ran alone; the three abandoned ones not at all.
+    assert sizes == {512: 3, 1: 2}, sizes
+    assert stats(http, name)["inference_stats"]["fail"]["count"] == 3  # type: ignore[index]

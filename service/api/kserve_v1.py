@@ -31,7 +31,7 @@ from service.api.bodies import (
 from service.api.deps import Services, services
 from service.api.protocol import InferRoute, check_infer, version_number
 from service.api.schemas import ProtocolError, error_responses
-from service.batcher import Arrays
+from service.batcher import Arrays, Gone
 from service.errors import BadRequestError
 from service.records import OutputInfo
 from service.runtime import Prediction
@@ -129,12 +129,12 @@ def decoded(body: bytes, spec: InputSpec, outputs: list[OutputInfo]) -> tuple[in
     return rows, [spec.coerce({n: v[i : i + size] for n, v in values.items()}) for i in range(0, rows, size)]
 
 
-async def run(svc: Services, name: str, number: int, batches: list[Arrays]) -> Arrays:
+async def run(svc: Services, name: str, number: int, batches: list[Arrays], gone: Gone) -> Arrays:
     """The outputs of the batches, run side by side (they batch together again), joined."""
     if len(batches) == 1:
-        return (await svc.runtime.predict(name, number, batches[0])).outputs
+        return (await svc.runtime.predict(name, number, batches[0], gone=gone)).outputs
     done = await asyncio.gather(
-        *(svc.runtime.predict(name, number, arrays) for arrays in batches), return_exceptions=True
+        *(svc.runtime.predict(name, number, arrays, gone=gone) for arrays in batches), return_exceptions=True
     )
     results = [d for d in done if isinstance(d, Prediction)]
     if len(results) < len(done):
@@ -173,7 +173,7 @@ async def _predict(request: Request, name: str, version: int | None) -> Response
     decode = partial(decoded, body, route.spec, route.version.outputs)
     rows, batches = decode() if len(body) <= INLINE_JSON_BYTES else await run_in_threadpool(decode)
     # Pin the version just decoded for, so a newer upload cannot slip in between.
-    outputs = await run(svc, name, route.version.version, batches)
+    outputs = await run(svc, name, route.version.version, batches, request.is_disconnected)
     encode = partial(encoded, outputs, rows)
     elements = sum(array.size for array in outputs.values())
     payload = encode() if elements <= INLINE_JSON_ELEMENTS else await run_in_threadpool(encode)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 
 from service.api.auth import infer_scope
 from service.api.deps import Services, services
@@ -43,6 +43,7 @@ PriorityQuery = Annotated[
 
 async def _predict(
     svc: Services,
+    request: Request,
     name: str,
     version: int | None,
     body: PredictIn,
@@ -50,7 +51,9 @@ async def _predict(
     timeout_us: int | None,
     priority: int,
 ) -> PredictOut:
-    result = await svc.runtime.predict(name, version, body.inputs, backend, timeout_us, priority)
+    result = await svc.runtime.predict(
+        name, version, body.inputs, backend, timeout_us, priority, request.is_disconnected
+    )
     variant = result.variant
     return PredictOut(
         outputs={k: v.tolist() for k, v in result.outputs.items()},
@@ -68,12 +71,13 @@ async def _predict(
 async def predict(
     name: str,
     body: PredictIn,
+    request: Request,
     svc: Annotated[Services, Depends(services)],
     backend: BackendQuery = None,
     timeout_us: TimeoutQuery = None,
     priority: PriorityQuery = 0,
 ) -> PredictOut:
-    return await _predict(svc, name, None, body, backend, timeout_us, priority)
+    return await _predict(svc, request, name, None, body, backend, timeout_us, priority)
 
 
 @router.post(
@@ -85,9 +89,10 @@ async def predict_version(
     name: str,
     version: int,
     body: PredictIn,
+    request: Request,
     svc: Annotated[Services, Depends(services)],
     backend: BackendQuery = None,
     timeout_us: TimeoutQuery = None,
     priority: PriorityQuery = 0,
 ) -> PredictOut:
-    return await _predict(svc, name, version, body, backend, timeout_us, priority)
+    return await _predict(svc, request, name, version, body, backend, timeout_us, priority)

@@ -21,7 +21,7 @@ from service.api.deps import Services, ServicesDep, services
 from service.api.health import readiness
 from service.api.protocol import InferRoute, ProtocolRoute, check_infer, version_number
 from service.api.schemas import ProtocolError, error_responses
-from service.batcher import BatchPolicy
+from service.batcher import BatchPolicy, Gone
 from service.classification import check_classified, classified, classify_cost
 from service.errors import BadRequestError, NotFoundError, NotReadyError
 from service.records import VersionRecord
@@ -276,16 +276,17 @@ def encodes_inline(outputs: list[Output]) -> bool:
 
 
 async def run_infer(
-    svc: Services, name: str, version: int | None, infer: InferRequest
+    svc: Services, name: str, version: int | None, infer: InferRequest, gone: Gone | None = None
 ) -> tuple[Prediction, list[Output]]:
-    """A decoded request, checked against its model and run; in either protocol."""
+    """A decoded request, checked against its model and run; in either protocol. Over gRPC a
+    client that hangs up cancels its call, and so its request; over HTTP it is asked (`gone`)."""
     route = await svc.runtime.aroute(name, version)  # in the threadpool only when it asks the store
     check_datatypes(route.spec, infer.inputs)
     infer.check_outputs(o.name for o in route.version.outputs)
     check_classified(infer.classifications, route.version.outputs)
     # Pin the version just checked against, so a newer upload cannot slip in between.
     result = await svc.runtime.predict(
-        name, route.version.version, infer.inputs, timeout_us=infer.timeout_us, priority=infer.priority
+        name, route.version.version, infer.inputs, None, infer.timeout_us, infer.priority, gone
     )
     outputs = infer.select(result.outputs)
     if not infer.classifications:
@@ -306,7 +307,7 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
         infer = decode_request(body, header_length, shared)
     else:  # big, or in shared memory, which asks the store where
         infer = await run_in_threadpool(decode_request, body, header_length, shared)
-    result, outputs = await run_infer(svc, name, version, infer)
+    result, outputs = await run_infer(svc, name, version, infer, request.is_disconnected)
     header: dict[str, Any] = {"model_name": name, "model_version": str(result.version)}
     if infer.id is not None:
         header["id"] = infer.id
