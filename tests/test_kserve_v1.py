@@ -218,6 +218,7 @@ BAD_REQUESTS: dict[str, tuple[str, Any, int, str]] = {
     "ragged instances": ("mlp", {"instances": [ROW, ROW[:63]]}, 400, "ragged"),
     "wrong row shape": ("mlp", {"instances": [ROW[:5]]}, 400, "expected shape [-1, 64], received [1, 5]"),
     "columnar over max batch": ("mlp", {"inputs": [ROW] * 9}, 400, "max_batch_size 8"),
+    "binary strings": ("mlp", {"instances": [{"b64": "AAAA"}]}, 400, 'binary {"b64": ...} values are not'),
     "unknown input name": ("mlp", {"instances": [{"y": ROW}]}, 400, "instance 0 has inputs ['y']"),
     "values for several inputs": ("heads", {"instances": [[0.5] * 4]}, 400, "give an object of input name"),
     "missing input": ("heads", {"instances": [{"x": [0.5] * 4}]}, 400, "the model takes ['x', 'k']"),

@@ -84,6 +84,11 @@ def named(spec: InputSpec, value: Any, what: str) -> dict[str, Any]:
     """`value` as input name -> value: an object is that already; anything else is the value of
     a model's one input."""
     if isinstance(value, dict):
+        if "b64" in value and "b64" not in spec.names:
+            raise BadRequestError(
+                f'{what}: binary {{"b64": ...}} values are not supported; the model takes numeric '
+                f"tensors {spec.names}"
+            )
         return value
     if len(spec.inputs) > 1:
         raise BadRequestError(
