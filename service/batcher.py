@@ -391,8 +391,10 @@ class Batcher(Generic[T]):
             while True:
                 lane = await self._idle_lane()  # a batch forms once it has somewhere to run
                 try:
-                    requests = await self._present([r for r in await self._collect() if self._runnable(r)])
-                except asyncio.CancelledError:  # closed: a loop started later needs the lane
+                    # Asked before they are marked started: one whose deadline passes meanwhile
+                    # is still answered as expired, and not run.
+                    requests = [r for r in await self._present(await self._collect()) if self._runnable(r)]
+                except BaseException:  # closed, or a bug: a loop started later needs the lane
                     self._free(lane)
                     raise
                 self._batch = []
@@ -416,16 +418,22 @@ class Batcher(Generic[T]):
         return request.started
 
     async def _present(self, requests: list[_Request[T]]) -> list[_Request[T]]:
-        """Those whose clients are still there, as far as the ones that waited long can say."""
-        present = []
+        """Those whose clients are still there, as far as the ones that waited long can say: all
+        asked at once, since each answer takes a turn or two of the event loop. One that cannot
+        say (its check raised) counts as there."""
         now = time.monotonic()
+        asked = [r for r in requests if r.gone is not None and now - r.arrived > GONE_CHECK_S]
+        if not asked:
+            return requests
+        answers = await asyncio.gather(*(r.gone() for r in asked if r.gone), return_exceptions=True)
+        left = {id(r) for r, answer in zip(asked, answers, strict=True) if answer is True}
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                log.debug("could not ask whether a request's client is there: %r", answer)
         for r in requests:
-            if r.gone is not None and now - r.arrived > GONE_CHECK_S and await r.gone():
-                if not r.future.done():
-                    r.future.set_exception(ClientGoneError("the client hung up while its request waited"))
-            else:
-                present.append(r)
-        return present
+            if id(r) in left and not r.future.done():
+                r.future.set_exception(ClientGoneError("the client hung up while its request waited"))
+        return [r for r in requests if id(r) not in left]
 
     def _expire(self, request: _Request[T]) -> None:
         """Its deadline passed: answered now, and out of the queue, where it would count towards

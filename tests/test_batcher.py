@@ -764,3 +764,43 @@ def test_a_request_whose_client_hung_up_is_not_run() -> None:
     assert isinstance(first, tuple) and isinstance(stayed, tuple)
     assert gated.batches == [[0], [2]]
     assert asked == [1, 2]
+
+
+def test_clients_are_asked_at_once_and_a_failed_ask_or_a_deadline_still_counts() -> None:
+    """Behind a long batch: the waiting requests' clients are all asked at once (the answers take
+    a turn of the event loop each); one whose asking raises counts as there and runs; one whose
+    deadline passes while it is asked is answered as expired, and does not run."""
+    gated, asking, peak = Gated(), [0], [0]
+
+    def client(n: int) -> Callable[[], Awaitable[bool]]:
+        async def gone() -> bool:
+            asking[0] += 1
+            peak[0] = max(peak[0], asking[0])
+            await asyncio.sleep(0.2 if n == 9 else 0.01)
+            asking[0] -= 1
+            if n == 1:
+                raise RuntimeError("cannot tell")
+            return False
+
+        return gone
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(gated, BatchPolicy(16), [pool])
+            first = asyncio.ensure_future(batcher.submit(tag(0), 1))
+            await asyncio.sleep(0.01)
+            waiting = [asyncio.ensure_future(batcher.submit(tag(n), 1, gone=client(n))) for n in range(1, 9)]
+            # Its deadline passes while its client is asked (0.2 s): after GONE_CHECK_S, before that.
+            late = batcher.submit(tag(9), 1, time.monotonic() + GONE_CHECK_S * 2 + 0.05, gone=client(9))
+            expiring = asyncio.ensure_future(late)
+            await asyncio.sleep(GONE_CHECK_S * 2)
+            gated.gate.set()
+            answers = await asyncio.gather(first, *waiting, expiring, return_exceptions=True)
+            batcher.close()
+            return answers
+
+    answers = asyncio.run(main())
+    assert all(isinstance(a, tuple) for a in answers[:9]), answers
+    assert isinstance(answers[9], TimeoutExpiredError), answers[9]
+    assert peak[0] == 9  # all nine asked side by side
+    assert gated.batches == [[0], list(range(1, 9))]
