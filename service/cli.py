@@ -431,14 +431,31 @@ def predict(
     name: str,
     data: Annotated[str, typer.Option(help="JSON inputs, e.g. '{\"x\": [[1, 2]]}', or @file.json.")],
     version: Annotated[int | None, typer.Option(help="Version; default: the serving one.")] = None,
+    backend: Annotated[
+        str | None, typer.Option(help="Pin a backend (e.g. tvm) instead of the fastest verified variant.")
+    ] = None,
+    priority: Annotated[
+        int, typer.Option(min=0, help="Triton's request priority: 1 is the highest of the model's levels.")
+    ] = 0,
+    timeout_us: Annotated[
+        int | None, typer.Option(min=0, help="Microseconds it may wait in the queue before a 503 instead.")
+    ] = None,
     url: UrlOption = "http://127.0.0.1:8000",
     api_key: KeyOption = None,
 ) -> None:
     """Run a prediction and print the JSON response."""
     text = Path(data[1:]).read_text() if data.startswith("@") else data
+    try:
+        inputs = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(
+            f"not JSON ({exc}); give input name -> nested lists", param_hint="--data"
+        ) from None
     path = f"/v1/models/{name}" + (f"/versions/{version}" if version else "") + "/predict"
+    given = {"backend": backend, "priority": priority or None, "timeout_us": timeout_us}
+    params = {key: value for key, value in given.items() if value is not None}
     with client(url, api_key) as http:
-        body = check(http.post(path, json={"inputs": json.loads(text)}))
+        body = check(http.post(path, json={"inputs": inputs}, params=params))
     console.print_json(data=body)
 
 

@@ -295,6 +295,24 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     unknown = run_cli("upload", str(model), "--name", "cli-bad", "--set", "colour=1", *common)
     assert unknown.returncode == 1 and "colour" in unknown.stdout, unknown.stdout
 
+    x = json.dumps({"x": [[0.5] * 64]})
+    pinned_run = run_cli(
+        "predict",
+        "cli-later",
+        "--data",
+        x,
+        "--backend",
+        "torchscript",
+        "--priority",
+        "1",
+        "--url",
+        server.url,
+    )
+    assert pinned_run.returncode == 0, pinned_run.stdout + pinned_run.stderr
+    answer = json.loads(pinned_run.stdout)
+    assert answer["variant"]["backend"] == "torchscript" and len(answer["outputs"]["output0"][0]) == 10
+    not_data = run_cli("predict", "cli-later", "--data", "{x: 1}", "--url", server.url)
+    assert not_data.returncode == 2 and "not JSON" in not_data.stderr, not_data.stderr
     down = run_cli("unload", "cli-later", "--url", "http://127.0.0.1:1")  # nothing listens there
     assert down.returncode == 1 and "cannot reach Kiln at http://127.0.0.1:1/" in down.stdout, down.stdout
     assert "Traceback" not in down.stdout + down.stderr
