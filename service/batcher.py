@@ -45,7 +45,8 @@ T = TypeVar("T")  # what `run` returns beside the outputs
 PEAK_CYCLES = 4
 # A request that waited this long is asked, before it runs, whether its client is still there:
 # under overload clients give up (and retry), and running what they left would only delay the
-# requests still wanted. Asking costs a few microseconds, which a short wait is not worth.
+# requests still wanted. Asking costs about 20 us and a turn of the event loop, which a short
+# wait is not worth.
 GONE_CHECK_S = 0.05
 Gone = Callable[[], Awaitable[bool]]  # whether the request's client hung up
 log = logging.getLogger("kiln.batcher")
@@ -426,13 +427,14 @@ class Batcher(Generic[T]):
         if not asked:
             return requests
         answers = await asyncio.gather(*(r.gone() for r in asked if r.gone), return_exceptions=True)
-        left = {id(r) for r, answer in zip(asked, answers, strict=True) if answer is True}
-        for answer in answers:
+        left = set()
+        for r, answer in zip(asked, answers, strict=True):
             if isinstance(answer, BaseException):
                 log.debug("could not ask whether a request's client is there: %r", answer)
-        for r in requests:
-            if id(r) in left and not r.future.done():
-                r.future.set_exception(ClientGoneError("the client hung up while its request waited"))
+            elif answer:
+                left.add(id(r))
+                if not r.future.done():
+                    r.future.set_exception(ClientGoneError("the client hung up while its request waited"))
         return [r for r in requests if id(r) not in left]
 
     def _expire(self, request: _Request[T]) -> None:

@@ -147,28 +147,28 @@ async def run(svc: Services, name: str, number: int, batches: list[Arrays], gone
     return {k: np.concatenate([r.outputs[k] for r in results]) for k in results[0].outputs}
 
 
-def predictions(outputs: Arrays, rows: int) -> list[Any]:
-    """The outputs split into one item per instance."""
+def check_split(outputs: Arrays, rows: int) -> None:
+    """Each output has one row per instance, as an answer of `rows` instances must."""
     for name, array in outputs.items():
         if array.ndim == 0 or array.shape[0] != rows:
             raise BadRequestError(
                 f"output {name!r} of shape {list(array.shape)} has no row for each of the {rows} "
                 f"instances; send {COLUMNAR}"
             )
-    values = {name: array.tolist() for name, array in outputs.items()}
-    if len(values) == 1:
-        return next(iter(values.values()))
-    return [{name: value[i] for name, value in values.items()} for i in range(rows)]
 
 
 def encoded(outputs: Arrays, rows: int | None) -> bytes:
-    """The response body. NaN and infinities print as null, as KServe's server prints them: JSON
-    has no such numbers, and kserve's client refuses the bare NaN that Python writes."""
+    """The response body: the outputs by instance, or by name (the one output's value alone).
+    NaN and infinities print as null, as KServe's server prints them: JSON has no such numbers,
+    and kserve's client refuses the bare NaN that Python writes."""
     if rows is not None:
-        return to_json({"predictions": predictions(outputs, rows)}, inf_nan_mode="null")
+        check_split(outputs, rows)
     values = {name: array.tolist() for name, array in outputs.items()}
-    columnar = next(iter(values.values())) if len(values) == 1 else values
-    return to_json({"outputs": columnar}, inf_nan_mode="null")
+    only = next(iter(values.values())) if len(values) == 1 else None
+    if rows is None:
+        return to_json({"outputs": values if only is None else only}, inf_nan_mode="null")
+    rowed = only if only is not None else [{name: v[i] for name, v in values.items()} for i in range(rows)]
+    return to_json({"predictions": rowed}, inf_nan_mode="null")
 
 
 async def _predict(request: Request, name: str, version: int | None) -> Response:

@@ -25,8 +25,9 @@ log = logging.getLogger("kiln.api")
 check_infer = require(Scope.infer)
 
 
-def error_of(exc: Exception) -> tuple[int, str] | None:
-    """The status and message of an expected error; None for a bug."""
+def error_of(exc: Exception, where: str) -> tuple[int, str]:
+    """The status and message that answer `exc`: its own for an expected error; for a bug a
+    500, logged with its traceback as an error of `where`."""
     exc = unwrapped(exc)
     if isinstance(exc, KilnError):
         return exc.status_code, str(exc)
@@ -37,7 +38,8 @@ def error_of(exc: Exception) -> tuple[int, str] | None:
     for exc_type, (status, _) in STATUS_OF.items():
         if isinstance(exc, exc_type):
             return status, str(exc)
-    return None
+    log.exception("unhandled error on %s", where)
+    return 500, f"{type(exc).__name__}; see the server log"
 
 
 Handler = Callable[[Request], Coroutine[Any, Any, Response]]
@@ -50,11 +52,7 @@ def guarded(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except Exception as exc:
-            found = error_of(exc)
-            if found is None:
-                log.exception("unhandled error on %s %s", request.method, request.url.path)
-                found = 500, f"{type(exc).__name__}; see the server log"
-            status, message = found
+            status, message = error_of(exc, f"{request.method} {request.url.path}")
             headers = exc.headers if isinstance(exc, KilnError) else None
             return JSONResponse({"error": message}, status_code=status, headers=headers)
 

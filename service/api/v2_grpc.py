@@ -5,9 +5,9 @@ The service is Triton's `inference.GRPCInferenceService`, from the bindings trit
 proto is a subset of it, so its clients call the same methods. Each method calls the code of its
 HTTP route (service.api.v2 and service.api.repository), and an error leaves with the gRPC status
 of its HTTP one; its tensors are coded in service.api.grpc_tensors. System shared memory is
-served as over HTTP (service.shared_memory), and log
-settings as `/v2/logging` (service.log_settings), and ModelStreamInfer's streams request by
-request (service.api.grpc_stream); CUDA shared memory and tracing are not offered: they answer
+served as over HTTP (service.shared_memory), log settings as `/v2/logging`
+(service.log_settings), and ModelStreamInfer's streams request by request
+(service.api.grpc_stream); CUDA shared memory and tracing are not offered: they answer
 UNIMPLEMENTED.
 """
 
@@ -92,11 +92,7 @@ def parsed(doc: Mapping[str, Any], message: Message) -> Any:
 
 def failure(method: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
     """The gRPC status of the error's HTTP status, and its message; counted as HTTP's are."""
-    found = protocol.error_of(exc)
-    if found is None:
-        log.exception("unhandled error in gRPC %s", method)
-        found = 500, f"{type(exc).__name__}; see the server log"
-    status, message = found
+    status, message = protocol.error_of(exc, f"gRPC {method}")
     code = GRPC_STATUS.get(status, grpc.StatusCode.INTERNAL)
     metrics.GRPC_ERRORS.labels(code.name, method).inc()
     return code, message
