@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any, BinaryIO
 
@@ -43,10 +43,11 @@ from service.records import (
     ServingConfig,
     VariantRecord,
     VariantStatus,
+    VersionRecord,
     new_id,
     options_key,
 )
-from service.registry import MODEL_BLOB, ModelView, job_for
+from service.registry import MODEL_BLOB, ModelView, NewVersion, job_for
 from service.router import ANY_TARGET, REFERENCE, serving_version
 from service.sandbox import SandboxError, run_in_child
 
@@ -236,11 +237,31 @@ def upload_model(
     svc: Annotated[Services, Depends(services)],
 ) -> Any:
     cfg = parse_config(config, svc)
+    created, sha256 = store_version(svc, cfg, file.file)
+    body = UploadOut(
+        name=created.version.name,
+        version=created.version.version,
+        sha256=sha256,
+        deduplicated=created.deduplicated,
+        variants=[VariantOut.of(v) for v in created.variants],
+    )
+    return JSONResponse(body.model_dump(mode="json"), status_code=200 if created.deduplicated else 202)
+
+
+def store_version(
+    svc: Services,
+    cfg: ModelConfig,
+    source: BinaryIO,
+    vet: Callable[[list[OutputInfo]], None] = lambda outputs: None,
+) -> tuple[NewVersion, str]:
+    """Check the TorchScript in `source` against `cfg` by running it, keep its bytes, and record
+    the version with its compile jobs queued, or find the identical one; and its sha256.
+    `vet` checks the outputs the model turned out to have, before anything is recorded."""
     spec = InputSpec.from_dicts([t.model_dump() for t in cfg.inputs], cfg.max_batch_size or 1)
     store = svc.registry.store
     store.ping()  # fail fast with 503 before reading a large body
     with tempfile.NamedTemporaryFile(prefix="kiln-upload-") as tmp:
-        sha256 = spool(file.file, tmp)
+        sha256 = spool(source, tmp)
         try:
             outputs = run_in_child(
                 inspect_model,
@@ -251,6 +272,7 @@ def upload_model(
         except SandboxError as exc:
             raise InvalidModelError(f"the model could not be validated: {exc}") from None
         output_infos = [OutputInfo.model_validate(o) for o in outputs]
+        vet(output_infos)
         check_labels(cfg.labels, output_infos, cfg.inputs, "config.labels")
         key = MODEL_BLOB.format(sha256=sha256)
         if not store.has_blob(key):
@@ -265,14 +287,7 @@ def upload_model(
         svc.queue.enqueue(job)
     if created.deduplicated:  # it may have taken the upload's serving settings
         svc.runtime.reconfigure(created.version.name)
-    body = UploadOut(
-        name=created.version.name,
-        version=created.version.version,
-        sha256=sha256,
-        deduplicated=created.deduplicated,
-        variants=[VariantOut.of(v) for v in created.variants],
-    )
-    return JSONResponse(body.model_dump(mode="json"), status_code=200 if created.deduplicated else 202)
+    return created, sha256
 
 
 def active_of(view: ModelView, svc: Services) -> ActiveOut | None:
@@ -370,14 +385,18 @@ def update_serving(
             if fixed
             else f"unknown setting(s) {unknown}; the serving settings are {list(ServingIn.model_fields)}"
         )
-    current = svc.registry.get_version(name, version)
-    changes = body.changes()
+    record = apply_serving(svc, svc.registry.get_version(name, version), body.changes())
+    return VersionOut.of(record, svc.registry.variants_of(record))
+
+
+def apply_serving(svc: Services, current: VersionRecord, changes: dict[str, Any]) -> VersionRecord:
+    """Check the serving settings to change against the version, record them and apply them here."""
     check_preferred(changes.get("preferred_batch_sizes", []), current.config.max_batch_size or 1, "")
     check_priorities(current.config.serving().model_copy(update=changes), "")
     check_labels(changes.get("labels", {}), current.outputs, current.config.inputs, "labels")
-    record = svc.registry.update_serving(name, version, changes)
-    svc.runtime.reconfigure(name)
-    return VersionOut.of(record, svc.registry.variants_of(record))
+    record = svc.registry.update_serving(current.name, current.version, changes)
+    svc.runtime.reconfigure(current.name)
+    return record
 
 
 @router.delete(

@@ -5,17 +5,21 @@ only the one that received it."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from typing import Any
 
-from fastapi import APIRouter, Response
-from pydantic import BaseModel
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from service.api.auth import admin_scope, infer_scope
-from service.api.deps import ServicesDep
+from service.api.bodies import bounded_body, parsed
+from service.api.deps import Services, ServicesDep
 from service.api.protocol import ProtocolRoute, version_number
 from service.api.schemas import ProtocolError, error_responses
-from service.errors import NotFoundError
+from service.api.triton_load import LoadRequest, load_request, load_with
+from service.errors import BadRequestError, NotFoundError, PayloadTooLargeError
 from service.router import serving_version
 
 router = APIRouter(
@@ -28,6 +32,15 @@ router = APIRouter(
 
 class IndexRequest(BaseModel):
     ready: bool = False
+
+
+class LoadIn(BaseModel):
+    parameters: dict[str, str | bool | int] = Field(
+        default_factory=dict,
+        description="config: the JSON of Triton's model configuration; file:<version>/model.pt: the "
+        "TorchScript file in base64, which uploads a new version; file:<name>: a label file an "
+        "output's label_filename names.",
+    )
 
 
 @router.post("/v2/repository/index", operation_id="v2_repository_index", summary="Every model and its state.")
@@ -51,13 +64,49 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
     "/v2/repository/models/{name}/load",
     operation_id="v2_repository_load",
     dependencies=admin_scope,
-    summary="Serve a model again after an unload, and load and warm up its serving variants now.",
+    summary="Serve a model again after an unload, and load and warm up its serving variants now; "
+    "with a config, apply it, and with a model file too, upload it as a new version first.",
+    openapi_extra={"requestBody": {"content": {"application/json": {"schema": LoadIn.model_json_schema()}}}},
+    # The app's body limit is KILN_MAX_UPLOAD_MB; this body carries a file of up to that in
+    # base64, and the route bounds it itself (FastAPI's route limit cannot read the settings).
+    max_body_size=2**62,
 )
-async def load_model(name: str, svc: ServicesDep) -> Response:
+async def load_model(name: str, request: Request, svc: ServicesDep) -> Response:
+    # A model file travels in base64, a third larger than the KILN_MAX_UPLOAD_MB it is held to.
+    limit = svc.settings.max_request_bytes * 4 // 3 + 1024 * 1024
+    try:
+        body = await bounded_body(request, limit)
+    except PayloadTooLargeError:
+        raise PayloadTooLargeError(
+            f"the load request is over {limit} bytes, what a model file of KILN_MAX_UPLOAD_MB "
+            f"({svc.settings.max_upload_mb} MB) takes in base64, with its configuration"
+        ) from None
+    if body.strip():
+        load = await run_in_threadpool(http_load_request, body)
+        if load.config is not None:
+            await run_in_threadpool(load_with, svc, name, load)
+    await serve_again(name, svc)
+    return Response()
+
+
+def http_load_request(body: bytes) -> LoadRequest:
+    """The JSON body's parameters, its `file:` ones in base64 as tritonclient writes them."""
+    parameters = parsed(body, LoadIn, 'Triton\'s load request, {"parameters": {"config": "..."}}').parameters
+    files = {}
+    for path, value in parameters.items():
+        if path.startswith("file:"):
+            try:
+                files[path] = base64.b64decode(str(value), validate=True)
+            except binascii.Error:
+                raise BadRequestError(f"{path}: the file's content must be base64") from None
+    return load_request({k: v for k, v in parameters.items() if k not in files}, files)
+
+
+async def serve_again(name: str, svc: Services) -> None:
+    """Serve the model again, and load and warm up its serving runners in this process."""
     await run_in_threadpool(svc.registry.set_unloaded, name, False)
     svc.runtime.reroute(name)
     await run_in_threadpool(svc.runtime.warm, name)
-    return Response()
 
 
 @router.post(

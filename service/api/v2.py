@@ -81,7 +81,7 @@ async def ready(svc: ServicesDep) -> Response:
     return Response()
 
 
-def _described(svc: Services, name: str, version: int | None) -> tuple[ModelView, VersionRecord]:
+def described(svc: Services, name: str, version: int | None) -> tuple[ModelView, VersionRecord]:
     """The version a metadata or config request describes: the one asked for, else the one
     serving here, else the default, else the newest."""
     view = svc.registry.get_model(name)
@@ -108,7 +108,7 @@ def _tensors(
 
 
 def metadata_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
-    view, record = _described(svc, name, version)
+    view, record = described(svc, name, version)
     inputs, outputs = _tensors(record)
     return {
         "name": name,
@@ -128,7 +128,7 @@ def batches(policy: BatchPolicy) -> bool:
 def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
     """The version's configuration in the shape of Triton's model configuration (what
     tritonclient's get_model_config returns): a batching model's dims leave out the batch."""
-    _, record = _described(svc, name, version)
+    _, record = described(svc, name, version)
     policy = batch_policy(record, svc.runtime.settings)
     batching = batches(policy)
     inputs, outputs = _tensors(record)
@@ -143,6 +143,9 @@ def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
         "input": [tensor(*t) for t in inputs],
         "output": [tensor(*t) for t in outputs],
     }
+    for output in config["output"]:  # the labels, as a file beside the versions would hold them
+        if output["name"] in record.config.labels:
+            output["label_filename"] = f"{output['name']}_labels.txt"
     queue_policy: dict[str, Any] = {"max_queue_size": policy.max_queue_size}
     if record.config.default_timeout_us is not None:
         queue_policy["default_timeout_microseconds"] = record.config.default_timeout_us

@@ -37,6 +37,7 @@ from service.api.grpc_tensors import decode, decodes_inline, encode
 from service.api.health import readiness
 from service.api.middleware import incoming_or_new
 from service.api.problems import validation_detail
+from service.api.triton_load import load_request, load_with
 from service.errors import BadRequestError, ConflictError, KilnError, NotFoundError, NotReadyError
 from service.log_settings import LogSettingsIn
 from service.logs import request_id
@@ -221,7 +222,18 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @answered
     async def RepositoryModelLoad(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await repository.load_model(request.model_name, self.svc)
+        given = {
+            key: getattr(p, p.WhichOneof("parameter_choice") or "string_param")
+            for key, p in request.parameters.items()
+        }
+        files = {key: value for key, value in given.items() if key.startswith("file:")}
+        strings = sorted(key for key, value in files.items() if not isinstance(value, bytes))
+        if strings:
+            raise BadRequestError(f"{strings}: a file's content is a bytes_param")
+        load = load_request({k: v for k, v in given.items() if k not in files}, files)
+        if load.config is not None:
+            await run_in_threadpool(load_with, self.svc, request.model_name, load)
+        await repository.serve_again(request.model_name, self.svc)
         return pb.RepositoryModelLoadResponse()
 
     @answered

@@ -279,9 +279,16 @@ export const v2RepositoryIndex = <ThrowOnError extends boolean = false>(options?
 });
 
 /**
- * Serve a model again after an unload, and load and warm up its serving variants now.
+ * Serve a model again after an unload, and load and warm up its serving variants now; with a config, apply it, and with a model file too, upload it as a new version first.
  */
-export const v2RepositoryLoad = <ThrowOnError extends boolean = false>(options: Options<V2RepositoryLoadData, ThrowOnError>) => (options.client ?? client).post<V2RepositoryLoadResponses, V2RepositoryLoadErrors, ThrowOnError>({ url: '/v2/repository/models/{name}/load', ...options });
+export const v2RepositoryLoad = <ThrowOnError extends boolean = false>(options: Options<V2RepositoryLoadData, ThrowOnError>) => (options.client ?? client).post<V2RepositoryLoadResponses, V2RepositoryLoadErrors, ThrowOnError>({
+    url: '/v2/repository/models/{name}/load',
+    ...options,
+    headers: {
+        'Content-Type': 'application/json',
+        ...options.headers
+    }
+});
 
 /**
  * Take a model out of service, as Triton does: it is not ready and refuses inference (409) on every replica until it is loaded again, and its runners are freed.

@@ -2490,7 +2490,19 @@ export type V2RepositoryIndexResponses = {
 export type V2RepositoryIndexResponse = V2RepositoryIndexResponses[keyof V2RepositoryIndexResponses];
 
 export type V2RepositoryLoadData = {
-    body?: never;
+    /**
+     * LoadIn
+     */
+    body?: {
+        /**
+         * Parameters
+         *
+         * config: the JSON of Triton's model configuration; file:<version>/model.pt: the TorchScript file in base64, which uploads a new version; file:<name>: a label file an output's label_filename names.
+         */
+        parameters?: {
+            [key: string]: string | boolean | number;
+        };
+    };
     path: {
         /**
          * Name

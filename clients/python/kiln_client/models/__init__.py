@@ -57,6 +57,8 @@ from .v2_model_version_metadata_response_v2_model_version_metadata import (
 )
 from .v2_model_version_stats_response_v2_model_version_stats import V2ModelVersionStatsResponseV2ModelVersionStats
 from .v2_repository_index_response_200_item import V2RepositoryIndexResponse200Item
+from .v2_repository_load_load_in import V2RepositoryLoadLoadIn
+from .v2_repository_load_load_in_parameters import V2RepositoryLoadLoadInParameters
 from .v2_server_metadata_response_v2_server_metadata import V2ServerMetadataResponseV2ServerMetadata
 from .v2_shared_memory_register_register_in import V2SharedMemoryRegisterRegisterIn
 from .v2_update_log_settings_log_settings_in import V2UpdateLogSettingsLogSettingsIn
@@ -121,6 +123,8 @@ __all__ = (
     "V2ModelVersionMetadataResponseV2ModelVersionMetadata",
     "V2ModelVersionStatsResponseV2ModelVersionStats",
     "V2RepositoryIndexResponse200Item",
+    "V2RepositoryLoadLoadIn",
+    "V2RepositoryLoadLoadInParameters",
     "V2ServerMetadataResponseV2ServerMetadata",
     "V2SharedMemoryRegisterRegisterIn",
     "V2UpdateLogSettingsLogSettingsIn",

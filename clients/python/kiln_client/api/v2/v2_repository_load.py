@@ -6,12 +6,16 @@ import httpx
 
 from ...client import AuthenticatedClient, Client
 from ...models.protocol_error import ProtocolError
-from ...types import Response
+from ...models.v2_repository_load_load_in import V2RepositoryLoadLoadIn
+from ...types import UNSET, Response, Unset
 
 
 def _get_kwargs(
     name: str,
+    *,
+    body: V2RepositoryLoadLoadIn | Unset = UNSET,
 ) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
 
     _kwargs: dict[str, Any] = {
         "method": "post",
@@ -20,6 +24,12 @@ def _get_kwargs(
         ),
     }
 
+    if not isinstance(body, Unset):
+        _kwargs["json"] = body.to_dict()
+
+    headers["Content-Type"] = "application/json"
+
+    _kwargs["headers"] = headers
     return _kwargs
 
 
@@ -71,11 +81,14 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
+    body: V2RepositoryLoadLoadIn | Unset = UNSET,
 ) -> Response[Any | ProtocolError]:
-    """Serve a model again after an unload, and load and warm up its serving variants now.
+    """Serve a model again after an unload, and load and warm up its serving variants now; with a config,
+    apply it, and with a model file too, upload it as a new version first.
 
     Args:
         name (str):
+        body (V2RepositoryLoadLoadIn | Unset):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -87,6 +100,7 @@ def sync_detailed(
 
     kwargs = _get_kwargs(
         name=name,
+        body=body,
     )
 
     response = client.get_httpx_client().request(
@@ -100,11 +114,14 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
+    body: V2RepositoryLoadLoadIn | Unset = UNSET,
 ) -> Any | ProtocolError | None:
-    """Serve a model again after an unload, and load and warm up its serving variants now.
+    """Serve a model again after an unload, and load and warm up its serving variants now; with a config,
+    apply it, and with a model file too, upload it as a new version first.
 
     Args:
         name (str):
+        body (V2RepositoryLoadLoadIn | Unset):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -117,6 +134,7 @@ def sync(
     return sync_detailed(
         name=name,
         client=client,
+        body=body,
     ).parsed
 
 
@@ -124,11 +142,14 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
+    body: V2RepositoryLoadLoadIn | Unset = UNSET,
 ) -> Response[Any | ProtocolError]:
-    """Serve a model again after an unload, and load and warm up its serving variants now.
+    """Serve a model again after an unload, and load and warm up its serving variants now; with a config,
+    apply it, and with a model file too, upload it as a new version first.
 
     Args:
         name (str):
+        body (V2RepositoryLoadLoadIn | Unset):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -140,6 +161,7 @@ async def asyncio_detailed(
 
     kwargs = _get_kwargs(
         name=name,
+        body=body,
     )
 
     response = await client.get_async_httpx_client().request(**kwargs)
@@ -151,11 +173,14 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
+    body: V2RepositoryLoadLoadIn | Unset = UNSET,
 ) -> Any | ProtocolError | None:
-    """Serve a model again after an unload, and load and warm up its serving variants now.
+    """Serve a model again after an unload, and load and warm up its serving variants now; with a config,
+    apply it, and with a model file too, upload it as a new version first.
 
     Args:
         name (str):
+        body (V2RepositoryLoadLoadIn | Unset):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -169,5 +194,6 @@ async def asyncio(
         await asyncio_detailed(
             name=name,
             client=client,
+            body=body,
         )
     ).parsed

@@ -1,0 +1,360 @@
+"""Triton's load with a model configuration and files (tritonclient's `load_model(name,
+config=..., files=...)`, over HTTP and gRPC): the configuration, JSON of Triton's ModelConfig,
+is read as Kiln's upload config. With a model file, the load uploads a new version, as Triton
+loads an override model directory; without one, it changes the serving settings of the version
+that serves, as Triton reloads a model with an edited configuration."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from pydantic import ValidationError
+from tritonclient.grpc import model_config_pb2 as config_pb
+
+from service.api.deps import Services
+from service.api.models import apply_serving, parse_config, store_version
+from service.api.problems import validation_detail
+from service.api.v2 import config_doc, described
+from service.errors import BadRequestError, InvalidConfigError, PayloadTooLargeError
+from service.records import ModelConfig, OutputInfo, ServingConfig
+from service.tensors import DATATYPES
+
+# `file:1/model.pt`: a version's model file (label files lie beside the versions: `file:labels.txt`).
+VERSION_FILE = re.compile(r"file:(\d+)/([^/]+)")
+PLATFORMS = {"platform": "pytorch_libtorch", "backend": "pytorch"}
+# The ModelConfig fields Kiln applies; a configuration that sets any other is refused, since
+# Kiln would not do what it asks (sequence batching, ensembles, warmup, optimization...).
+APPLIED = {
+    "name",
+    "platform",
+    "backend",
+    "max_batch_size",
+    "input",
+    "output",
+    "dynamic_batching",
+    "instance_group",
+    "response_cache",
+    "parameters",
+    "version_policy",
+    # Hints to Triton's own execution, which leave the answers as they are: accepted and not
+    # applied, so that a configuration taken from a Triton deployment loads. Kiln picks the
+    # file, compiles, warms up and labels its metrics itself.
+    "default_model_filename",
+    "optimization",
+    "model_warmup",
+    "metric_tags",
+    "model_transaction_policy",  # not decoupled
+}
+# An input's format (FORMAT_NCHW) is a hint too.
+TENSOR_FIELDS = {
+    "input": {"name", "data_type", "dims", "format"},
+    "output": {"name", "data_type", "dims", "label_filename"},
+}
+BATCHING_FIELDS = {
+    "preferred_batch_size",
+    "max_queue_delay_microseconds",
+    "preserve_ordering",
+    "priority_levels",
+    "default_priority_level",
+    "default_queue_policy",
+}
+# The kind and GPUs are accepted; Kiln places a model by the targets it was compiled for.
+INSTANCE_FIELDS = {"name", "count", "kind", "gpus"}
+# Kiln's upload fields that Triton's configuration has no field for, which its `parameters`
+# carry as JSON in `string_value`: {"backends": {"string_value": "[\"onnxruntime\"]"}}.
+COMPILED_PARAMETERS = {
+    "backends",
+    "targets",
+    "tuning_trials",
+    "rtol",
+    "atol",
+    "fp16_rtol",
+    "fp16_atol",
+    "bf16_rtol",
+    "bf16_atol",
+}
+SERVING_PARAMETERS = {"adaptive_queue_delay"}
+# The PyTorch backend's own parameters: hints to its execution, accepted and not applied.
+PYTORCH_HINTS = {
+    "DISABLE_OPTIMIZED_EXECUTION",
+    "INFERENCE_MODE",
+    "DISABLE_CUDNN",
+    "ENABLE_WEIGHT_SHARING",
+    "ENABLE_CACHE_CLEANING",
+    "ENABLE_JIT_EXECUTOR",
+    "ENABLE_JIT_PROFILING",
+    "ENABLE_NVFUSER",
+    "INTRA_OP_THREAD_COUNT",
+    "INTER_OP_THREAD_COUNT",
+}
+# TYPE_FP32 -> float32: the data types of Triton's configuration that Kiln serves.
+DTYPE_OF = {f"TYPE_{name}": dtype.name for name, dtype in DATATYPES.items()}
+
+
+@dataclass
+class LoadRequest:
+    """A load's parameters: the configuration, and the files by their `file:` path."""
+
+    config: str | None = None
+    files: dict[str, bytes] = field(default_factory=dict)
+
+
+def load_request(parameters: Mapping[str, object], files: Mapping[str, bytes]) -> LoadRequest:
+    """The load's parameters, whichever protocol brought them: only `config` and `file:` ones."""
+    unknown = sorted(k for k in parameters if k != "config")
+    if unknown:
+        raise BadRequestError(f"unknown load parameter(s) {unknown}; Triton's are config and file:<path>")
+    config = parameters.get("config")
+    if config is not None and not isinstance(config, str):
+        raise BadRequestError(
+            "the config parameter must be a string: the JSON of Triton's model configuration"
+        )
+    if files and config is None:
+        raise BadRequestError(
+            "files need a config parameter too, the model configuration they are loaded with"
+        )
+    return LoadRequest(config, dict(files))
+
+
+def load_with(svc: Services, name: str, request: LoadRequest) -> None:
+    """Blocking (a model is checked by running it, and a configuration may be large): upload the
+    request's model file as a new version, or apply its configuration to the version that serves."""
+    assert request.config is not None
+    config = triton_config(request.config, name)
+    model_file, labels, unsent = split_files(request.files, config)
+    doc = kiln_config(config, name)
+    if model_file is None:
+        reconfigure(svc, name, config, doc, labels, unsent)
+        return
+    path, data = model_file
+    if len(data) > svc.settings.max_request_bytes:
+        raise PayloadTooLargeError(
+            f"{path}: {len(data)} bytes; KILN_MAX_UPLOAD_MB allows {svc.settings.max_request_bytes}"
+        )
+    if unsent:
+        raise BadRequestError(f"config: label_filename {sorted(unsent.values())}: send the file too")
+    if not config.input:
+        raise BadRequestError("config: input: list the model's inputs (name, data_type, dims)")
+    cfg = parse_config(json.dumps({**doc, "labels": labels}), svc)
+    store_version(svc, cfg, io.BytesIO(data), lambda outputs: check_outputs(config, outputs))
+
+
+def triton_config(text: str, name: str) -> Any:
+    try:
+        parsed = json.loads(text)
+        if not isinstance(parsed, dict):
+            raise BadRequestError("config: a Triton model configuration is a JSON object")
+        config = json_format.ParseDict(parsed, config_pb.ModelConfig())
+    except (ValueError, json_format.ParseError) as exc:
+        raise BadRequestError(f"config: not a Triton model configuration: {exc}") from None
+    refused = sorted(set_fields(config) - APPLIED)
+    if refused:
+        raise BadRequestError(f"config: Kiln does not apply {refused}; leave them out")
+    if config.max_batch_size < 0:
+        raise BadRequestError("config: max_batch_size must be 0 (no batching) or more")
+    policy = config.version_policy
+    if set_fields(policy) and not (policy.HasField("latest") and policy.latest.num_versions == 1):
+        raise BadRequestError(
+            "config: version_policy: Kiln serves every version, by number, and the newest (or the "
+            "default) to requests naming none; leave it out, or keep Triton's default, latest 1"
+        )
+    if config.model_transaction_policy.decoupled:
+        raise BadRequestError(
+            "config: model_transaction_policy: Kiln answers each request once; not decoupled"
+        )
+    if config.name and config.name != name:
+        raise BadRequestError(f"config: name {config.name!r} is not the model loaded, {name!r}")
+    for key, platform in PLATFORMS.items():
+        value = getattr(config, key)
+        if value and value != platform:
+            raise BadRequestError(
+                f"config: {key} {value!r}; Kiln serves TorchScript "
+                "(platform pytorch_libtorch, or backend pytorch)"
+            )
+    for kind, allowed in TENSOR_FIELDS.items():
+        for tensor in getattr(config, kind):
+            extra = sorted(set_fields(tensor) - allowed)
+            if extra:
+                raise BadRequestError(f"config: {kind} {tensor.name!r}: Kiln does not apply {extra}")
+    batching = config.dynamic_batching
+    extra = sorted(set_fields(batching) - BATCHING_FIELDS)
+    if extra:
+        raise BadRequestError(f"config: dynamic_batching: Kiln does not apply {extra}")
+    if batching.default_queue_policy.timeout_action == config_pb.ModelQueuePolicy.DELAY:
+        raise BadRequestError(
+            "config: dynamic_batching: Kiln rejects a request past its timeout; leave timeout_action out"
+        )
+    for group in config.instance_group:
+        extra = sorted(set_fields(group) - INSTANCE_FIELDS)
+        if extra:
+            raise BadRequestError(
+                f"config: instance_group: Kiln does not apply {extra}; it places models itself"
+            )
+    unknown = sorted(set(config.parameters) - COMPILED_PARAMETERS - SERVING_PARAMETERS - PYTORCH_HINTS)
+    if unknown:
+        raise BadRequestError(
+            f"config: parameters: Kiln does not know {unknown}; it reads "
+            f"{sorted(COMPILED_PARAMETERS | SERVING_PARAMETERS)}"
+        )
+    return config
+
+
+def set_fields(message: Message) -> set[str]:
+    return {descriptor.name for descriptor, _ in message.ListFields()}
+
+
+def split_files(
+    files: Mapping[str, bytes], config: Any
+) -> tuple[tuple[str, bytes] | None, dict[str, list[str]], dict[str, str]]:
+    """The model file, if any; the labels of each output whose label_filename names a file sent
+    (one label a line, as Triton reads it); and output -> label_filename for those not sent."""
+    label_of = {f"file:{o.label_filename}": o.name for o in config.output if o.label_filename}
+    model_files = {p: data for p, data in files.items() if VERSION_FILE.fullmatch(p) and p not in label_of}
+    if len(model_files) > 1:
+        raise BadRequestError(f"files: {sorted(model_files)}; give one model file, file:<version>/model.pt")
+    unused = sorted(set(files) - set(model_files) - set(label_of))
+    if unused:
+        raise BadRequestError(
+            f"files: Kiln does not use {unused}; give the model as file:<version>/model.pt "
+            "and label files as file:<name>, named by an output's label_filename"
+        )
+    try:
+        labels = {output: files[p].decode().splitlines() for p, output in label_of.items() if p in files}
+    except UnicodeDecodeError:
+        raise BadRequestError("files: a label file must be UTF-8 text") from None
+    unsent = {output: p.removeprefix("file:") for p, output in label_of.items() if p not in files}
+    return next(iter(model_files.items()), None), labels, unsent
+
+
+def kiln_config(config: Any, name: str) -> dict[str, Any]:
+    """The configuration as Kiln's upload config, with only the fields it sets (labels apart)."""
+    batching = config.max_batch_size > 0
+    doc: dict[str, Any] = {"name": name}
+    if config.input or batching:  # proto3 cannot tell a max_batch_size of 0 from none given
+        doc["max_batch_size"] = config.max_batch_size if batching else 1
+    if config.input:
+        doc["inputs"] = [
+            {
+                "name": t.name,
+                "dtype": dtype_of(t, "input"),
+                "shape": [-1, *t.dims] if batching else list(t.dims),
+            }
+            for t in config.input
+        ]
+    if config.response_cache.enable:
+        doc["response_cache"] = True
+    if config.instance_group:
+        doc["instances"] = sum(group.count or 1 for group in config.instance_group)
+    if config.HasField("dynamic_batching"):
+        queue = config.dynamic_batching
+        doc["max_queue_delay_us"] = queue.max_queue_delay_microseconds
+        doc["preferred_batch_sizes"] = list(queue.preferred_batch_size)
+        doc["priority_levels"] = queue.priority_levels
+        doc["default_priority_level"] = queue.default_priority_level or None
+        if queue.HasField("default_queue_policy"):
+            policy = queue.default_queue_policy
+            doc["max_queue_size"] = policy.max_queue_size
+            doc["default_timeout_us"] = policy.default_timeout_microseconds or None
+    for key, parameter in config.parameters.items():
+        if key in PYTORCH_HINTS:
+            continue
+        try:
+            doc[key] = json.loads(parameter.string_value)
+        except ValueError:
+            raise BadRequestError(
+                f'config: parameters: {key}\'s string_value must be JSON, e.g. "true" or "[\\"tvm\\"]"'
+            ) from None
+    return doc
+
+
+def dtype_of(tensor: Any, kind: str) -> str:
+    datatype = config_pb.DataType.Name(tensor.data_type)
+    dtype = DTYPE_OF.get(datatype)
+    if dtype is None:
+        raise BadRequestError(
+            f"config: {kind} {tensor.name!r}: data_type {datatype}; Kiln serves {sorted(DTYPE_OF)}"
+        )
+    return dtype
+
+
+def check_outputs(config: Any, outputs: list[OutputInfo]) -> None:
+    """The configuration's outputs, where it lists them, are the model's: the names its requests
+    will ask for, with their data types and dims (-1 matching any size)."""
+    by_name = {o.name: o for o in outputs}
+    batching = config.max_batch_size > 0
+    for tensor in config.output:
+        output = by_name.get(tensor.name)
+        if output is None:
+            raise InvalidConfigError(f"config: output {tensor.name!r}: the model outputs {list(by_name)}")
+        if dtype_of(tensor, "output") != output.dtype:
+            raise InvalidConfigError(f"config: output {tensor.name!r}: the model outputs {output.dtype}")
+        shape = output.shape[1:] if batching else output.shape
+        if len(shape) != len(tensor.dims) or any(
+            a != b and -1 not in (a, b) for a, b in zip(shape, tensor.dims, strict=True)
+        ):
+            raise InvalidConfigError(
+                f"config: output {tensor.name!r}: dims {list(tensor.dims)}, but the model's are {shape}"
+            )
+
+
+def reconfigure(
+    svc: Services,
+    name: str,
+    config: Any,
+    doc: dict[str, Any],
+    labels: dict[str, list[str]],
+    unsent: dict[str, str],
+) -> None:
+    """A configuration without a model file, for the version that serves requests naming none,
+    read as Triton reads an edited configuration: against what Kiln shows of the version
+    (`GET .../config`), a setting changed is applied, and one left out returns to its default;
+    what the configuration says as shown is kept as stored, so one loaded back as it was
+    changes nothing. What was compiled must be as shown. An output's labels are kept when its
+    label_filename is given without the file, as Triton keeps a model directory's files."""
+    _, current = described(svc, name, None)
+    shown = kiln_config(triton_config(json.dumps(config_doc(svc, name, current.version)), name), name)
+    differ: list[str] = [k for k in ("max_batch_size", "inputs") if k in doc and doc[k] != shown[k]]
+    given = {k: doc[k] for k in COMPILED_PARAMETERS if k in doc}
+    if given:
+        try:
+            probe = ModelConfig.model_validate({**current.config.model_dump(), **given})
+        except ValidationError as exc:
+            raise InvalidConfigError(f"config: {validation_detail(exc)}") from None
+        differ += sorted(k for k in given if compiled(probe, k) != compiled(current.config, k))
+    if differ:
+        raise InvalidConfigError(
+            f"config: {differ} differ from version {current.version}'s, which was compiled with "
+            "them; load the model file too (file:1/model.pt) for a new version"
+        )
+    check_outputs(config, current.outputs)
+    missing = sorted(path for output, path in unsent.items() if output not in current.config.labels)
+    if missing:
+        raise BadRequestError(f"config: label_filename {missing}: send the file too")
+    wanted, was = serving(doc), serving(shown)
+    changes = {k: v for k, v in wanted.items() if v != was[k] and k != "labels"}
+    labels = {**labels, **{output: current.config.labels[output] for output in unsent}}
+    if labels != current.config.labels:
+        changes["labels"] = labels
+    apply_serving(svc, current, changes)
+
+
+def compiled(config: ModelConfig, key: str) -> Any:
+    return config.backend_requests() if key == "backends" else getattr(config, key)
+
+
+def serving(doc: dict[str, Any]) -> dict[str, Any]:
+    """Every serving setting of an upload config, those it leaves out at their defaults."""
+    try:
+        settings = ServingConfig.model_validate(
+            {k: v for k, v in doc.items() if k in ServingConfig.model_fields}
+        )
+    except ValidationError as exc:
+        raise InvalidConfigError(f"config: {validation_detail(exc)}") from None
+    return settings.model_dump()

@@ -1,0 +1,582 @@
+"""Triton's load with a model configuration and files, against a real server through tritonclient
+unchanged (HTTP and gRPC): a model file uploads a new version configured by Triton's model
+configuration, a configuration alone changes how the serving version is served, and whatever
+Kiln would not do as asked is refused with a message that says what to change, leaving the
+model as it was."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as triton_grpc
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from tests import models
+from tests.client import expected, sample, upload
+from tests.servers import KilnServer
+
+ADMIN, INFER = "admin-secret", "infer-secret"
+MLP = models.MODELS["mlp"]
+CNN = models.MODELS["cnn"]
+LABELS = [f"class-{i}" for i in range(10)]
+
+
+def admin() -> dict[str, str]:
+    return {"Authorization": f"Bearer {ADMIN}"}
+
+
+def user() -> dict[str, str]:
+    return {"Authorization": f"Bearer {INFER}"}
+
+
+def triton_config(name: str, **extra: Any) -> dict[str, Any]:
+    """The MLP's configuration as a Triton user writes it: batch left out of the dims."""
+    return {
+        "name": name,
+        "platform": "pytorch_libtorch",
+        "max_batch_size": 8,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [64]}],
+        "output": [{"name": "output0", "data_type": "TYPE_FP32", "dims": [10]}],
+        "parameters": {"backends": {"string_value": "[]"}},  # TorchScript alone: nothing to compile
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    root = tmp_path_factory.mktemp("triton-load")
+    env = {
+        "KILN_DATA_DIR": str(root / "data"),
+        "KILN_API_KEYS": f"{ADMIN}:admin,{INFER}:infer",
+        "KILN_MAX_UPLOAD_MB": "1",  # the MLP's file is about 0.1 MB
+    }
+    srv = KilnServer(env, root / "kiln.log")
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def client(server: KilnServer) -> Iterator[triton.InferenceServerClient]:
+    triton_client = triton.InferenceServerClient(url=server.url.removeprefix("http://"))
+    yield triton_client
+    triton_client.close()
+
+
+def versions(server: KilnServer, name: str) -> list[int]:
+    response = httpx.get(f"{server.url}/v1/models/{name}", headers=admin())
+    if response.status_code == 404:
+        return []
+    return [v["version"] for v in response.json()["versions"]]
+
+
+def infer(client: triton.InferenceServerClient, name: str, x: np.ndarray, **output: Any) -> Any:
+    tensor = triton.InferInput("x", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=True)
+    outputs = [triton.InferRequestedOutput("output0", **output)]
+    return client.infer(name, [tensor], outputs=outputs, headers=user())
+
+
+def test_tritonclient_uploads_a_model_with_its_configuration(
+    server: KilnServer, client: triton.InferenceServerClient
+) -> None:
+    config = triton_config(
+        "loaded",
+        output=[{"name": "output0", "data_type": "TYPE_FP32", "dims": [10], "label_filename": "labels.txt"}],
+        dynamic_batching={"max_queue_delay_microseconds": 2000, "preferred_batch_size": [4]},
+        instance_group=[{"count": 2, "kind": "KIND_CPU"}],
+        response_cache={"enable": True},
+    )
+    files = {"file:1/model.pt": MLP.torchscript(), "file:labels.txt": "\n".join(LABELS).encode()}
+    client.load_model("loaded", config=json.dumps(config), files=files, headers=admin())
+
+    assert client.is_model_ready("loaded", headers=user())
+    x = sample(MLP, 3)
+    np.testing.assert_allclose(
+        infer(client, "loaded", x).as_numpy("output0"), expected(MLP, x), rtol=1e-5, atol=1e-6
+    )
+    top = infer(client, "loaded", x[:1], class_count=1).as_numpy("output0")[0, 0].decode()
+    assert top.split(":")[2] == LABELS[int(np.argmax(expected(MLP, x[:1])))]
+
+    shown = client.get_model_config("loaded", headers=user())
+    assert shown["max_batch_size"] == 8
+    assert shown["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [64]}]
+    assert shown["dynamic_batching"]["max_queue_delay_microseconds"] == 2000
+    assert shown["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert shown["instance_group"][0]["count"] == 2
+    assert shown["response_cache"] == {"enable": True}
+    assert versions(server, "loaded") == [1]
+
+    # What get_model_config returns loads back unchanged: no new version, the same settings.
+    client.load_model("loaded", config=json.dumps(shown), headers=admin())
+    assert client.get_model_config("loaded", headers=user()) == shown
+    # The same file and configuration again is the same version, as an upload is.
+    client.load_model("loaded", config=json.dumps(config), files=files, headers=admin())
+    assert versions(server, "loaded") == [1]
+
+
+def test_a_configuration_alone_reconfigures_the_serving_version(
+    server: KilnServer, client: triton.InferenceServerClient
+) -> None:
+    files = {"file:1/model.pt": MLP.torchscript()}
+    config = triton_config("edited", dynamic_batching={"max_queue_delay_microseconds": 1000})
+    client.load_model("edited", config=json.dumps(config), files=files, headers=admin())
+    # As Triton reads an edited configuration: what it sets applies, and what it leaves out
+    # returns to its default (here the instance count, and the labels).
+    edited = triton_config(
+        "edited",
+        dynamic_batching={
+            "max_queue_delay_microseconds": 5000,
+            "priority_levels": 2,
+            "default_priority_level": 2,
+            "default_queue_policy": {"max_queue_size": 7, "default_timeout_microseconds": 90000},
+        },
+        parameters={"adaptive_queue_delay": {"string_value": "false"}},
+    )
+    del edited["input"], edited["output"]  # what was compiled may be left out
+    client.load_model("edited", config=json.dumps(edited), headers=admin())
+    batching = client.get_model_config("edited", headers=user())["dynamic_batching"]
+    assert batching["max_queue_delay_microseconds"] == 5000
+    assert (batching["priority_levels"], batching["default_priority_level"]) == (2, 2)
+    assert batching["default_queue_policy"]["max_queue_size"] == 7
+    assert batching["default_queue_policy"]["default_timeout_microseconds"] == 90000
+    assert (
+        client.get_model_config("edited", headers=user())["parameters"]["adaptive_queue_delay"][
+            "string_value"
+        ]
+        == "false"
+    )
+    assert versions(server, "edited") == [1]
+    # Without dynamic_batching, the batching settings return to Kiln's defaults.
+    client.load_model("edited", config=json.dumps({"max_batch_size": 8}), headers=admin())
+    assert (
+        client.get_model_config("edited", headers=user())["dynamic_batching"]["max_queue_delay_microseconds"]
+        == 0
+    )
+
+    # Another file is a new version, which serves.
+    files = {"file:2/model.pt": CNN.torchscript()}
+    cnn = triton_config(
+        "edited",
+        input=[{"name": "x", "data_type": "TYPE_FP32", "dims": [3, 16, 16]}],
+        output=[{"name": "output0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    )
+    client.load_model("edited", config=json.dumps(cnn), files=files, headers=admin())
+    assert versions(server, "edited") == [1, 2]
+    x = sample(CNN, 2)
+    np.testing.assert_allclose(
+        infer(client, "edited", x).as_numpy("output0"), expected(CNN, x), rtol=1e-4, atol=1e-5
+    )
+
+
+def test_a_configuration_taken_from_triton_loads(
+    server: KilnServer, client: triton.InferenceServerClient
+) -> None:
+    """What Triton's get_model_config returns for a PyTorch model, defaults written out and hints
+    to its own execution included: Kiln accepts the hints and applies the rest."""
+    config = {
+        "name": "from-triton",
+        "platform": "pytorch_libtorch",
+        "backend": "pytorch",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": 8,
+        "input": [
+            {
+                "name": "x",
+                "data_type": "TYPE_FP32",
+                "format": "FORMAT_NONE",
+                "dims": ["64"],
+                "is_shape_tensor": False,
+                "allow_ragged_batch": False,
+                "optional": False,
+            }
+        ],
+        "output": [
+            {
+                "name": "output0",
+                "data_type": "TYPE_FP32",
+                "dims": ["10"],
+                "label_filename": "",
+                "is_shape_tensor": False,
+            }
+        ],
+        "batch_input": [],
+        "batch_output": [],
+        "optimization": {"priority": "PRIORITY_DEFAULT", "input_pinned_memory": {"enable": True}},
+        "dynamic_batching": {
+            "preferred_batch_size": [4],
+            "max_queue_delay_microseconds": "3000",
+            "preserve_ordering": False,
+            "priority_levels": "0",
+            "default_priority_level": "0",
+            "priority_queue_policy": {},
+        },
+        "instance_group": [
+            {
+                "name": "from-triton_0",
+                "kind": "KIND_GPU",
+                "count": 2,
+                "gpus": [0],
+                "secondary_devices": [],
+                "profile": [],
+                "passive": False,
+                "host_policy": "",
+            }
+        ],
+        "default_model_filename": "model.pt",
+        "cc_model_filenames": {},
+        "metric_tags": {},
+        "parameters": {"backends": {"string_value": "[]"}},
+        "model_warmup": [],
+    }
+    client.load_model(
+        "from-triton",
+        config=json.dumps(config),
+        files={"file:1/model.pt": MLP.torchscript()},
+        headers=admin(),
+    )
+    shown = client.get_model_config("from-triton", headers=user())
+    assert shown["dynamic_batching"]["max_queue_delay_microseconds"] == 3000
+    assert shown["instance_group"][0]["count"] == 2
+    for field, value, message in [
+        ("version_policy", {"all": {}}, "Kiln serves every version"),
+        ("instance_group", [{"count": 1, "passive": True}], "Kiln does not apply ['passive']"),
+        ("sequence_batching", {"max_sequence_idle_microseconds": 5}, "['sequence_batching']"),
+        ("ensemble_scheduling", {"step": []}, "['ensemble_scheduling']"),
+    ]:
+        with pytest.raises(InferenceServerException, match=re.escape(message)):
+            refused = {k: v for k, v in config.items() if k != "dynamic_batching"}  # a oneof with these
+            client.load_model("from-triton", config=json.dumps({**refused, field: value}), headers=admin())
+
+
+def test_an_unloaded_model_loaded_with_a_configuration_serves_again(
+    server: KilnServer, client: triton.InferenceServerClient
+) -> None:
+    config = triton_config("revived")
+    client.load_model(
+        "revived", config=json.dumps(config), files={"file:1/model.pt": MLP.torchscript()}, headers=admin()
+    )
+    client.unload_model("revived", headers=admin())
+    assert not client.is_model_ready("revived", headers=user())
+    client.load_model(
+        "revived", config=json.dumps({"instance_group": [{"count": 1}, {"count": 2}]}), headers=admin()
+    )
+    assert client.is_model_ready("revived", headers=user())
+    assert client.get_model_config("revived", headers=user())["instance_group"][0]["count"] == 3
+
+
+def serving(server: KilnServer, name: str) -> dict[str, Any]:
+    response = httpx.get(f"{server.url}/v1/models/{name}/versions/1", headers=admin())
+    assert response.status_code == 200, response.text
+    settings: dict[str, Any] = response.json()["serving"]
+    return settings
+
+
+def test_what_kiln_shows_loads_back_as_it_was(
+    server: KilnServer, client: triton.InferenceServerClient
+) -> None:
+    """Loading back what get_model_config returns changes nothing: not settings it cannot show
+    (a model that cannot batch shows no queue policy), nor server defaults it shows resolved."""
+    with httpx.Client(base_url=server.url, headers=admin(), timeout=60) as http:
+        static = [{"name": "x", "dtype": "float32", "shape": [2, 64]}]  # cannot batch: no -1
+        for name, config in [
+            ("static", {"inputs": static, "max_queue_size": 5, "default_timeout_us": 1000}),
+            ("defaults", {"labels": {"output0": LABELS}}),
+            ("wide", {"instances": 9}),  # more than the lanes it shows (KILN_INFERENCE_WORKERS)
+        ]:
+            assert upload(http, MLP, name=name, backends=[], **config).status_code == 202, name
+            before = serving(server, name)
+            shown = client.get_model_config(name, headers=user())
+            client.load_model(name, config=json.dumps(shown), headers=admin())
+            assert serving(server, name) == before, name
+            assert client.get_model_config(name, headers=user()) == shown
+    # The labels are shown as a file, and kept while the configuration names it.
+    [output] = client.get_model_config("defaults", headers=user())["output"]
+    assert output["label_filename"] == "output0_labels.txt"
+    assert serving(server, "defaults")["max_queue_size"] is None  # the server default, not pinned
+
+
+def test_what_was_compiled_may_be_restated(server: KilnServer, client: triton.InferenceServerClient) -> None:
+    config = triton_config("restated")
+    client.load_model(
+        "restated", config=json.dumps(config), files={"file:1/model.pt": MODEL}, headers=admin()
+    )
+    config["parameters"]["rtol"] = {"string_value": "0.0001"}  # the default, as stored
+    config["parameters"]["INFERENCE_MODE"] = {"string_value": "true"}  # PyTorch's hint
+    config["model_transaction_policy"] = {"decoupled": False}
+    config["input"][0]["format"] = "FORMAT_NONE"
+    config["dynamic_batching"] = {"max_queue_delay_microseconds": 700}
+    client.load_model("restated", config=json.dumps(config), headers=admin())
+    assert serving(server, "restated")["max_queue_delay_us"] == 700
+    assert versions(server, "restated") == [1]
+
+
+def test_tritonclient_grpc_uploads_a_model(server: KilnServer) -> None:
+    """Over gRPC the file is a bytes parameter, not base64."""
+    grpc_admin = {"authorization": f"Bearer {ADMIN}"}
+    with triton_grpc.InferenceServerClient(server.grpc_address) as client:
+        config = triton_config("over-grpc")
+        client.load_model(
+            "over-grpc",
+            config=json.dumps(config),
+            files={"file:1/model.pt": MLP.torchscript()},
+            headers=grpc_admin,
+        )
+        assert client.is_model_ready("over-grpc", headers={"authorization": f"Bearer {INFER}"})
+        x = sample(MLP, 2)
+        tensor = triton_grpc.InferInput("x", [2, 64], "FP32")
+        tensor.set_data_from_numpy(x)
+        result = client.infer("over-grpc", [tensor], headers={"authorization": f"Bearer {INFER}"})
+        np.testing.assert_allclose(result.as_numpy("output0"), expected(MLP, x), rtol=1e-5, atol=1e-6)
+        with pytest.raises(InferenceServerException, match="Kiln does not apply") as caught:
+            bad = triton_config("over-grpc", sequence_batching={})
+            client.load_model(
+                "over-grpc",
+                config=json.dumps(bad),
+                files={"file:1/model.pt": MLP.torchscript()},
+                headers=grpc_admin,
+            )
+        assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert versions(server, "over-grpc") == [1]
+
+
+MODEL = MLP.torchscript()
+REFUSED = [
+    (
+        "not json",
+        {"config": "{", "files": {"file:1/model.pt": MODEL}},
+        400,
+        "not a Triton model configuration",
+    ),
+    ("unknown field", {"config": {"max_batch_sizes": 8}}, 400, "has no field named"),
+    (
+        "sequence batching",
+        {"config": triton_config("refused", sequence_batching={}), "files": {"file:1/model.pt": MODEL}},
+        400,
+        "Kiln does not apply ['sequence_batching']",
+    ),
+    (
+        "onnx",
+        {
+            "config": triton_config("refused", platform="onnxruntime_onnx"),
+            "files": {"file:1/model.onnx": MODEL},
+        },
+        400,
+        "Kiln serves TorchScript",
+    ),
+    (
+        "another name",
+        {"config": triton_config("other"), "files": {"file:1/model.pt": MODEL}},
+        400,
+        "is not the model loaded",
+    ),
+    (
+        "two versions",
+        {"config": triton_config("refused"), "files": {"file:1/model.pt": MODEL, "file:2/model.pt": MODEL}},
+        400,
+        "give one model file",
+    ),
+    (
+        "a stray file",
+        {"config": triton_config("refused"), "files": {"file:1/model.pt": MODEL, "file:notes.txt": b"hi"}},
+        400,
+        "Kiln does not use ['file:notes.txt']",
+    ),
+    (
+        "a missing label file",
+        {
+            "config": triton_config(
+                "refused",
+                output=[
+                    {"name": "output0", "data_type": "TYPE_FP32", "dims": [10], "label_filename": "l.txt"}
+                ],
+            ),
+            "files": {"file:1/model.pt": MODEL},
+        },
+        400,
+        "send the file too",
+    ),
+    (
+        "strings",
+        {
+            "config": triton_config(
+                "refused", input=[{"name": "x", "data_type": "TYPE_STRING", "dims": [64]}]
+            ),
+            "files": {"file:1/model.pt": MODEL},
+        },
+        400,
+        "data_type TYPE_STRING",
+    ),
+    (
+        "a wrong output",
+        {
+            "config": triton_config(
+                "refused", output=[{"name": "logits", "data_type": "TYPE_FP32", "dims": [10]}]
+            ),
+            "files": {"file:1/model.pt": MODEL},
+        },
+        422,
+        "the model outputs ['output0']",
+    ),
+    (
+        "wrong output dims",
+        {
+            "config": triton_config(
+                "refused", output=[{"name": "output0", "data_type": "TYPE_FP32", "dims": [9]}]
+            ),
+            "files": {"file:1/model.pt": MODEL},
+        },
+        422,
+        "dims [9], but the model's are [10]",
+    ),
+    (
+        "an unknown parameter",
+        {
+            "config": triton_config("refused", parameters={"batching": {"string_value": "1"}}),
+            "files": {"file:1/model.pt": MODEL},
+        },
+        400,
+        "Kiln does not know ['batching']",
+    ),
+    (
+        "a parameter not JSON",
+        {
+            "config": triton_config("refused", parameters={"backends": {"string_value": "tvm"}}),
+            "files": {"file:1/model.pt": MODEL},
+        },
+        400,
+        "must be JSON",
+    ),
+    (
+        "an unknown backend",
+        {
+            "config": triton_config("refused", parameters={"backends": {"string_value": '["nope"]'}}),
+            "files": {"file:1/model.pt": MODEL},
+        },
+        422,
+        "unknown backend(s) ['nope']",
+    ),
+    (
+        "too many instances",
+        {
+            "config": triton_config("refused", instance_group=[{"count": 65}]),
+            "files": {"file:1/model.pt": MODEL},
+        },
+        422,
+        "instances",
+    ),
+    (
+        "not torchscript",
+        {"config": triton_config("refused"), "files": {"file:1/model.pt": b"not a model"}},
+        400,
+        "TorchScript",
+    ),
+    ("no inputs", {"config": {"max_batch_size": 8}, "files": {"file:1/model.pt": MODEL}}, 400, "input: list"),
+    ("an array", {"config": "[]", "files": {"file:1/model.pt": MODEL}}, 400, "is a JSON object"),
+    (
+        "a negative batch",
+        {"config": triton_config("refused", max_batch_size=-4), "files": {"file:1/model.pt": MODEL}},
+        400,
+        "max_batch_size must be 0",
+    ),
+    (
+        "decoupled",
+        {
+            "config": triton_config("refused", model_transaction_policy={"decoupled": True}),
+            "files": {"file:1/model.pt": MODEL},
+        },
+        400,
+        "not decoupled",
+    ),
+    (
+        "too large",
+        {"config": triton_config("refused"), "files": {"file:1/model.pt": bytes(1024 * 1024 + 1)}},
+        413,
+        "KILN_MAX_UPLOAD_MB",
+    ),
+    ("a configuration for no model", {"config": {"max_batch_size": 8}}, 404, "no model named 'refused'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("request_", "status", "message"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED]
+)
+def test_refused_loads_say_what_to_change(
+    server: KilnServer,
+    client: triton.InferenceServerClient,
+    request_: dict[str, Any],
+    status: int,
+    message: str,
+) -> None:
+    config = request_["config"]
+    text = config if isinstance(config, str) else json.dumps(config)
+    with pytest.raises(InferenceServerException) as caught:
+        client.load_model("refused", config=text, files=request_.get("files"), headers=admin())
+    assert message in str(caught.value.message()), caught.value.message()
+    assert caught.value.status() == str(status)
+    assert versions(server, "refused") == []
+
+
+def test_a_configuration_alone_cannot_change_what_was_compiled(
+    server: KilnServer, client: triton.InferenceServerClient
+) -> None:
+    client.load_model(
+        "fixed", config=json.dumps(triton_config("fixed")), files={"file:1/model.pt": MODEL}, headers=admin()
+    )
+    before = client.get_model_config("fixed", headers=user())
+    changed = [
+        (
+            {"input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [32]}], "max_batch_size": 8},
+            "['inputs']",
+        ),
+        ({"max_batch_size": 4}, "['max_batch_size']"),
+        ({"parameters": {"backends": {"string_value": '["tvm"]'}}}, "['backends']"),
+        (
+            {"output": [{"name": "output0", "data_type": "TYPE_FP64", "dims": [10]}], "max_batch_size": 8},
+            "outputs float32",
+        ),
+        (
+            {"dynamic_batching": {"preferred_batch_size": [16]}, "max_batch_size": 8},
+            "must lie in 1..max_batch_size",
+        ),
+    ]
+    for config, message in changed:
+        with pytest.raises(InferenceServerException, match=re.escape(message)) as caught:
+            client.load_model("fixed", config=json.dumps(config), headers=admin())
+        assert caught.value.status() == "422"
+    assert client.get_model_config("fixed", headers=user()) == before
+    assert versions(server, "fixed") == [1]
+
+
+def test_the_http_body_is_checked(server: KilnServer) -> None:
+    url = f"{server.url}/v2/repository/models/checked/load"
+    with httpx.Client(headers=admin(), timeout=60) as http:
+
+        def error(body: object, status: int, **kwargs: Any) -> str:
+            response = http.post(url, json=body, **kwargs) if body is not None else http.post(url, **kwargs)
+            assert response.status_code == status, response.text
+            return str(response.json()["error"])
+
+        config = json.dumps(triton_config("checked"))
+        assert "must be base64" in error({"parameters": {"config": config, "file:1/model.pt": "no!"}}, 400)
+        assert "need a config parameter" in error(
+            {"parameters": {"file:1/model.pt": base64.b64encode(MODEL).decode()}}, 400
+        )
+        assert "must be a string" in error({"parameters": {"config": True}}, 400)
+        assert "unknown load parameter(s) ['unload_dependents']" in error(
+            {"parameters": {"unload_dependents": True}}, 400
+        )
+        assert "the body must be Triton's load request" in error([1], 400)
+        assert "KILN_MAX_UPLOAD_MB" in error(None, 413, content=b" " * (3 * 1024 * 1024))
+        infer_only = {"Authorization": f"Bearer {INFER}"}
+        response = http.post(url, json={"parameters": {"config": config}}, headers=infer_only)
+        assert response.status_code == 403, response.text
+    assert versions(server, "checked") == []
