@@ -111,6 +111,54 @@ GRPC_ERRORS = Counter(
     "one, by status code and method.",
     ["code", "method"],
 )
+
+
+def _triton(name: str, documentation: str, labels: tuple[str, ...] = ("model", "version")) -> Gauge:
+    """One of Triton's own series, by its name in Triton's metrics documentation, so that the
+    dashboards, alerts and autoscaling rules written for Triton read Kiln unchanged. A Gauge
+    that only grows, rather than a Counter, to which prometheus-client would add `_total`: rate()
+    reads it as Triton's counter. Summed over the worker processes, dead ones included."""
+    return Gauge(name, documentation, list(labels), multiprocess_mode="sum")
+
+
+# Fed by service.stats, which keeps the same numbers for Triton's statistics extension.
+NV_REQUEST_SUCCESS = _triton(
+    "nv_inference_request_success", "Successful inference requests, all batch sizes."
+)
+NV_REQUEST_FAILURE = _triton(
+    "nv_inference_request_failure",
+    "Failed inference requests, all batch sizes, by reason: REJECTED (a full queue, or a timeout "
+    "that expired in it), CANCELED (the client left), BACKEND (the model failed), OTHER.",
+    ("model", "version", "reason"),
+)
+NV_INFERENCE_COUNT = _triton("nv_inference_count", "Inferences performed: a batch of n counts n.")
+NV_EXEC_COUNT = _triton("nv_inference_exec_count", "Model executions: batches run.")
+NV_REQUEST_US = _triton(
+    "nv_inference_request_duration_us",
+    "Cumulative time of successful requests, from their model's route to their outputs "
+    "(cache hits included).",
+)
+NV_QUEUE_US = _triton(
+    "nv_inference_queue_duration_us", "Cumulative time requests waited for their batch to run."
+)
+NV_COMPUTE_INPUT_US = _triton(
+    "nv_inference_compute_input_duration_us", "Cumulative time preparing the inputs of requests' batches."
+)
+NV_COMPUTE_INFER_US = _triton(
+    "nv_inference_compute_infer_duration_us", "Cumulative time running the model on requests' batches."
+)
+NV_COMPUTE_OUTPUT_US = _triton(
+    "nv_inference_compute_output_duration_us",
+    "Cumulative time splitting requests' outputs from their batches.",
+)
+NV_CACHE_HITS = _triton("nv_cache_num_hits_per_model", "Requests answered from the response cache.")
+NV_CACHE_MISSES = _triton("nv_cache_num_misses_per_model", "Response-cache lookups that found nothing.")
+NV_CACHE_HIT_US = _triton(
+    "nv_cache_hit_duration_per_model", "Cumulative time of response-cache hits' lookups."
+)
+NV_CACHE_MISS_US = _triton(
+    "nv_cache_miss_duration_per_model", "Cumulative time of response-cache misses' lookups and insertions."
+)
 QUEUE_DEPTH_HELP = (
     "Compile jobs queued or running and not yet settled, per target queue of this host; read "
     "at scrape time from the in-process pool (embedded) or from Redis (cluster-wide)."

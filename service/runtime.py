@@ -45,7 +45,7 @@ from service.router import (
     serving_version,
 )
 from service.settings import Settings
-from service.stats import Stats
+from service.stats import Stats, failure_reason
 from service.store import StoreUnavailableError
 
 log = logging.getLogger("kiln.runtime")
@@ -365,8 +365,8 @@ class Runtime:
             deadline = None if timeout_us is None else arrived + timeout_us / 1e6
             batcher = self._batcher(route.version, backend)
             outputs, variant = await batcher.submit(arrays, batch, deadline, priority, gone)
-        except BaseException:  # a client that hung up (cancelled) is a failed request too
-            self.stats.request(name, number, time.perf_counter() - started, ok=False)
+        except BaseException as exc:  # a client that hung up (cancelled) is a failed request too
+            self.stats.request(name, number, time.perf_counter() - started, failure_reason(exc))
             raise
         if cache_key is not None:
             inserting = time.perf_counter()
@@ -375,7 +375,7 @@ class Runtime:
             self.stats.cache_miss(name, number, looked_up + time.perf_counter() - inserting)
             metrics.RESPONSE_CACHE.labels(name, "miss").inc()
         done = time.perf_counter()
-        self.stats.request(name, number, done - started, ok=True)
+        self.stats.request(name, number, done - started)
         metrics.REQUEST_SECONDS.labels(name, str(number), variant.backend, variant.target).observe(
             done - begun
         )

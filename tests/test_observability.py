@@ -395,6 +395,46 @@ def test_a_tuned_job_gets_time_for_its_trials(redis_url: str) -> None:
         queue.close()
 
 
+def test_triton_series_match_the_statistics(http: httpx.Client) -> None:
+    """Triton's nv_inference_* series carry the numbers of Triton's statistics extension, so that
+    dashboards and autoscalers written for Triton read Kiln unchanged."""
+    assert upload(http, MLP, name="mlp-nv", response_cache=True, backends=[]).status_code == 202
+    url = "/v2/models/mlp-nv/infer"
+    for seed in range(5):
+        assert http.post(url, json=infer_body(sample(MLP, 2, seed=seed))).status_code == 200
+    assert http.post(url, json=infer_body(sample(MLP, 2, seed=0))).status_code == 200  # a cache hit
+    expired = http.post(url, json=infer_body(sample(MLP, 1, seed=9), parameters={"timeout": 1}))
+    assert expired.status_code == 503, expired.text
+    [stats] = http.get("/v2/models/mlp-nv/stats").json()["model_stats"]
+    samples = scrape(http)
+
+    def series(name: str, **labels: str) -> float:
+        return value(samples, name, model="mlp-nv", version="1", **labels)
+
+    inference = stats["inference_stats"]
+    assert series("nv_inference_request_success") == inference["success"]["count"] == 6
+    assert series("nv_inference_request_failure", reason="REJECTED") == inference["fail"]["count"] == 1
+    assert series("nv_inference_request_failure", reason="BACKEND") == 0
+    assert series("nv_inference_count") == stats["inference_count"] == 10
+    assert series("nv_inference_exec_count") == stats["execution_count"] >= 1
+    assert series("nv_cache_num_hits_per_model") == inference["cache_hit"]["count"] == 1
+    assert series("nv_cache_num_misses_per_model") == inference["cache_miss"]["count"] == 5
+    for name, key in [
+        ("nv_inference_request_duration_us", "success"),
+        ("nv_inference_queue_duration_us", "queue"),
+        ("nv_inference_compute_input_duration_us", "compute_input"),
+        ("nv_inference_compute_infer_duration_us", "compute_infer"),
+        ("nv_inference_compute_output_duration_us", "compute_output"),
+        ("nv_cache_hit_duration_per_model", "cache_hit"),
+        ("nv_cache_miss_duration_per_model", "cache_miss"),
+    ]:
+        # The statistics keep whole nanoseconds per request.
+        assert series(name) == pytest.approx(
+            inference[key]["ns"] / 1000, abs=inference[key]["count"] / 1000 + 1e-6
+        ), name
+    assert series("nv_inference_compute_infer_duration_us") > 0
+
+
 def test_multiprocess_mode_aggregates_workers(tmp_path: Path) -> None:
     prom_dir = tmp_path / "prom"
     prom_dir.mkdir()
@@ -412,6 +452,8 @@ def test_multiprocess_mode_aggregates_workers(tmp_path: Path) -> None:
             samples = scrape(http)
         # Whichever worker answers the scrape counts every worker's requests.
         assert value(samples, "kiln_request_duration_seconds_count", model="mlp") == 12
+        assert value(samples, "nv_inference_request_success", model="mlp", version="1") == 12
+        assert value(samples, "nv_inference_count", model="mlp", version="1") == 12
         assert 1 <= value(samples, "kiln_loaded_runners") <= 2
         # Two workers (uvicorn may have replaced one that missed a health check: its gauges
         # were dropped by that scrape).
