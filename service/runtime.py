@@ -588,6 +588,7 @@ class Runtime:
         (the model's count of unloads when the caller chose it; by default, when this load
         began): it must not outlive them in memory."""
         key = runner_key(version, variant)
+        self.stats.start(version.name, version.version)
         with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
             unloads = self._unloads[version.name] if unloads is None else unloads

@@ -16,15 +16,11 @@ from prometheus_client import Gauge
 
 from service import metrics
 from service.batcher import BatchTiming
-from service.errors import (
-    ClientGoneError,
-    ConflictError,
-    QueueFullError,
-    TimeoutExpiredError,
-    UnavailableError,
-)
+from service.errors import ClientGoneError, KilnError, QueueFullError, TimeoutExpiredError
+from service.store import StoreError
 
 US = 1e6
+REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 
 def failure_reason(exc: BaseException) -> str:
@@ -33,9 +29,9 @@ def failure_reason(exc: BaseException) -> str:
         return "REJECTED"
     if isinstance(exc, ClientGoneError | asyncio.CancelledError):
         return "CANCELED"
-    if isinstance(exc, UnavailableError | ConflictError):  # not ready, unloaded, the store down
+    if isinstance(exc, KilnError | StoreError):  # the service's own: unloaded, the store down...
         return "OTHER"
-    return "BACKEND"
+    return "BACKEND"  # what the model raised
 
 
 @dataclass
@@ -133,11 +129,19 @@ class Stats:
         self._series: dict[tuple[str, int], _Series] = {}
         self._lock = threading.Lock()
 
+    def start(self, name: str, version: int) -> None:
+        """A version loads: its series exist from now, at 0, as Triton makes them at a model's
+        load, so that rate() and increase() count its first requests and failures."""
+        with self._lock:
+            self._of(name, version)
+
     def _of(self, name: str, version: int) -> tuple[ModelStats, _Series]:
         """Under the lock."""
         series = self._series.get((name, version))
         if series is None:
             series = self._series[(name, version)] = _Series.of(name, version)
+            for reason in REASONS:
+                metrics.NV_REQUEST_FAILURE.labels(name, str(version), reason)
         return self._models[(name, version)], series
 
     def request(self, name: str, version: int, seconds: float, failure: str | None = None) -> None:

@@ -3,6 +3,7 @@ and `kiln upload` following those streams. Real TVM compiles of the test MLP."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -22,7 +23,10 @@ from httpx_sse import connect_sse
 from tritonclient.grpc.service_pb2 import ModelMetadataRequest
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
+from service.errors import ClientGoneError, ConflictError, NotFoundError, QueueFullError, TimeoutExpiredError
 from service.records import JobRecord
+from service.stats import failure_reason
+from service.store import StoreUnavailableError
 from tests.client import by_backend, infer_body, predict, sample, scrape, upload, value, wait_settled
 from tests.models import MODELS, UNCONVERTIBLE
 from tests.servers import ROOT, KilnProcess, KilnServer, embedded_server, free_port, wait_until
@@ -414,7 +418,11 @@ def test_triton_series_match_the_statistics(http: httpx.Client) -> None:
     inference = stats["inference_stats"]
     assert series("nv_inference_request_success") == inference["success"]["count"] == 6
     assert series("nv_inference_request_failure", reason="REJECTED") == inference["fail"]["count"] == 1
-    assert series("nv_inference_request_failure", reason="BACKEND") == 0
+    # Every reason's series exists from the version's load, at 0 until it counts.
+    failures = {
+        lab["reason"]: v for lab, v in samples["nv_inference_request_failure"] if lab["model"] == "mlp-nv"
+    }
+    assert failures == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
     assert series("nv_inference_count") == stats["inference_count"] == 10
     assert series("nv_inference_exec_count") == stats["execution_count"] >= 1
     assert series("nv_cache_num_hits_per_model") == inference["cache_hit"]["count"] == 1
@@ -433,6 +441,23 @@ def test_triton_series_match_the_statistics(http: httpx.Client) -> None:
             inference[key]["ns"] / 1000, abs=inference[key]["count"] / 1000 + 1e-6
         ), name
     assert series("nv_inference_compute_infer_duration_us") > 0
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (QueueFullError("full"), "REJECTED"),
+        (TimeoutExpiredError("expired"), "REJECTED"),
+        (ClientGoneError("gone"), "CANCELED"),
+        (asyncio.CancelledError(), "CANCELED"),
+        (ConflictError("unloaded"), "OTHER"),
+        (NotFoundError("deleted meanwhile"), "OTHER"),
+        (StoreUnavailableError("redis down"), "OTHER"),
+        (RuntimeError("the model raised"), "BACKEND"),
+    ],
+)
+def test_failures_count_by_triton_reason(error: BaseException, reason: str) -> None:
+    assert failure_reason(error) == reason
 
 
 def test_multiprocess_mode_aggregates_workers(tmp_path: Path) -> None:
