@@ -15,8 +15,10 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import torch
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton
+from torch import nn
 from tritonclient.utils import InferenceServerException
 
 from tests import models
@@ -319,6 +321,62 @@ def test_what_was_compiled_may_be_restated(server: KilnServer, client: triton.In
     assert versions(server, "restated") == [1]
 
 
+class TwoHeads(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 3), nn.Linear(64, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.a(x), self.b(x)
+
+
+TWO_HEADS = models.TestModel("two-heads", TwoHeads, MLP.inputs)
+
+
+def test_outputs_may_share_a_label_file(server: KilnServer, client: triton.InferenceServerClient) -> None:
+    heads = [
+        {"name": f"output{i}", "data_type": "TYPE_FP32", "dims": [3], "label_filename": "l.txt"}
+        for i in (0, 1)
+    ]
+    config = json.dumps(triton_config("shared", output=heads))
+    files = {"file:1/model.pt": TWO_HEADS.torchscript(), "file:l.txt": b"a\nb\nc"}
+    client.load_model("shared", config=config, files=files, headers=admin())
+    assert serving(server, "shared")["labels"] == {"output0": ["a", "b", "c"], "output1": ["a", "b", "c"]}
+    client.load_model("shared", config=config, files={"file:l.txt": b"x\ny\nz"}, headers=admin())
+    assert serving(server, "shared")["labels"] == {"output0": ["x", "y", "z"], "output1": ["x", "y", "z"]}
+
+
+def test_priorities_and_a_queue_policy_apply_as_stated(
+    server: KilnServer, client: triton.InferenceServerClient
+) -> None:
+    with httpx.Client(base_url=server.url, headers=admin(), timeout=60) as http:
+        assert upload(http, MLP, name="levels", backends=[], priority_levels=3).status_code == 202
+        static = [{"name": "x", "dtype": "float32", "shape": [2, 64]}]
+        queued = {"default_timeout_us": 1000, "max_queue_size": 5}
+        assert upload(http, MLP, name="unbatched", inputs=static, backends=[], **queued).status_code == 202
+    # The default level is shown resolved (3, the lowest); stated with other levels, it is kept.
+    shown = client.get_model_config("levels", headers=user())
+    assert shown["dynamic_batching"]["default_priority_level"] == 3
+    shown["dynamic_batching"]["priority_levels"] = 5
+    client.load_model("levels", config=json.dumps(shown), headers=admin())
+    assert (
+        serving(server, "levels")["priority_levels"],
+        serving(server, "levels")["default_priority_level"],
+    ) == (5, 3)
+    shown["dynamic_batching"]["priority_levels"] = 2
+    with pytest.raises(
+        InferenceServerException, match=re.escape("default_priority_level: 3 must lie in 1..priority_levels")
+    ):
+        client.load_model("levels", config=json.dumps(shown), headers=admin())
+    # A model that cannot batch shows no queue policy; one stated applies whole: no timeout.
+    policy = {"max_batch_size": 0, "dynamic_batching": {"default_queue_policy": {"max_queue_size": 7}}}
+    client.load_model("unbatched", config=json.dumps(policy), headers=admin())
+    assert (
+        serving(server, "unbatched")["max_queue_size"],
+        serving(server, "unbatched")["default_timeout_us"],
+    ) == (7, None)
+
+
 def test_tritonclient_grpc_uploads_a_model(server: KilnServer) -> None:
     """Over gRPC the file is a bytes parameter, not base64."""
     grpc_admin = {"authorization": f"Bearer {ADMIN}"}
@@ -580,3 +638,4 @@ def test_the_http_body_is_checked(server: KilnServer) -> None:
         response = http.post(url, json={"parameters": {"config": config}}, headers=infer_only)
         assert response.status_code == 403, response.text
     assert versions(server, "checked") == []
+

@@ -81,6 +81,7 @@ COMPILED_PARAMETERS = {
     "bf16_atol",
 }
 SERVING_PARAMETERS = {"adaptive_queue_delay"}
+PRIORITIES = {"priority_levels", "default_priority_level"}
 # The PyTorch backend's own parameters: hints to its execution, accepted and not applied.
 PYTORCH_HINTS = {
     "DISABLE_OPTIMIZED_EXECUTION",
@@ -143,7 +144,8 @@ def load_with(svc: Services, name: str, request: LoadRequest) -> None:
     if not config.input:
         raise BadRequestError("config: input: list the model's inputs (name, data_type, dims)")
     cfg = parse_config(json.dumps({**doc, "labels": labels}), svc)
-    store_version(svc, cfg, io.BytesIO(data), lambda outputs: check_outputs(config, outputs))
+    batching = config.max_batch_size > 0
+    store_version(svc, cfg, io.BytesIO(data), lambda outputs: check_outputs(config, outputs, batching))
 
 
 def triton_config(text: str, name: str) -> Any:
@@ -215,7 +217,10 @@ def split_files(
 ) -> tuple[tuple[str, bytes] | None, dict[str, list[str]], dict[str, str]]:
     """The model file, if any; the labels of each output whose label_filename names a file sent
     (one label a line, as Triton reads it); and output -> label_filename for those not sent."""
-    label_of = {f"file:{o.label_filename}": o.name for o in config.output if o.label_filename}
+    label_of: dict[str, list[str]] = {}  # a label file may serve several outputs
+    for output in config.output:
+        if output.label_filename:
+            label_of.setdefault(f"file:{output.label_filename}", []).append(output.name)
     model_files = {p: data for p, data in files.items() if VERSION_FILE.fullmatch(p) and p not in label_of}
     if len(model_files) > 1:
         raise BadRequestError(f"files: {sorted(model_files)}; give one model file, file:<version>/model.pt")
@@ -226,10 +231,16 @@ def split_files(
             "and label files as file:<name>, named by an output's label_filename"
         )
     try:
-        labels = {output: files[p].decode().splitlines() for p, output in label_of.items() if p in files}
+        read = {p: files[p].decode().splitlines() for p in label_of if p in files}
     except UnicodeDecodeError:
         raise BadRequestError("files: a label file must be UTF-8 text") from None
-    unsent = {output: p.removeprefix("file:") for p, output in label_of.items() if p not in files}
+    labels = {output: read[p] for p, outputs in label_of.items() if p in read for output in outputs}
+    unsent = {
+        output: p.removeprefix("file:")
+        for p, outputs in label_of.items()
+        if p not in read
+        for output in outputs
+    }
     return next(iter(model_files.items()), None), labels, unsent
 
 
@@ -257,7 +268,10 @@ def kiln_config(config: Any, name: str) -> dict[str, Any]:
         doc["max_queue_delay_us"] = queue.max_queue_delay_microseconds
         doc["preferred_batch_sizes"] = list(queue.preferred_batch_size)
         doc["priority_levels"] = queue.priority_levels
-        doc["default_priority_level"] = queue.default_priority_level or None
+        # Without levels Triton ignores the default level: none is kept for later levels to use.
+        doc["default_priority_level"] = (
+            (queue.default_priority_level or None) if queue.priority_levels else None
+        )
         if queue.HasField("default_queue_policy"):
             policy = queue.default_queue_policy
             doc["max_queue_size"] = policy.max_queue_size
@@ -284,11 +298,11 @@ def dtype_of(tensor: Any, kind: str) -> str:
     return dtype
 
 
-def check_outputs(config: Any, outputs: list[OutputInfo]) -> None:
+def check_outputs(config: Any, outputs: list[OutputInfo], batching: bool) -> None:
     """The configuration's outputs, where it lists them, are the model's: the names its requests
-    will ask for, with their data types and dims (-1 matching any size)."""
+    will ask for, with their data types and dims (-1 matching any size; the batch left out when
+    `batching`)."""
     by_name = {o.name: o for o in outputs}
-    batching = config.max_batch_size > 0
     for tensor in config.output:
         output = by_name.get(tensor.name)
         if output is None:
@@ -316,7 +330,8 @@ def reconfigure(
     read as Triton reads an edited configuration: against what Kiln shows of the version
     (`GET .../config`), a setting changed is applied, and one left out returns to its default;
     what the configuration says as shown is kept as stored, so one loaded back as it was
-    changes nothing. What was compiled must be as shown. An output's labels are kept when its
+    changes nothing; a setting Kiln cannot show for this model is kept unless stated. What was
+    compiled must be as shown. An output's labels are kept when its
     label_filename is given without the file, as Triton keeps a model directory's files."""
     _, current = described(svc, name, None)
     shown = kiln_config(triton_config(json.dumps(config_doc(svc, name, current.version)), name), name)
@@ -330,15 +345,24 @@ def reconfigure(
         differ += sorted(k for k in given if compiled(probe, k) != compiled(current.config, k))
     if differ:
         raise InvalidConfigError(
-            f"config: {differ} differ from version {current.version}'s, which was compiled with "
-            "them; load the model file too (file:1/model.pt) for a new version"
+            f"config: {differ} differ from version {current.version}'s (inputs compare by name, "
+            "order, data type and dims), which was compiled with them; load the model file too "
+            "(file:1/model.pt) for a new version"
         )
-    check_outputs(config, current.outputs)
+    check_outputs(config, current.outputs, doc.get("max_batch_size", shown["max_batch_size"]) > 1)
     missing = sorted(path for output, path in unsent.items() if output not in current.config.labels)
     if missing:
         raise BadRequestError(f"config: label_filename {missing}: send the file too")
-    wanted, was = serving(doc), serving(shown)
-    changes = {k: v for k, v in wanted.items() if v != was[k] and k != "labels"}
+    wanted, was, stored = serving(doc), serving(shown), current.config.serving().model_dump()
+    # Against what is shown; a setting Kiln cannot show for this model (a queue policy without
+    # batching) against what is stored, and only when the configuration states it.
+    changes = {
+        key: value
+        for key, value in wanted.items()
+        if key != "labels" and (value != was[key] if key in shown else key in doc and value != stored[key])
+    }
+    if PRIORITIES & changes.keys():  # the default level is shown resolved by the levels
+        changes.update({key: wanted[key] for key in PRIORITIES})
     labels = {**labels, **{output: current.config.labels[output] for output in unsent}}
     if labels != current.config.labels:
         changes["labels"] = labels
