@@ -1,4 +1,5 @@
-"""`kiln`: serve, worker, upload, models, default, load, unload, delete, predict, and offline compile."""
+"""`kiln`: serve, worker, upload, models, default, load, unload, import-triton, delete, predict, and
+offline compile."""
 
 from __future__ import annotations
 
@@ -35,15 +36,19 @@ def client(url: str, api_key: str | None) -> httpx.Client:
 
 def check(response: httpx.Response) -> Any:
     if response.is_error:
-        try:
-            doc = response.json()
-            found = doc.get("detail") or doc.get("error") if isinstance(doc, dict) else None
-            detail = found or response.text  # /v1's problem, or a protocol's {"error"}
-        except ValueError:
-            detail = response.text
-        console.print(f"[red]error {response.status_code}:[/red] {detail}")
+        console.print(f"[red]error {response.status_code}:[/red] {error_of(response)}")
         raise typer.Exit(1)
     return response.json() if response.content else None  # the repository's answers are empty
+
+
+def error_of(response: httpx.Response) -> str:
+    """/v1's problem detail, or a protocol's {"error"}."""
+    try:
+        doc = response.json()
+    except ValueError:
+        return response.text
+    found = doc.get("detail") or doc.get("error") if isinstance(doc, dict) else None
+    return str(found or response.text)
 
 
 @app.command()
@@ -406,6 +411,51 @@ def load(name: str, url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption
     with client(url, api_key) as http:
         check(http.post(f"/v2/repository/models/{name}/load"))
     console.print(f"{name}: loaded")
+
+
+@app.command("import-triton")
+def import_triton(
+    repository: Annotated[
+        Path, typer.Argument(exists=True, file_okay=False, help="A Triton model repository directory.")
+    ],
+    model: Annotated[
+        list[str] | None,
+        typer.Option("--model", "-m", help="Only this model (repeatable); default: every one."),
+    ] = None,
+    url: UrlOption = "http://127.0.0.1:8000",
+    api_key: KeyOption = None,
+) -> None:
+    """Deploy a Triton model repository's TorchScript models: each version, oldest first, is a
+    Triton load with its config.pbtxt and files, so the newest serves. Exits 1 if any failed."""
+    from service.triton_repository import RepositoryError, model_dirs, version_loads
+
+    dirs = [d for d in model_dirs(repository) if not model or d.name in model]
+    missing = sorted(set(model or []) - {d.name for d in dirs})
+    if missing or not dirs:
+        console.print(f"[red]no model directory with a config.pbtxt[/red] {missing or ''} in {repository}")
+        raise typer.Exit(1)
+    table = Table("model", "Triton version", "result")
+    failed = False
+    with client(url, api_key) as http:
+        for model_dir in dirs:
+            try:
+                for load in version_loads(model_dir):
+                    response = http.post(f"/v2/repository/models/{load.model}/load", json=load.body())
+                    if response.is_error:
+                        table.add_row(
+                            load.model,
+                            str(load.version),
+                            f"[red]{response.status_code}[/red] {error_of(response)}",
+                        )
+                        failed = True
+                        break  # a newer version after a failed one would serve in its place
+                    table.add_row(load.model, str(load.version), "[green]loaded[/green]")
+            except RepositoryError as exc:
+                table.add_row(model_dir.name, "", f"[red]{exc}[/red]")
+                failed = True
+    console.print(table)
+    if failed:
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -7,9 +7,14 @@ model as it was."""
 from __future__ import annotations
 
 import base64
+import io
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import models
 from tests.client import expected, sample, upload
-from tests.servers import KilnServer
+from tests.servers import ROOT, KilnServer
 
 ADMIN, INFER = "admin-secret", "infer-secret"
 MLP = models.MODELS["mlp"]
@@ -639,3 +644,84 @@ def test_the_http_body_is_checked(server: KilnServer) -> None:
         assert response.status_code == 403, response.text
     assert versions(server, "checked") == []
 
+
+CONFIG_PBTXT = """
+platform: "pytorch_libtorch"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ]
+output [ { name: "output0" data_type: TYPE_FP32 dims: [ 10 ] label_filename: "labels.txt" } ]
+dynamic_batching { max_queue_delay_microseconds: 500 }
+instance_group [ { count: 2 kind: KIND_CPU } ]
+parameters { key: "backends" value: { string_value: "[]" } }
+"""
+
+
+def import_triton(server: KilnServer, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "service.cli",
+            "import-triton",
+            *args,
+            "--url",
+            server.url,
+            "--api-key",
+            ADMIN,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "COLUMNS": "400"},  # rich wraps a table to the terminal's width
+    )
+
+
+def test_kiln_imports_a_triton_model_repository(
+    server: KilnServer, client: triton.InferenceServerClient, tmp_path: Path
+) -> None:
+    """`kiln import-triton` deploys a Triton model repository: every version of every model
+    with a config.pbtxt, oldest first, and says which could not be, and why."""
+    repo = tmp_path / "models"
+    torch.manual_seed(7)
+    newer = io.BytesIO()
+    torch.jit.save(torch.jit.script(models.MLP().eval()), newer)
+    for version, data in [(1, MLP.torchscript()), (2, newer.getvalue())]:
+        (repo / "imported" / str(version)).mkdir(parents=True)
+        (repo / "imported" / str(version) / "model.pt").write_bytes(data)
+    (repo / "imported" / "config.pbtxt").write_text(CONFIG_PBTXT)
+    (repo / "imported" / "labels.txt").write_text("\n".join(LABELS))
+    (repo / "onnx" / "1").mkdir(parents=True)
+    (repo / "onnx" / "config.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\ndefault_model_filename: "m.onnx"'
+    )
+    (repo / "onnx" / "1" / "m.onnx").write_bytes(b"onnx")
+    (repo / "garbled").mkdir()
+    (repo / "garbled" / "config.pbtxt").write_text("max_batch_size: [")
+    (repo / "notes").mkdir()  # no config.pbtxt: not a model
+
+    done = import_triton(server, str(repo))
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert sum("imported" in line and "loaded" in line for line in lines) == 2, done.stdout
+    assert any("onnx" in line and "400" in line and "Kiln serves TorchScript" in line for line in lines), (
+        done.stdout
+    )
+    assert any("garbled" in line and "config.pbtxt" in line for line in lines), done.stdout
+    assert "notes" not in done.stdout and "Traceback" not in done.stdout + done.stderr
+
+    assert versions(server, "imported") == [1, 2]
+    x = sample(MLP, 2)
+    with torch.inference_mode():
+        want = torch.jit.load(io.BytesIO(newer.getvalue()))(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(infer(client, "imported", x).as_numpy("output0"), want, rtol=1e-5, atol=1e-6)
+    shown = client.get_model_config("imported", headers=user())
+    assert shown["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+    assert shown["instance_group"][0]["count"] == 2
+    assert serving(server, "imported")["labels"] == {"output0": LABELS}
+
+    again = import_triton(server, str(repo), "--model", "imported")  # the same files: nothing new
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert versions(server, "imported") == [1, 2]
+    missing = import_triton(server, str(repo), "--model", "nope")
+    assert missing.returncode == 1 and "no model directory" in missing.stdout
