@@ -19,6 +19,7 @@ from httpx_sse import SSEError, connect_sse
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
+from rich.text import Text
 
 app = typer.Typer(help="Kiln: a model server that compiles what it serves.", no_args_is_help=True)
 console = Console()
@@ -425,37 +426,78 @@ def import_triton(
     url: UrlOption = "http://127.0.0.1:8000",
     api_key: KeyOption = None,
 ) -> None:
-    """Deploy a Triton model repository's TorchScript models: each version, oldest first, is a
-    Triton load with its config.pbtxt and files, so the newest serves. Exits 1 if any failed."""
-    from service.triton_repository import RepositoryError, model_dirs, version_loads
+    """Deploy a Triton model repository's TorchScript models: the versions Triton would load (by
+    default the newest), oldest first, each a Triton load with its config.pbtxt and files, so the
+    newest serves. Exits 1 if any failed."""
+    from service.triton_repository import model_dirs
 
-    dirs = [d for d in model_dirs(repository) if not model or d.name in model]
+    dirs, others = model_dirs(repository)
+    dirs = [d for d in dirs if not model or d.name in model]
     missing = sorted(set(model or []) - {d.name for d in dirs})
     if missing or not dirs:
-        console.print(f"[red]no model directory with a config.pbtxt[/red] {missing or ''} in {repository}")
+        console.print(
+            f"[red]no model directory with a config.pbtxt[/red] {missing or ''} in {repository}".strip()
+        )
         raise typer.Exit(1)
-    table = Table("model", "Triton version", "result")
+    table = Table("model", "Triton version", "Kiln version", "result")
     failed = False
     with client(url, api_key) as http:
         for model_dir in dirs:
-            try:
-                for load in version_loads(model_dir):
-                    response = http.post(f"/v2/repository/models/{load.model}/load", json=load.body())
-                    if response.is_error:
-                        table.add_row(
-                            load.model,
-                            str(load.version),
-                            f"[red]{response.status_code}[/red] {error_of(response)}",
-                        )
-                        failed = True
-                        break  # a newer version after a failed one would serve in its place
-                    table.add_row(load.model, str(load.version), "[green]loaded[/green]")
-            except RepositoryError as exc:
-                table.add_row(model_dir.name, "", f"[red]{exc}[/red]")
-                failed = True
+            failed |= not import_model(http, model_dir, table)
+    for other in [] if model else others:
+        table.add_row(other.name, "", "", Text("skipped: no config.pbtxt", style="yellow"))
     console.print(table)
     if failed:
         raise typer.Exit(1)
+
+
+def import_model(http: httpx.Client, model_dir: Path, table: Table) -> bool:
+    """Load the versions of one model directory, oldest first, each with a row: the Kiln version
+    it became, or why not. A failed one ends the model's, since a newer one would serve in its
+    place. Whether every version loaded and the newest serves."""
+    from urllib.parse import quote
+
+    from service.triton_repository import RepositoryError, version_loads
+
+    try:
+        loads = version_loads(model_dir)
+    except RepositoryError as exc:
+        table.add_row(model_dir.name, "", "", Text(str(exc), style="red"))
+        return False
+    name, made = loads[0].model, 0
+    path = quote(name, safe="")
+
+    def answer(response: httpx.Response) -> Any:
+        if response.is_error:
+            raise RepositoryError(f"{response.status_code} {error_of(response)}")
+        return response.json() if response.content else None
+
+    for i, load in enumerate(loads):
+        try:
+            # A load checks the model by running it (up to KILN_VALIDATE_TIMEOUT_S), then warms it up.
+            answer(http.post(f"/v2/repository/models/{path}/load", json=load.body(), timeout=900))
+            versions = answer(http.get(f"/v1/models/{path}"))["versions"]
+            made = max(v["version"] for v in versions if v["sha256"] == load.sha256())
+        except (RepositoryError, httpx.TransportError) as exc:
+            table.add_row(name, str(load.version), "", Text(str(exc) or type(exc).__name__, style="red"))
+            for later in loads[i + 1 :]:
+                table.add_row(
+                    name, str(later.version), "", Text("not loaded: an older version failed", style="yellow")
+                )
+            return False
+        table.add_row(name, str(load.version), str(made), Text("loaded", style="green"))
+    try:
+        serving = (answer(http.get(f"/v1/models/{path}")).get("active") or {}).get("version")
+    except (RepositoryError, httpx.TransportError) as exc:
+        table.add_row(name, "", "", Text(f"loaded; what serves is unknown: {exc}", style="yellow"))
+        return True
+    if serving != made:
+        note = (
+            f"serves requests naming no version, not {made}: a default version is set, or {made} "
+            f"repeats an older version's file and configuration; `kiln default {name} {made}` serves it"
+        )
+        table.add_row(name, "", str(serving), Text(note, style="yellow"))
+    return True
 
 
 @app.command()

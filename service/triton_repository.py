@@ -2,14 +2,16 @@
 
 Each model is a directory holding `config.pbtxt` (Triton's ModelConfig in protobuf text), its
 versions as numbered directories with the model file (`1/model.pt`, or the config's
-`default_model_filename`), and the label files its outputs name beside them. Each version becomes
-one Triton load with the configuration and files (service/api/triton_load.py), oldest first, so
-that the newest serves.
+`default_model_filename`), and the label files its outputs name beside them. The versions Triton
+would load (its version policy: by default the newest) each become one Triton load with the
+configuration and files (service/api/triton_load.py), oldest first, so that the newest serves.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,22 @@ from tritonclient.grpc import model_config_pb2 as config_pb
 CONFIG = "config.pbtxt"
 # The PyTorch backend's file name when the configuration names none.
 DEFAULT_FILENAME = "model.pt"
+# Triton ignores a version directory not named by a number, or whose name starts with 0.
+VERSION_DIR = re.compile(r"[1-9][0-9]*")
+PLATFORMS = {"platform": "pytorch_libtorch", "backend": "pytorch"}
 
 
 class RepositoryError(Exception):
     """A model directory that cannot be read as Triton would read it."""
+
+
+def foreign_platform(config: Any) -> str | None:
+    """Why Kiln cannot serve a configuration's platform or backend, if it cannot."""
+    for key, platform in PLATFORMS.items():
+        value = getattr(config, key)
+        if value and value != platform:
+            return f"{key} {value!r}; Kiln serves TorchScript (platform pytorch_libtorch, or backend pytorch)"
+    return None
 
 
 @dataclass(frozen=True)
@@ -35,19 +49,29 @@ class VersionLoad:
     version: int
     config: str  # ModelConfig as JSON
     files: dict[str, Path]
+    model_file: Path
 
     def body(self) -> dict[str, Any]:
         """The HTTP load request, each file's content in base64."""
-        files = {path: read(file) for path, file in self.files.items()}
-        return {"parameters": {"config": self.config, **files}}
+        return {"parameters": {"config": self.config, **{p: read(f) for p, f in self.files.items()}}}
+
+    def sha256(self) -> str:
+        """The model file's, as Kiln records the version it makes of it."""
+        try:
+            with self.model_file.open("rb") as f:
+                return hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError as exc:
+            raise RepositoryError(f"{self.model_file}: {exc.strerror or exc}") from None
 
 
-def model_dirs(repository: Path) -> list[Path]:
-    """The repository's model directories: those holding a configuration."""
-    return sorted(p for p in repository.iterdir() if (p / CONFIG).is_file())
+def model_dirs(repository: Path) -> tuple[list[Path], list[Path]]:
+    """The repository's model directories, those holding a configuration, and the others."""
+    dirs = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return [p for p in dirs if (p / CONFIG).is_file()], [p for p in dirs if not (p / CONFIG).is_file()]
 
 
 def version_loads(model_dir: Path) -> list[VersionLoad]:
+    """The loads of the versions Triton would load, oldest first."""
     try:
         config = text_format.Parse((model_dir / CONFIG).read_text(), config_pb.ModelConfig())
     except (OSError, UnicodeDecodeError, text_format.ParseError) as exc:
@@ -57,19 +81,43 @@ def version_loads(model_dir: Path) -> list[VersionLoad]:
         raise RepositoryError(
             f"{model_dir / CONFIG}: name {name!r} is not its directory's, {model_dir.name!r}"
         )
+    foreign = foreign_platform(config)
+    if foreign is not None:
+        raise RepositoryError(f"{model_dir / CONFIG}: {foreign}")
     config.name = name
-    versions = sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit())
+    found = {int(p.name): p for p in model_dir.iterdir() if p.is_dir() and VERSION_DIR.fullmatch(p.name)}
+    versions = chosen(sorted(found), config.version_policy)
     if not versions:
-        raise RepositoryError(f"{model_dir}: no version directory (1/, 2/, ...)")
-    labels = {
-        f"file:{o.label_filename}": model_dir / o.label_filename for o in config.output if o.label_filename
-    }
+        raise RepositoryError(
+            f"{model_dir}: no version directory (1/, 2/, ...) that its version_policy loads"
+        )
+    labels = {}
+    for output in config.output:
+        if output.label_filename:
+            if Path(output.label_filename).name != output.label_filename:
+                raise RepositoryError(
+                    f"{model_dir / CONFIG}: label_filename {output.label_filename!r} must name a file "
+                    "in the model's directory"
+                )
+            labels[f"file:{output.label_filename}"] = model_dir / output.label_filename
     filename = config.default_model_filename or DEFAULT_FILENAME
     text = json_format.MessageToJson(config, preserving_proto_field_name=True)
-    return [
-        VersionLoad(name, v, text, {f"file:{v}/{filename}": model_dir / str(v) / filename, **labels})
-        for v in versions
-    ]
+    loads = []
+    for version in versions:
+        model_file = found[version] / filename
+        loads.append(
+            VersionLoad(name, version, text, {f"file:{version}/{filename}": model_file, **labels}, model_file)
+        )
+    return loads
+
+
+def chosen(versions: list[int], policy: Any) -> list[int]:
+    """The versions a Triton version policy loads: the newest n (1 by default), all, or some."""
+    if policy.HasField("all"):
+        return versions
+    if policy.HasField("specific"):
+        return [v for v in versions if v in set(policy.specific.versions)]
+    return versions[-(policy.latest.num_versions or 1) :]
 
 
 def read(path: Path) -> str:

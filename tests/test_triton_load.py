@@ -254,7 +254,7 @@ def test_a_configuration_taken_from_triton_loads(
     assert shown["dynamic_batching"]["max_queue_delay_microseconds"] == 3000
     assert shown["instance_group"][0]["count"] == 2
     for field, value, message in [
-        ("version_policy", {"all": {}}, "Kiln serves every version"),
+        ("version_policy", {"specific": {"versions": [1]}}, "not specific ones"),
         ("instance_group", [{"count": 1, "passive": True}], "Kiln does not apply ['passive']"),
         ("sequence_batching", {"max_sequence_idle_microseconds": 5}, "['sequence_batching']"),
         ("ensemble_scheduling", {"step": []}, "['ensemble_scheduling']"),
@@ -653,6 +653,7 @@ output [ { name: "output0" data_type: TYPE_FP32 dims: [ 10 ] label_filename: "la
 dynamic_batching { max_queue_delay_microseconds: 500 }
 instance_group [ { count: 2 kind: KIND_CPU } ]
 parameters { key: "backends" value: { string_value: "[]" } }
+version_policy: { all { } }
 """
 
 
@@ -677,43 +678,68 @@ def import_triton(server: KilnServer, *args: str) -> subprocess.CompletedProcess
     )
 
 
+def scripted(seed: int) -> bytes:
+    """Another MLP's TorchScript: its weights drawn from `seed`."""
+    torch.manual_seed(seed)
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(models.MLP().eval()), buf)
+    return buf.getvalue()
+
+
+def model_dir(
+    repo: Path, name: str, config: str, versions: dict[str, bytes], filename: str = "model.pt"
+) -> Path:
+    for version, data in versions.items():
+        (repo / name / version).mkdir(parents=True)
+        (repo / name / version / filename).write_bytes(data)
+    (repo / name).mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.pbtxt").write_text(config)
+    return repo / name
+
+
+def rows(done: subprocess.CompletedProcess[str], model: str) -> list[str]:
+    return [line for line in done.stdout.splitlines() if line.startswith(f"│ {model} ")]
+
+
+def cells(row: str) -> list[str]:
+    return [cell.strip() for cell in row.strip("│").split("│")]
+
+
 def test_kiln_imports_a_triton_model_repository(
     server: KilnServer, client: triton.InferenceServerClient, tmp_path: Path
 ) -> None:
-    """`kiln import-triton` deploys a Triton model repository: every version of every model
-    with a config.pbtxt, oldest first, and says which could not be, and why."""
+    """`kiln import-triton` deploys a Triton model repository: the versions of every model with a
+    config.pbtxt that Triton would load, oldest first, and says which could not be, and why."""
     repo = tmp_path / "models"
-    torch.manual_seed(7)
-    newer = io.BytesIO()
-    torch.jit.save(torch.jit.script(models.MLP().eval()), newer)
-    for version, data in [(1, MLP.torchscript()), (2, newer.getvalue())]:
-        (repo / "imported" / str(version)).mkdir(parents=True)
-        (repo / "imported" / str(version) / "model.pt").write_bytes(data)
-    (repo / "imported" / "config.pbtxt").write_text(CONFIG_PBTXT)
-    (repo / "imported" / "labels.txt").write_text("\n".join(LABELS))
-    (repo / "onnx" / "1").mkdir(parents=True)
-    (repo / "onnx" / "config.pbtxt").write_text(
-        'platform: "onnxruntime_onnx"\ndefault_model_filename: "m.onnx"'
+    newer = scripted(7)
+    # 01 and 0 are not versions to Triton, nor to Kiln; version_policy all loads 1 and 2.
+    imported = model_dir(
+        repo, "imported", CONFIG_PBTXT, {"1": MLP.torchscript(), "2": newer, "01": b"", "0": b""}
     )
-    (repo / "onnx" / "1" / "m.onnx").write_bytes(b"onnx")
-    (repo / "garbled").mkdir()
-    (repo / "garbled" / "config.pbtxt").write_text("max_batch_size: [")
+    (imported / "labels.txt").write_text("\n".join(LABELS))
+    model_dir(repo, "onnx", 'platform: "onnxruntime_onnx"', {"1": b"onnx"}, "model.onnx")
+    model_dir(repo, "garbled", "max_batch_size: [", {"1": MLP.torchscript()})
+    outside = CONFIG_PBTXT.replace('label_filename: "labels.txt"', 'label_filename: "/etc/hostname"')
+    model_dir(repo, "outside", outside, {"1": MLP.torchscript()})
     (repo / "notes").mkdir()  # no config.pbtxt: not a model
 
     done = import_triton(server, str(repo))
     assert done.returncode == 1, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
-    assert sum("imported" in line and "loaded" in line for line in lines) == 2, done.stdout
-    assert any("onnx" in line and "400" in line and "Kiln serves TorchScript" in line for line in lines), (
-        done.stdout
-    )
-    assert any("garbled" in line and "config.pbtxt" in line for line in lines), done.stdout
-    assert "notes" not in done.stdout and "Traceback" not in done.stdout + done.stderr
+    assert [cells(line) for line in rows(done, "imported")] == [
+        ["imported", "1", "1", "loaded"],
+        ["imported", "2", "2", "loaded"],
+    ], done.stdout
+    assert "Kiln serves TorchScript" in "".join(rows(done, "onnx")), done.stdout
+    assert "config.pbtxt" in "".join(rows(done, "garbled")), done.stdout
+    assert "must name a file in the model's directory" in "".join(rows(done, "outside")), done.stdout
+    assert "skipped: no config.pbtxt" in "".join(rows(done, "notes")), done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert versions(server, "outside") == []
 
     assert versions(server, "imported") == [1, 2]
     x = sample(MLP, 2)
     with torch.inference_mode():
-        want = torch.jit.load(io.BytesIO(newer.getvalue()))(torch.from_numpy(x)).numpy()
+        want = torch.jit.load(io.BytesIO(newer))(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(infer(client, "imported", x).as_numpy("output0"), want, rtol=1e-5, atol=1e-6)
     shown = client.get_model_config("imported", headers=user())
     assert shown["dynamic_batching"]["max_queue_delay_microseconds"] == 500
@@ -725,3 +751,27 @@ def test_kiln_imports_a_triton_model_repository(
     assert versions(server, "imported") == [1, 2]
     missing = import_triton(server, str(repo), "--model", "nope")
     assert missing.returncode == 1 and "no model directory" in missing.stdout
+
+
+def test_import_loads_the_versions_triton_would_and_says_what_serves(
+    server: KilnServer, tmp_path: Path
+) -> None:
+    repo = tmp_path / "models"
+    config = CONFIG_PBTXT.replace(' label_filename: "labels.txt"', "").replace(
+        "version_policy: { all { } }", ""
+    )
+    # Triton's default policy loads the newest version alone.
+    model_dir(repo, "newest", config, {"1": MLP.torchscript(), "2": scripted(8)})
+    # A rollback: version 3 is version 1's file, which Kiln already holds as its version 1.
+    every = config + "version_policy: { all { } }"
+    model_dir(repo, "rollback", every, {"1": MLP.torchscript(), "2": scripted(9), "3": MLP.torchscript()})
+    # A version that fails: the newer ones are not loaded, so none serves in its place.
+    model_dir(repo, "broken", every, {"1": MLP.torchscript(), "2": b"not a model", "3": scripted(10)})
+    done = import_triton(server, str(repo))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert versions(server, "newest") == [1]  # Triton's version 2, as Kiln's first
+    rollback = rows(done, "rollback")
+    assert len(rollback) == 4 and "serves requests naming no version, not 1" in rollback[3], done.stdout
+    broken = rows(done, "broken")
+    assert "400" in broken[1] and "not loaded: an older version failed" in broken[2], done.stdout
+    assert versions(server, "broken") == [1]

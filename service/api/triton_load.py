@@ -25,10 +25,10 @@ from service.api.v2 import config_doc, described
 from service.errors import BadRequestError, InvalidConfigError, PayloadTooLargeError
 from service.records import ModelConfig, OutputInfo, ServingConfig
 from service.tensors import DATATYPES
+from service.triton_repository import foreign_platform
 
 # `file:1/model.pt`: a version's model file (label files lie beside the versions: `file:labels.txt`).
 VERSION_FILE = re.compile(r"file:(\d+)/([^/]+)")
-PLATFORMS = {"platform": "pytorch_libtorch", "backend": "pytorch"}
 # The ModelConfig fields Kiln applies; a configuration that sets any other is refused, since
 # Kiln would not do what it asks (sequence batching, ensembles, warmup, optimization...).
 APPLIED = {
@@ -161,11 +161,10 @@ def triton_config(text: str, name: str) -> Any:
         raise BadRequestError(f"config: Kiln does not apply {refused}; leave them out")
     if config.max_batch_size < 0:
         raise BadRequestError("config: max_batch_size must be 0 (no batching) or more")
-    policy = config.version_policy
-    if set_fields(policy) and not (policy.HasField("latest") and policy.latest.num_versions == 1):
+    if config.version_policy.HasField("specific"):  # latest and all: what Kiln does anyway
         raise BadRequestError(
             "config: version_policy: Kiln serves every version, by number, and the newest (or the "
-            "default) to requests naming none; leave it out, or keep Triton's default, latest 1"
+            "default) to requests naming none, not specific ones; use latest or all, or leave it out"
         )
     if config.model_transaction_policy.decoupled:
         raise BadRequestError(
@@ -173,13 +172,9 @@ def triton_config(text: str, name: str) -> Any:
         )
     if config.name and config.name != name:
         raise BadRequestError(f"config: name {config.name!r} is not the model loaded, {name!r}")
-    for key, platform in PLATFORMS.items():
-        value = getattr(config, key)
-        if value and value != platform:
-            raise BadRequestError(
-                f"config: {key} {value!r}; Kiln serves TorchScript "
-                "(platform pytorch_libtorch, or backend pytorch)"
-            )
+    foreign = foreign_platform(config)
+    if foreign is not None:
+        raise BadRequestError(f"config: {foreign}")
     for kind, allowed in TENSOR_FIELDS.items():
         for tensor in getattr(config, kind):
             extra = sorted(set_fields(tensor) - allowed)
