@@ -428,7 +428,7 @@ def import_triton(
 ) -> None:
     """Deploy a Triton model repository's TorchScript models: the versions Triton would load (by
     default the newest), oldest first, each a Triton load with its config.pbtxt and files, so the
-    newest serves. Exits 1 if any failed."""
+    newest serves, unless a default version is set. Exits 1 if any failed."""
     from service.triton_repository import model_dirs
 
     dirs, others = model_dirs(repository)

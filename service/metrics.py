@@ -135,7 +135,7 @@ NV_INFERENCE_COUNT = _triton("nv_inference_count", "Inferences performed: a batc
 NV_EXEC_COUNT = _triton("nv_inference_exec_count", "Model executions: batches run.")
 NV_REQUEST_US = _triton(
     "nv_inference_request_duration_us",
-    "Cumulative time of successful requests, from their inputs' check to their outputs "
+    "Cumulative time of successful requests, from after their inputs' check to their outputs "
     "(cache hits included).",
 )
 NV_QUEUE_US = _triton(

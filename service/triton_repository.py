@@ -101,6 +101,7 @@ def version_loads(model_dir: Path) -> list[VersionLoad]:
                 )
             labels[f"file:{output.label_filename}"] = model_dir / output.label_filename
     filename = config.default_model_filename or DEFAULT_FILENAME
+    config.ClearField("version_policy")  # applied here, by the versions chosen
     text = json_format.MessageToJson(config, preserving_proto_field_name=True)
     loads = []
     for version in versions:

@@ -382,6 +382,16 @@ def test_priorities_and_a_queue_policy_apply_as_stated(
     ) == (7, None)
 
 
+def test_a_batch_of_one_reloads_as_it_loaded(
+    server: KilnServer, client: triton.InferenceServerClient
+) -> None:
+    """max_batch_size 1 leaves the batch out of the dims, with a file and without."""
+    config = json.dumps(triton_config("one", max_batch_size=1))
+    client.load_model("one", config=config, files={"file:1/model.pt": MODEL}, headers=admin())
+    client.load_model("one", config=config, headers=admin())
+    assert versions(server, "one") == [1]
+
+
 def test_tritonclient_grpc_uploads_a_model(server: KilnServer) -> None:
     """Over gRPC the file is a bytes parameter, not base64."""
     grpc_admin = {"authorization": f"Bearer {ADMIN}"}
@@ -765,6 +775,9 @@ def test_import_loads_the_versions_triton_would_and_says_what_serves(
     # A rollback: version 3 is version 1's file, which Kiln already holds as its version 1.
     every = config + "version_policy: { all { } }"
     model_dir(repo, "rollback", every, {"1": MLP.torchscript(), "2": scripted(9), "3": MLP.torchscript()})
+    # A specific policy picks the versions here; the load is sent without it.
+    specific = config + "version_policy: { specific { versions: [ 1 ] } }"
+    model_dir(repo, "specific", specific, {"1": MLP.torchscript(), "2": scripted(11)})
     # A version that fails: the newer ones are not loaded, so none serves in its place.
     model_dir(repo, "broken", every, {"1": MLP.torchscript(), "2": b"not a model", "3": scripted(10)})
     done = import_triton(server, str(repo))
@@ -775,3 +788,4 @@ def test_import_loads_the_versions_triton_would_and_says_what_serves(
     broken = rows(done, "broken")
     assert "400" in broken[1] and "not loaded: an older version failed" in broken[2], done.stdout
     assert versions(server, "broken") == [1]
+    assert [cells(row)[1:] for row in rows(done, "specific")] == [["1", "1", "loaded"]], done.stdout

@@ -10,7 +10,7 @@ import io
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf import json_format
@@ -28,9 +28,9 @@ from service.tensors import DATATYPES
 from service.triton_repository import foreign_platform
 
 # `file:1/model.pt`: a version's model file (label files lie beside the versions: `file:labels.txt`).
-VERSION_FILE = re.compile(r"file:(\d+)/([^/]+)")
-# The ModelConfig fields Kiln applies; a configuration that sets any other is refused, since
-# Kiln would not do what it asks (sequence batching, ensembles, warmup, optimization...).
+VERSION_FILE = re.compile(r"file:\d+/[^/]+")
+# The ModelConfig fields Kiln takes; a configuration that sets any other is refused, since Kiln
+# would not do what it asks (sequence batching, ensembles, rate limits...).
 APPLIED = {
     "name",
     "platform",
@@ -103,8 +103,8 @@ DTYPE_OF = {f"TYPE_{name}": dtype.name for name, dtype in DATATYPES.items()}
 class LoadRequest:
     """A load's parameters: the configuration, and the files by their `file:` path."""
 
-    config: str | None = None
-    files: dict[str, bytes] = field(default_factory=dict)
+    config: str | None
+    files: dict[str, bytes]
 
 
 def load_request(parameters: Mapping[str, object], files: Mapping[str, bytes]) -> LoadRequest:
@@ -329,7 +329,8 @@ def reconfigure(
     compiled must be as shown. An output's labels are kept when its
     label_filename is given without the file, as Triton keeps a model directory's files."""
     _, current = described(svc, name, None)
-    shown = kiln_config(triton_config(json.dumps(config_doc(svc, name, current.version)), name), name)
+    raw = config_doc(svc, name, current.version)
+    shown = kiln_config(triton_config(json.dumps(raw), name), name)
     differ: list[str] = [k for k in ("max_batch_size", "inputs") if k in doc and doc[k] != shown[k]]
     given = {k: doc[k] for k in COMPILED_PARAMETERS if k in doc}
     if given:
@@ -344,7 +345,8 @@ def reconfigure(
             "order, data type and dims), which was compiled with them; load the model file too "
             "(file:1/model.pt) for a new version"
         )
-    check_outputs(config, current.outputs, doc.get("max_batch_size", shown["max_batch_size"]) > 1)
+    stated = bool(config.input or config.max_batch_size)  # else as shown: proto3 has no unset
+    check_outputs(config, current.outputs, config.max_batch_size > 0 if stated else raw["max_batch_size"] > 0)
     missing = sorted(path for output, path in unsent.items() if output not in current.config.labels)
     if missing:
         raise BadRequestError(f"config: label_filename {missing}: send the file too")
