@@ -95,6 +95,7 @@ class _Request(Generic[T]):
     priority: int = 0  # the request's parameter
     level: int = 0  # its priority level under the batcher's policy: lower levels are batched first
     gone: Gone | None = None
+    waiting: _Waiting | None = None
     started: bool = field(init=False, default=False)  # its batch began: it is answered
     # Requests merge only when every non-batch dimension agrees.
     signature: tuple[tuple[str, tuple[int, ...], str], ...] = field(init=False)
@@ -165,10 +166,13 @@ class Batcher(Generic[T]):
         lanes: Sequence[Executor],
         on_batch: Callable[[BatchTiming], None] | None = None,
         on_pending: Callable[[int], None] | None = None,
+        on_waiting: Callable[[int], None] | None = None,
     ) -> None:
         """`lanes`: where batches run, one at a time on each; a policy of max_batch_size 1 runs
         its requests side by side on the first. `on_batch` is called after every execution
-        that succeeded, and `on_pending(change)` as requests arrive (+1) and are answered (-1)."""
+        that succeeded, `on_pending(change)` as requests arrive (+1) and are answered (-1), and
+        `on_waiting(change)` as they arrive (+1) and start to run, or are answered without (-1):
+        from an executor thread when a request that runs alone starts."""
         self.run = run
         self.policy = policy
         self.lanes = list(lanes)
@@ -178,6 +182,7 @@ class Batcher(Generic[T]):
         self._freed = asyncio.Event()
         self.on_batch = on_batch
         self.on_pending = on_pending
+        self.on_waiting = on_waiting
         # Not an asyncio.Queue: the collector looks at what is queued to pick a preferred size,
         # and puts back a request that starts the next batch.
         self._queue: _Queue[T] = _Queue()
@@ -211,13 +216,15 @@ class Batcher(Generic[T]):
                 f"max_queue_size); send this one again shortly, or raise max_queue_size"
             )
         self._count(1)
+        waiting = _Waiting(self.on_waiting)
         try:
             if self.policy.max_batch_size == 1:
-                return await self._run_alone(inputs, batch, deadline)
+                return await self._run_alone(inputs, batch, deadline, waiting)
             if self._task is None or self._task.done():
                 self._task = asyncio.get_running_loop().create_task(self._loop())
             future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
-            request = _Request(inputs, batch, future, deadline, priority, self.policy.level(priority), gone)
+            level = self.policy.level(priority)
+            request = _Request(inputs, batch, future, deadline, priority, level, gone, waiting)
             self._queue.append(request)
             self._arrived.set()
             if deadline is None:
@@ -228,6 +235,7 @@ class Batcher(Generic[T]):
             finally:
                 expiry.cancel()
         finally:
+            waiting.left()
             self._count(-1)
 
     def reconfigure(self, policy: BatchPolicy, lanes: Sequence[Executor] | None = None) -> None:
@@ -256,20 +264,22 @@ class Batcher(Generic[T]):
             except Exception:
                 log.exception("pending requests callback failed")
 
-    async def _run_alone(self, inputs: Arrays, batch: int, deadline: float | None) -> tuple[Arrays, T]:
+    async def _run_alone(
+        self, inputs: Arrays, batch: int, deadline: float | None, waiting: _Waiting
+    ) -> tuple[Arrays, T]:
         """A model that cannot batch runs its requests side by side in the executor, as Triton
         runs a model's instances, instead of one at a time behind the queue: every runner is
         safe to call from several threads (those that are not hold a lock of their own)."""
         arrived = time.monotonic()
         if deadline is None:
-            result, began, ended = await self._run_timed(inputs, self.lanes[0])
+            result, began, ended = await self._run_timed(inputs, self.lanes[0], waiting=waiting)
         else:
-            result, began, ended = await self._run_timed_within(inputs, deadline)
+            result, began, ended = await self._run_timed_within(inputs, deadline, waiting)
         self._report(BatchTiming(batch, [began - arrived], 0.0, ended - began, 0.0))
         return result
 
     async def _run_timed(
-        self, inputs: Arrays, lane: Executor, claim: _Claim | None = None
+        self, inputs: Arrays, lane: Executor, claim: _Claim | None = None, waiting: _Waiting | None = None
     ) -> tuple[tuple[Arrays, T], float, float]:
         """`run` in the executor, with when it began and ended there: a request waits for an
         executor thread as it waits for a batch, and both count as its queue time. Not run if
@@ -279,16 +289,18 @@ class Batcher(Generic[T]):
             began = time.monotonic()
             if claim is not None and not claim.start():
                 raise _expired()
+            if waiting is not None:
+                waiting.left()
             return self.run(inputs), began, time.monotonic()
 
         return await asyncio.get_running_loop().run_in_executor(lane, timed)
 
     async def _run_timed_within(
-        self, inputs: Arrays, deadline: float
+        self, inputs: Arrays, deadline: float, waiting: _Waiting
     ) -> tuple[tuple[Arrays, T], float, float]:
         """As `_run_timed`, answered at `deadline` if no thread has taken it up by then."""
         claim = _Claim(deadline)
-        running = asyncio.ensure_future(self._run_timed(inputs, self.lanes[0], claim))
+        running = asyncio.ensure_future(self._run_timed(inputs, self.lanes[0], claim, waiting))
         running.add_done_callback(_retrieve)  # read here if no one waits for it any more
         try:
             return await asyncio.wait_for(asyncio.shield(running), max(deadline - time.monotonic(), 0.0))
@@ -416,6 +428,8 @@ class Batcher(Generic[T]):
         if request.deadline is not None and time.monotonic() > request.deadline:
             self._expire(request)  # its timer may not have fired yet
         request.started = not request.future.done()
+        if request.started and request.waiting is not None:
+            request.waiting.left()
         return request.started
 
     async def _present(self, requests: list[_Request[T]]) -> list[_Request[T]]:
@@ -510,6 +524,31 @@ def _expired() -> TimeoutExpiredError:
 def _retrieve(task: asyncio.Future[Any]) -> None:
     if not task.cancelled():
         task.exception()
+
+
+class _Waiting:
+    """A request among those waiting to run (Triton's pending count), which it leaves once: when
+    it starts to run, or is answered without, from whichever thread comes first."""
+
+    def __init__(self, counted: Callable[[int], None] | None) -> None:
+        self._counted = counted
+        self._lock = threading.Lock()
+        self._waiting = True
+        self._count(1)
+
+    def left(self) -> None:
+        with self._lock:
+            if not self._waiting:
+                return
+            self._waiting = False
+        self._count(-1)
+
+    def _count(self, change: int) -> None:
+        if self._counted is not None:
+            try:
+                self._counted(change)
+            except Exception:
+                log.exception("waiting requests callback failed")
 
 
 class _Claim:

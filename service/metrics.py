@@ -151,6 +151,13 @@ NV_COMPUTE_OUTPUT_US = _triton(
     "nv_inference_compute_output_duration_us",
     "Cumulative time splitting requests' outputs from their batches.",
 )
+NV_PENDING = Gauge(
+    "nv_inference_pending_request_count",
+    "Inference requests waiting to run: from their arrival at the model's queue until they start "
+    "to run, or are answered without.",
+    ["model", "version"],
+    multiprocess_mode="livesum",
+)
 NV_CACHE_HITS = _triton("nv_cache_num_hits_per_model", "Requests answered from the response cache.")
 NV_CACHE_MISSES = _triton("nv_cache_num_misses_per_model", "Response-cache lookups that found nothing.")
 NV_CACHE_HIT_US = _triton(

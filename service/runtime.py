@@ -407,8 +407,9 @@ class Runtime:
             newest = self._routes.get((name, number))
             policy = batch_policy(version if newest is None else newest.version, self.settings)
             pending = metrics.PENDING_REQUESTS.labels(name)
+            waiting = metrics.NV_PENDING.labels(name, str(number))
             lanes = self._lanes_for(policy)
-            batcher = self._batchers[key] = Batcher(run, policy, lanes, on_batch, pending.inc)
+            batcher = self._batchers[key] = Batcher(run, policy, lanes, on_batch, pending.inc, waiting.inc)
         return batcher
 
     def _lanes_for(self, policy: BatchPolicy, first: int | None = None) -> list[Executor]:

@@ -142,6 +142,7 @@ class Stats:
             series = self._series[(name, version)] = _Series.of(name, version)
             for reason in REASONS:
                 metrics.NV_REQUEST_FAILURE.labels(name, str(version), reason)
+            metrics.NV_PENDING.labels(name, str(version))
         return self._models[(name, version)], series
 
     def request(self, name: str, version: int, seconds: float, failure: str | None = None) -> None:

@@ -804,3 +804,39 @@ def test_clients_are_asked_at_once_and_a_failed_ask_or_a_deadline_still_counts()
     assert isinstance(answers[9], TimeoutExpiredError), answers[9]
     assert peak[0] == 9  # all nine asked side by side
     assert gated.batches == [[0], list(range(1, 9))]
+
+
+@pytest.mark.parametrize(("max_batch_size", "waiting"), [(2, 1), (1, 2)])
+def test_waiting_requests_are_counted_until_they_start(max_batch_size: int, waiting: int) -> None:
+    """Triton's pending count: requests waiting to run, not those running. A batch of 2 takes two
+    of three requests; without batching, one thread takes one. Each is counted in and out once,
+    an expired one too."""
+    counts: list[int] = []
+
+    def counted(change: int) -> None:
+        counts.append((counts[-1] if counts else 0) + change)
+
+    gate = threading.Event()
+
+    def blocked(inputs: Arrays) -> tuple[Arrays, int]:
+        gate.wait(5)
+        return {"y": inputs["x"]}, 0
+
+    async def main() -> int:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(blocked, BatchPolicy(max_batch_size), [pool], on_waiting=counted)
+            tasks = [asyncio.ensure_future(batcher.submit({"x": x}, 1)) for x in requests(3)]
+            expiring = asyncio.ensure_future(batcher.submit({"x": requests(1)[0]}, 1, time.monotonic() + 0.1))
+            await asyncio.sleep(0.3)
+            while_blocked = counts[-1]
+            with pytest.raises(TimeoutExpiredError):
+                await expiring  # never ran: counted out when answered
+            gate.set()
+            await asyncio.gather(*tasks)
+            batcher.close()
+            return while_blocked
+
+    while_blocked = asyncio.run(main())
+    changes = [b - a for a, b in zip([0, *counts], counts, strict=False)]
+    assert while_blocked == waiting and min(counts) >= 0 and counts[-1] == 0, counts
+    assert changes.count(1) == changes.count(-1) == 4, counts

@@ -423,6 +423,8 @@ def test_triton_series_match_the_statistics(http: httpx.Client) -> None:
         lab["reason"]: v for lab, v in samples["nv_inference_request_failure"] if lab["model"] == "mlp-nv"
     }
     assert failures == {"REJECTED": 1, "CANCELED": 0, "BACKEND": 0, "OTHER": 0}
+    pending = [v for lab, v in samples["nv_inference_pending_request_count"] if lab["model"] == "mlp-nv"]
+    assert pending == [0]  # none waits once every request is answered
     assert series("nv_inference_count") == stats["inference_count"] == 10
     assert series("nv_inference_exec_count") == stats["execution_count"] >= 1
     assert series("nv_cache_num_hits_per_model") == inference["cache_hit"]["count"] == 1
