@@ -533,8 +533,7 @@ class _Waiting:
     def __init__(self, counted: Callable[[int], None] | None) -> None:
         self._counted = counted
         self._lock = threading.Lock()
-        self._waiting = True
-        self._count(1)
+        self._waiting = self._count(1)  # a count that failed is not taken back
 
     def left(self) -> None:
         with self._lock:
@@ -543,12 +542,15 @@ class _Waiting:
             self._waiting = False
         self._count(-1)
 
-    def _count(self, change: int) -> None:
-        if self._counted is not None:
-            try:
-                self._counted(change)
-            except Exception:
-                log.exception("waiting requests callback failed")
+    def _count(self, change: int) -> bool:
+        if self._counted is None:
+            return False
+        try:
+            self._counted(change)
+        except Exception:
+            log.exception("waiting requests callback failed")
+            return False
+        return True
 
 
 class _Claim:

@@ -151,6 +151,7 @@ NV_COMPUTE_OUTPUT_US = _triton(
     "nv_inference_compute_output_duration_us",
     "Cumulative time splitting requests' outputs from their batches.",
 )
+# Fed by the batcher (service.runtime): the statistics extension has no such number.
 NV_PENDING = Gauge(
     "nv_inference_pending_request_count",
     "Inference requests waiting to run: from their arrival at the model's queue until they start "
