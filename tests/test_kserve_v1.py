@@ -268,3 +268,41 @@ def test_versions_and_keys_are_checked(http: httpx.Client, server: KilnServer) -
     anonymous = httpx.post(f"{server.url}/v1/models/mlp:predict", json=body)
     assert anonymous.status_code == 401
     assert "error" in anonymous.json()
+
+
+def test_tensorflow_serving_metadata_describes_the_signature(http: httpx.Client) -> None:
+    """TensorFlow Serving's GetModelMetadata as JSON: the serving_default signature's inputs and
+    outputs with their TensorFlow data types and shapes."""
+    for path in ("/v1/models/heads/metadata", "/v1/models/heads/versions/1/metadata"):
+        response = http.get(path)
+        assert response.status_code == 200, response.text
+        doc = response.json()
+        assert doc["model_spec"] == {"name": "heads", "signature_name": "", "version": "1"}
+        signature = doc["metadata"]["signature_def"]["signature_def"]["serving_default"]
+        assert signature["method_name"] == "tensorflow/serving/predict"
+        assert signature["inputs"]["x"] == {
+            "dtype": "DT_FLOAT",
+            "tensor_shape": {
+                "dim": [{"size": "-1", "name": ""}, {"size": "4", "name": ""}],
+                "unknown_rank": False,
+            },
+            "name": "x",
+        }
+        assert signature["inputs"]["k"]["dtype"] == "DT_INT64"
+        outputs = signature["outputs"]
+        assert [outputs[o]["dtype"] for o in ("output0", "output1", "output2")] == [
+            "DT_FLOAT",
+            "DT_BOOL",
+            "DT_INT64",
+        ]
+        assert [d["size"] for d in outputs["output0"]["tensor_shape"]["dim"]] == ["-1", "3"]
+    fixed = http.get("/v1/models/fixed/metadata").json()["metadata"]["signature_def"]["signature_def"]
+    assert [d["size"] for d in fixed["serving_default"]["inputs"]["x"]["tensor_shape"]["dim"]] == ["2", "3"]
+    for path, status, message in [
+        ("/v1/models/nope/metadata", 404, "'nope'"),
+        ("/v1/models/heads/versions/9/metadata", 404, "no version 9"),
+        ("/v1/models/heads/versions/one/metadata", 400, "integer"),
+    ]:
+        response = http.get(path)
+        assert response.status_code == status and message in response.json()["error"], response.text
+    assert httpx.get(f"{http.base_url}/v1/models/heads/metadata").status_code == 401  # no key

@@ -27,6 +27,7 @@ from service.api import (
     problems,
     repository,
     shared_memory,
+    tf_metadata,
     v2,
     variants,
 )
@@ -160,7 +161,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # catch-all, which answers unknown /v2 paths in the protocol's error shape, comes last.
     for router in (v2.inference, repository.router, shared_memory.router, log_settings.router, v2.router):
         app.include_router(router)
-    for module in (predict, kserve_v1, health, models, variants, jobs, events):
+    for module in (predict, kserve_v1, tf_metadata, health, models, variants, jobs, events):
         app.include_router(module.router)
     app.include_router(v2.fallback)
     return app

@@ -1133,6 +1133,60 @@ export type SetDefaultVersionResponses = {
 
 export type SetDefaultVersionResponse = SetDefaultVersionResponses[keyof SetDefaultVersionResponses];
 
+export type V1ProtocolMetadataData = {
+    body?: never;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+    };
+    query?: never;
+    url: '/v1/models/{name}/metadata';
+};
+
+export type V1ProtocolMetadataErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: ProtocolError;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: ProtocolError;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: ProtocolError;
+    /**
+     * No such model, version or job.
+     */
+    404: ProtocolError;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: ProtocolError;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: ProtocolError;
+};
+
+export type V1ProtocolMetadataError = V1ProtocolMetadataErrors[keyof V1ProtocolMetadataErrors];
+
+export type V1ProtocolMetadataResponses = {
+    /**
+     * Response V1 Protocol Metadata
+     *
+     * Successful Response
+     */
+    200: {
+        [key: string]: unknown;
+    };
+};
+
+export type V1ProtocolMetadataResponse = V1ProtocolMetadataResponses[keyof V1ProtocolMetadataResponses];
+
 export type PredictData = {
     body: PredictIn;
     path: {
@@ -1321,6 +1375,64 @@ export type GetModelVersionResponses = {
 };
 
 export type GetModelVersionResponse = GetModelVersionResponses[keyof GetModelVersionResponses];
+
+export type V1ProtocolVersionMetadataData = {
+    body?: never;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+        /**
+         * Version
+         */
+        version: string;
+    };
+    query?: never;
+    url: '/v1/models/{name}/versions/{version}/metadata';
+};
+
+export type V1ProtocolVersionMetadataErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: ProtocolError;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: ProtocolError;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: ProtocolError;
+    /**
+     * No such model, version or job.
+     */
+    404: ProtocolError;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: ProtocolError;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: ProtocolError;
+};
+
+export type V1ProtocolVersionMetadataError = V1ProtocolVersionMetadataErrors[keyof V1ProtocolVersionMetadataErrors];
+
+export type V1ProtocolVersionMetadataResponses = {
+    /**
+     * Response V1 Protocol Version Metadata
+     *
+     * Successful Response
+     */
+    200: {
+        [key: string]: unknown;
+    };
+};
+
+export type V1ProtocolVersionMetadataResponse = V1ProtocolVersionMetadataResponses[keyof V1ProtocolVersionMetadataResponses];
 
 export type PredictVersionData = {
     body: PredictIn;

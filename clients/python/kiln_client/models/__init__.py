@@ -37,6 +37,7 @@ from .skipped_out_options import SkippedOutOptions
 from .tensor_config import TensorConfig
 from .tensor_config_dtype import TensorConfigDtype
 from .upload_out import UploadOut
+from .v1_protocol_metadata_response_v1_protocol_metadata import V1ProtocolMetadataResponseV1ProtocolMetadata
 from .v1_protocol_predict_predict_request import V1ProtocolPredictPredictRequest
 from .v1_protocol_predict_predict_request_parameters_type_0 import V1ProtocolPredictPredictRequestParametersType0
 from .v1_protocol_predict_predict_request_signature_name_type_0 import V1ProtocolPredictPredictRequestSignatureNameType0
@@ -46,6 +47,9 @@ from .v1_protocol_predict_version_predict_request_parameters_type_0 import (
 )
 from .v1_protocol_predict_version_predict_request_signature_name_type_0 import (
     V1ProtocolPredictVersionPredictRequestSignatureNameType0,
+)
+from .v1_protocol_version_metadata_response_v1_protocol_version_metadata import (
+    V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata,
 )
 from .v2_all_stats_response_v2_all_stats import V2AllStatsResponseV2AllStats
 from .v2_model_config_response_v2_model_config import V2ModelConfigResponseV2ModelConfig
@@ -109,12 +113,14 @@ __all__ = (
     "TensorConfig",
     "TensorConfigDtype",
     "UploadOut",
+    "V1ProtocolMetadataResponseV1ProtocolMetadata",
     "V1ProtocolPredictPredictRequest",
     "V1ProtocolPredictPredictRequestParametersType0",
     "V1ProtocolPredictPredictRequestSignatureNameType0",
     "V1ProtocolPredictVersionPredictRequest",
     "V1ProtocolPredictVersionPredictRequestParametersType0",
     "V1ProtocolPredictVersionPredictRequestSignatureNameType0",
+    "V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata",
     "V2AllStatsResponseV2AllStats",
     "V2ModelConfigResponseV2ModelConfig",
     "V2ModelMetadataResponseV2ModelMetadata",

@@ -1,0 +1,195 @@
+from http import HTTPStatus
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+from ...client import AuthenticatedClient, Client
+from ...models.protocol_error import ProtocolError
+from ...models.v1_protocol_version_metadata_response_v1_protocol_version_metadata import (
+    V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata,
+)
+from ...types import Response
+
+
+def _get_kwargs(
+    name: str,
+    version: str,
+) -> dict[str, Any]:
+
+    _kwargs: dict[str, Any] = {
+        "method": "get",
+        "url": "/v1/models/{name}/versions/{version}/metadata".format(
+            name=quote(str(name), safe=""),
+            version=quote(str(version), safe=""),
+        ),
+    }
+
+    return _kwargs
+
+
+def _parse_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> ProtocolError | V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata:
+    if response.status_code == 200:
+        response_200 = V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata.from_dict(response.json())
+
+        return response_200
+
+    if response.status_code == 400:
+        response_400 = ProtocolError.from_dict(response.json())
+
+        return response_400
+
+    if response.status_code == 401:
+        response_401 = ProtocolError.from_dict(response.json())
+
+        return response_401
+
+    if response.status_code == 403:
+        response_403 = ProtocolError.from_dict(response.json())
+
+        return response_403
+
+    if response.status_code == 404:
+        response_404 = ProtocolError.from_dict(response.json())
+
+        return response_404
+
+    if response.status_code == 503:
+        response_503 = ProtocolError.from_dict(response.json())
+
+        return response_503
+
+    response_default = ProtocolError.from_dict(response.json())
+
+    return response_default
+
+
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[ProtocolError | V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata]:
+    return Response(
+        status_code=HTTPStatus(response.status_code),
+        content=response.content,
+        headers=response.headers,
+        parsed=_parse_response(client=client, response=response),
+    )
+
+
+def sync_detailed(
+    name: str,
+    version: str,
+    *,
+    client: AuthenticatedClient | Client,
+) -> Response[ProtocolError | V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata]:
+    """TensorFlow Serving's model metadata of one version.
+
+    Args:
+        name (str):
+        version (str):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[ProtocolError | V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata]
+    """
+
+    kwargs = _get_kwargs(
+        name=name,
+        version=version,
+    )
+
+    response = client.get_httpx_client().request(
+        **kwargs,
+    )
+
+    return _build_response(client=client, response=response)
+
+
+def sync(
+    name: str,
+    version: str,
+    *,
+    client: AuthenticatedClient | Client,
+) -> ProtocolError | V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata | None:
+    """TensorFlow Serving's model metadata of one version.
+
+    Args:
+        name (str):
+        version (str):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        ProtocolError | V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata
+    """
+
+    return sync_detailed(
+        name=name,
+        version=version,
+        client=client,
+    ).parsed
+
+
+async def asyncio_detailed(
+    name: str,
+    version: str,
+    *,
+    client: AuthenticatedClient | Client,
+) -> Response[ProtocolError | V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata]:
+    """TensorFlow Serving's model metadata of one version.
+
+    Args:
+        name (str):
+        version (str):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[ProtocolError | V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata]
+    """
+
+    kwargs = _get_kwargs(
+        name=name,
+        version=version,
+    )
+
+    response = await client.get_async_httpx_client().request(**kwargs)
+
+    return _build_response(client=client, response=response)
+
+
+async def asyncio(
+    name: str,
+    version: str,
+    *,
+    client: AuthenticatedClient | Client,
+) -> ProtocolError | V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata | None:
+    """TensorFlow Serving's model metadata of one version.
+
+    Args:
+        name (str):
+        version (str):
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        ProtocolError | V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata
+    """
+
+    return (
+        await asyncio_detailed(
+            name=name,
+            version=version,
+            client=client,
+        )
+    ).parsed
