@@ -279,7 +279,8 @@ def test_tensorflow_serving_metadata_describes_the_signature(http: httpx.Client)
         doc = response.json()
         assert doc["model_spec"] == {"name": "heads", "signature_name": "", "version": "1"}
         signature = doc["metadata"]["signature_def"]["signature_def"]["serving_default"]
-        assert signature["method_name"] == "tensorflow/serving/predict"
+        assert sorted(signature) == ["defaults", "inputs", "method_name", "outputs"]
+        assert (signature["method_name"], signature["defaults"]) == ("tensorflow/serving/predict", {})
         assert signature["inputs"]["x"] == {
             "dtype": "DT_FLOAT",
             "tensor_shape": {

@@ -53,12 +53,14 @@ def tensor_info(name: str, dtype: str, shape: Sequence[int]) -> dict[str, Any]:
 
 def metadata_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
     """TensorFlow Serving's GetModelMetadataResponse as JSON, for the version a request naming
-    `version` (or none) would be described by."""
+    `version` (or none) would be described by, loaded or not, as v2's metadata. A tensor's name is
+    its input or output name, where TensorFlow Serving gives its graph's (`x:0`)."""
     _, record = described(svc, name, version)
     signature = {
         "inputs": {t.name: tensor_info(t.name, t.dtype, t.shape) for t in record.config.inputs},
         "outputs": {o.name: tensor_info(o.name, o.dtype, o.shape) for o in record.outputs},
         "method_name": "tensorflow/serving/predict",
+        "defaults": {},  # TensorFlow's SignatureDef has had it since 2023, and TF Serving prints it
     }
     return {
         "model_spec": {"name": name, "signature_name": "", "version": str(record.version)},
