@@ -35,13 +35,40 @@ def failure_reason(exc: BaseException) -> str:
 
 
 @dataclass
+class _Count:
+    value: int = 0
+    series: Gauge | None = None  # Triton's Prometheus series of the same number
+
+    def add(self, count: int) -> None:
+        self.value += count
+        if self.series is not None:
+            self.series.inc(count)
+
+
+@dataclass
 class _Duration:
     count: int = 0
     ns: int = 0
+    # Triton's Prometheus series of the same numbers, where it has them: a count, microseconds.
+    counted: Gauge | None = None
+    us: Gauge | None = None
 
     def add(self, seconds: float, count: int = 1) -> None:
         self.count += count
         self.ns += int(seconds * 1e9) * count
+        if self.counted is not None:
+            self.counted.inc(count)
+        if self.us is not None:
+            self.us.inc(seconds * count * US)
+
+    def add_each(self, seconds: list[float]) -> None:
+        """One of each duration, its series moved once."""
+        self.count += len(seconds)
+        self.ns += sum(int(s * 1e9) for s in seconds)
+        if self.counted is not None:
+            self.counted.inc(len(seconds))
+        if self.us is not None:
+            self.us.inc(sum(seconds) * US)
 
     def doc(self) -> dict[str, int]:
         return {"count": self.count, "ns": self.ns}
@@ -68,65 +95,51 @@ class _Compute:
 
 @dataclass
 class ModelStats:
-    last_inference_ms: int = 0
-    inference_count: int = 0  # samples (batch elements) inferred
-    execution_count: int = 0  # model runs: fewer than requests when batching merges them
-    success: _Duration = field(default_factory=_Duration)
-    fail: _Duration = field(default_factory=_Duration)
-    queue: _Duration = field(default_factory=_Duration)
+    inference_count: _Count  # samples (batch elements) inferred
+    execution_count: _Count  # model runs: fewer than requests when batching merges them
+    success: _Duration
+    queue: _Duration
     # Per request, as Triton counts them: each request of a batch is charged the batch's times.
-    compute: _Compute = field(default_factory=_Compute)
-    batches: dict[int, _Compute] = field(default_factory=lambda: defaultdict(_Compute))
+    compute: _Compute
     # Response cache: a hit's lookup answers the request; a miss's lookup and insertion.
-    cache_hit: _Duration = field(default_factory=_Duration)
-    cache_miss: _Duration = field(default_factory=_Duration)
-
-
-@dataclass
-class _Series:
-    """A version's Triton series, labelled once: a lookup per request would cost more."""
-
-    success: Gauge
-    request_us: Gauge
-    inferences: Gauge
-    executions: Gauge
-    queue_us: Gauge
-    input_us: Gauge
-    infer_us: Gauge
-    output_us: Gauge
-    cache_hits: Gauge
-    cache_hit_us: Gauge
-    cache_misses: Gauge
-    cache_miss_us: Gauge
+    cache_hit: _Duration
+    cache_miss: _Duration
+    fail: _Duration = field(default_factory=_Duration)  # Triton counts failures by reason
+    batches: dict[int, _Compute] = field(default_factory=lambda: defaultdict(_Compute))
+    last_inference_ms: int = 0
 
     @classmethod
-    def of(cls, name: str, version: int) -> _Series:
+    def of(cls, name: str, version: int) -> ModelStats:
+        """A version's statistics, each fed to its Triton series, labelled once (a lookup per
+        request would cost more); every series exists from now, at 0."""
         labels = (name, str(version))
+        for reason in REASONS:
+            metrics.NV_REQUEST_FAILURE.labels(*labels, reason)
+        metrics.NV_PENDING.labels(*labels)
         return cls(
-            *(
-                series.labels(*labels)
-                for series in (
-                    metrics.NV_REQUEST_SUCCESS,
-                    metrics.NV_REQUEST_US,
-                    metrics.NV_INFERENCE_COUNT,
-                    metrics.NV_EXEC_COUNT,
-                    metrics.NV_QUEUE_US,
-                    metrics.NV_COMPUTE_INPUT_US,
-                    metrics.NV_COMPUTE_INFER_US,
-                    metrics.NV_COMPUTE_OUTPUT_US,
-                    metrics.NV_CACHE_HITS,
-                    metrics.NV_CACHE_HIT_US,
-                    metrics.NV_CACHE_MISSES,
-                    metrics.NV_CACHE_MISS_US,
-                )
-            )
+            inference_count=_Count(series=metrics.NV_INFERENCE_COUNT.labels(*labels)),
+            execution_count=_Count(series=metrics.NV_EXEC_COUNT.labels(*labels)),
+            success=_Duration(
+                counted=metrics.NV_REQUEST_SUCCESS.labels(*labels), us=metrics.NV_REQUEST_US.labels(*labels)
+            ),
+            queue=_Duration(us=metrics.NV_QUEUE_US.labels(*labels)),
+            compute=_Compute(
+                _Duration(us=metrics.NV_COMPUTE_INPUT_US.labels(*labels)),
+                _Duration(us=metrics.NV_COMPUTE_INFER_US.labels(*labels)),
+                _Duration(us=metrics.NV_COMPUTE_OUTPUT_US.labels(*labels)),
+            ),
+            cache_hit=_Duration(
+                counted=metrics.NV_CACHE_HITS.labels(*labels), us=metrics.NV_CACHE_HIT_US.labels(*labels)
+            ),
+            cache_miss=_Duration(
+                counted=metrics.NV_CACHE_MISSES.labels(*labels), us=metrics.NV_CACHE_MISS_US.labels(*labels)
+            ),
         )
 
 
 class Stats:
     def __init__(self) -> None:
-        self._models: dict[tuple[str, int], ModelStats] = defaultdict(ModelStats)
-        self._series: dict[tuple[str, int], _Series] = {}
+        self._models: dict[tuple[str, int], ModelStats] = {}
         self._lock = threading.Lock()
 
     def start(self, name: str, version: int) -> None:
@@ -135,24 +148,19 @@ class Stats:
         with self._lock:
             self._of(name, version)
 
-    def _of(self, name: str, version: int) -> tuple[ModelStats, _Series]:
+    def _of(self, name: str, version: int) -> ModelStats:
         """Under the lock."""
-        series = self._series.get((name, version))
-        if series is None:
-            series = self._series[(name, version)] = _Series.of(name, version)
-            for reason in REASONS:
-                metrics.NV_REQUEST_FAILURE.labels(name, str(version), reason)
-            metrics.NV_PENDING.labels(name, str(version))
-        return self._models[(name, version)], series
+        stats = self._models.get((name, version))
+        if stats is None:
+            stats = self._models[(name, version)] = ModelStats.of(name, version)
+        return stats
 
     def request(self, name: str, version: int, seconds: float, failure: str | None = None) -> None:
         """A request answered, or failed for `failure` (failure_reason)."""
         with self._lock:
-            stats, series = self._of(name, version)
+            stats = self._of(name, version)
             if failure is None:
                 stats.success.add(seconds)
-                series.success.inc()
-                series.request_us.inc(seconds * US)
             else:
                 stats.fail.add(seconds)
                 metrics.NV_REQUEST_FAILURE.labels(name, str(version), failure).inc()
@@ -162,43 +170,25 @@ class Stats:
         """A request answered from the response cache: a success that never queued, as Triton
         counts it, and no inference or execution."""
         with self._lock:
-            stats, series = self._of(name, version)
+            stats = self._of(name, version)
             stats.cache_hit.add(seconds)
             stats.success.add(seconds)
             stats.queue.add(0.0)
             stats.last_inference_ms = int(time.time() * 1000)
-            for counted, us in (
-                (series.cache_hits, series.cache_hit_us),
-                (series.success, series.request_us),
-            ):
-                counted.inc()
-                us.inc(seconds * US)
 
     def cache_miss(self, name: str, version: int, seconds: float) -> None:
         """The lookup and the insertion of a request that then ran."""
         with self._lock:
-            stats, series = self._of(name, version)
-            stats.cache_miss.add(seconds)
-            series.cache_misses.inc()
-            series.cache_miss_us.inc(seconds * US)
+            self._of(name, version).cache_miss.add(seconds)
 
     def execution(self, name: str, version: int, timing: BatchTiming) -> None:
-        requests = len(timing.queued_s)
         with self._lock:
-            stats, series = self._of(name, version)
-            stats.execution_count += 1
-            stats.inference_count += timing.batch_size
-            for seconds in timing.queued_s:
-                stats.queue.add(seconds)
-            stats.compute.add(timing, requests)
+            stats = self._of(name, version)
+            stats.execution_count.add(1)
+            stats.inference_count.add(timing.batch_size)
+            stats.queue.add_each(timing.queued_s)
+            stats.compute.add(timing, len(timing.queued_s))
             stats.batches[timing.batch_size].add(timing, 1)
-            series.executions.inc()
-            series.inferences.inc(timing.batch_size)
-            series.queue_us.inc(sum(timing.queued_s) * US)
-            # Each request of a batch is charged the batch's times, as in the statistics.
-            series.input_us.inc(timing.input_s * requests * US)
-            series.infer_us.inc(timing.infer_s * requests * US)
-            series.output_us.inc(timing.output_s * requests * US)
 
     def doc(self, name: str | None = None, version: int | None = None) -> list[dict[str, Any]]:
         with self._lock:
@@ -207,8 +197,8 @@ class Stats:
                     "name": n,
                     "version": str(v),
                     "last_inference": s.last_inference_ms,
-                    "inference_count": s.inference_count,
-                    "execution_count": s.execution_count,
+                    "inference_count": s.inference_count.value,
+                    "execution_count": s.execution_count.value,
                     "inference_stats": {
                         "success": s.success.doc(),
                         "fail": s.fail.doc(),
