@@ -475,9 +475,10 @@ def import_model(http: httpx.Client, model_dir: Path, table: Table) -> bool:
     for i, load in enumerate(loads):
         try:
             # A load checks the model by running it (up to KILN_VALIDATE_TIMEOUT_S), then warms it up.
-            answer(http.post(f"/v2/repository/models/{path}/load", json=load.body(), timeout=900))
+            body, sha256 = load.request()
+            answer(http.post(f"/v2/repository/models/{path}/load", json=body, timeout=900))
             versions = answer(http.get(f"/v1/models/{path}"))["versions"]
-            made = max(v["version"] for v in versions if v["sha256"] == load.sha256())
+            made = max(v["version"] for v in versions if v["sha256"] == sha256)
         except (RepositoryError, httpx.TransportError) as exc:
             table.add_row(name, str(load.version), "", Text(str(exc) or type(exc).__name__, style="red"))
             for later in loads[i + 1 :]:

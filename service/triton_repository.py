@@ -43,25 +43,22 @@ def foreign_platform(config: Any) -> str | None:
 @dataclass(frozen=True)
 class VersionLoad:
     """One version of a model: its directory's number in the Triton repository, and the files
-    its load sends, by their `file:` path; they are read when its body is built."""
+    its load sends, by their `file:` path; they are read when its request is built."""
 
     model: str
     version: int
     config: str  # ModelConfig as JSON
     files: dict[str, Path]
-    model_file: Path
+    model_path: str  # which of the files is the model
 
-    def body(self) -> dict[str, Any]:
-        """The HTTP load request, each file's content in base64."""
-        return {"parameters": {"config": self.config, **{p: read(f) for p, f in self.files.items()}}}
-
-    def sha256(self) -> str:
-        """The model file's, as Kiln records the version it makes of it."""
-        try:
-            with self.model_file.open("rb") as f:
-                return hashlib.file_digest(f, "sha256").hexdigest()
-        except OSError as exc:
-            raise RepositoryError(f"{self.model_file}: {exc.strerror or exc}") from None
+    def request(self) -> tuple[dict[str, Any], str]:
+        """The HTTP load request, each file's content in base64, and the model file's sha256, as
+        Kiln records the version it makes of it: each file read once."""
+        contents = {path: read(file) for path, file in self.files.items()}
+        files = {path: base64.b64encode(content).decode() for path, content in contents.items()}
+        return {"parameters": {"config": self.config, **files}}, hashlib.sha256(
+            contents[self.model_path]
+        ).hexdigest()
 
 
 def model_dirs(repository: Path) -> tuple[list[Path], list[Path]]:
@@ -105,10 +102,8 @@ def version_loads(model_dir: Path) -> list[VersionLoad]:
     text = json_format.MessageToJson(config, preserving_proto_field_name=True)
     loads = []
     for version in versions:
-        model_file = found[version] / filename
-        loads.append(
-            VersionLoad(name, version, text, {f"file:{version}/{filename}": model_file, **labels}, model_file)
-        )
+        key = f"file:{version}/{filename}"
+        loads.append(VersionLoad(name, version, text, {key: found[version] / filename, **labels}, key))
     return loads
 
 
@@ -121,8 +116,8 @@ def chosen(versions: list[int], policy: Any) -> list[int]:
     return versions[-(policy.latest.num_versions or 1) :]
 
 
-def read(path: Path) -> str:
+def read(path: Path) -> bytes:
     try:
-        return base64.b64encode(path.read_bytes()).decode()
+        return path.read_bytes()
     except OSError as exc:
         raise RepositoryError(f"{path}: {exc.strerror or exc}") from None

@@ -330,7 +330,7 @@ def reconfigure(
     label_filename is given without the file, as Triton keeps a model directory's files."""
     _, current = described(svc, name, None)
     raw = config_doc(svc, name, current.version)
-    shown = kiln_config(triton_config(json.dumps(raw), name), name)
+    shown = kiln_config(json_format.ParseDict(raw, config_pb.ModelConfig()), name)  # Kiln's own: no checks
     differ: list[str] = [k for k in ("max_batch_size", "inputs") if k in doc and doc[k] != shown[k]]
     given = {k: doc[k] for k in COMPILED_PARAMETERS if k in doc}
     if given:
