@@ -328,3 +328,26 @@ def test_a_hung_redis_holds_up_no_prediction_of_a_loaded_model(tmp_path: Path) -
     # One request, the one that started the refresh, waited for the store, and for 0.5 s.
     assert 0.4 < max(took) < 1.5, took
     assert sorted(took)[-2] < 0.3, took
+
+
+# (method, URL, the spec's path): answers whose media type the spec once misstated.
+DOCUMENTED = [
+    ("GET", "/v2/health/live", "/v2/health/live"),
+    ("GET", "/v2/health/ready", "/v2/health/ready"),
+    ("GET", "/v2/models/nope/ready", "/v2/models/{name}/ready"),
+    ("GET", "/v1/jobs/nope/events", "/v1/jobs/{job_id}/events"),
+    ("GET", "/v1/models/nope", "/v1/models/{name}"),
+]
+
+
+@pytest.mark.parametrize(("method", "url", "path"), DOCUMENTED)
+def test_each_answer_has_the_media_type_the_spec_documents(
+    http: httpx.Client, method: str, url: str, path: str
+) -> None:
+    """An SDK generated from the spec parses each answer as the spec says: an empty body as
+    nothing, a problem (an event stream's 404 too) as problem+json."""
+    responses = http.get("/openapi.json").json()["paths"][path][method.lower()]["responses"]
+    response = http.request(method, url)
+    documented = responses[str(response.status_code)].get("content", {})
+    media_type = response.headers.get("content-type", "").split(";")[0]
+    assert list(documented) == ([media_type] if response.content else []), response.text

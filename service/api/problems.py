@@ -66,7 +66,7 @@ def validation_detail(exc: RequestValidationError | ValidationError) -> str:
 
 
 def document_media_type(app: FastAPI) -> None:
-    """FastAPI files every response model under application/json; Problem answers are
+    """FastAPI files every response model under the route's media type; Problem answers are
     application/problem+json, and the spec says so."""
     build = app.openapi
 
@@ -76,9 +76,11 @@ def document_media_type(app: FastAPI) -> None:
         schema = build()  # cached on the app: edited once
         for operation in (op for path in schema["paths"].values() for op in path.values()):
             for response in operation.get("responses", {}).values():
-                content = response.get("content", {})
-                if content.get("application/json", {}).get("schema") == {"$ref": PROBLEM_REF}:
-                    content[PROBLEM_MEDIA_TYPE] = content.pop("application/json")
+                # Under the route's own media type (JSON, or an event stream's): a problem is
+                # still a problem+json document.
+                content = next(iter(response.get("content", {}).values()), {})
+                if content.get("schema") == {"$ref": PROBLEM_REF}:
+                    response["content"] = {PROBLEM_MEDIA_TYPE: content}
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -70,6 +70,7 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
     # The app's body limit is KILN_MAX_UPLOAD_MB; this body carries a file of up to that in
     # base64, and the route bounds it itself (FastAPI's route limit cannot read the settings).
     max_body_size=2**62,
+    response_class=Response,
 )
 async def load_model(name: str, request: Request, svc: ServicesDep) -> Response:
     # A model file travels in base64, a third larger than the KILN_MAX_UPLOAD_MB it is held to.
@@ -115,6 +116,7 @@ async def serve_again(name: str, svc: Services) -> None:
     dependencies=admin_scope,
     summary="Take a model out of service, as Triton does: it is not ready and refuses inference "
     "(409) on every replica until it is loaded again, and its runners are freed.",
+    response_class=Response,
 )
 def unload_model(name: str, svc: ServicesDep) -> Response:
     svc.registry.set_unloaded(name, True)

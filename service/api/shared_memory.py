@@ -60,6 +60,7 @@ def region_status(name: str, svc: ServicesDep) -> list[Region]:
     summary="Register a byte range of a POSIX shared-memory segment of this host under a name.",
     dependencies=admin_scope,
     openapi_extra=json_request_body(RegisterIn),
+    response_class=Response,
 )
 async def register(name: str, request: Request, svc: ServicesDep) -> Response:
     body = await json_body(request, RegisterIn, "{key, offset, byte_size}")
@@ -72,6 +73,7 @@ async def register(name: str, request: Request, svc: ServicesDep) -> Response:
     operation_id="v2_shared_memory_unregister_all",
     summary="Unregister every region.",
     dependencies=admin_scope,
+    response_class=Response,
 )
 def unregister_all(svc: ServicesDep) -> Response:
     svc.shared_memory.unregister()
@@ -83,6 +85,7 @@ def unregister_all(svc: ServicesDep) -> Response:
     operation_id="v2_shared_memory_unregister",
     summary="Unregister one region; an unknown name is no error.",
     dependencies=admin_scope,
+    response_class=Response,
 )
 def unregister(name: str, svc: ServicesDep) -> Response:
     svc.shared_memory.unregister(name)

@@ -62,7 +62,9 @@ def extensions(settings: Settings) -> list[str]:
     return [*EXTENSIONS, "system_shared_memory"] if settings.shared_memory else EXTENSIONS
 
 
-@router.get("/v2/health/live", operation_id="v2_live", summary="200 while the process is up.")
+@router.get(
+    "/v2/health/live", operation_id="v2_live", summary="200 while the process is up.", response_class=Response
+)
 def live() -> Response:
     return Response()
 
@@ -71,6 +73,7 @@ def live() -> Response:
     "/v2/health/ready",
     operation_id="v2_ready",
     summary="200 when the store answers, or loaded models serve without it.",
+    response_class=Response,
 )
 async def ready(svc: ServicesDep) -> Response:
     try:
@@ -218,7 +221,11 @@ def check_model_ready(svc: Services, name: str, version: int | None) -> None:
 
 
 @router.get(
-    "/v2/models/{name}/ready", operation_id="v2_model_ready", dependencies=infer_scope, responses=READY_ERRORS
+    "/v2/models/{name}/ready",
+    operation_id="v2_model_ready",
+    dependencies=infer_scope,
+    responses=READY_ERRORS,
+    response_class=Response,
 )
 def model_ready(name: str, svc: ServicesDep) -> Response:
     check_model_ready(svc, name, None)
@@ -230,6 +237,7 @@ def model_ready(name: str, svc: ServicesDep) -> Response:
     operation_id="v2_model_version_ready",
     dependencies=infer_scope,
     responses=READY_ERRORS,
+    response_class=Response,
 )
 def model_version_ready(name: str, version: str, svc: ServicesDep) -> Response:
     check_model_ready(svc, name, version_number(version))

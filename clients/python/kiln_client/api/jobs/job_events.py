@@ -29,31 +29,31 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
         return response_200
 
     if response.status_code == 401:
-        response_401 = Problem.from_dict(response.text)
+        response_401 = Problem.from_dict(response.json())
 
         return response_401
 
     if response.status_code == 403:
-        response_403 = Problem.from_dict(response.text)
+        response_403 = Problem.from_dict(response.json())
 
         return response_403
 
     if response.status_code == 404:
-        response_404 = Problem.from_dict(response.text)
+        response_404 = Problem.from_dict(response.json())
 
         return response_404
 
     if response.status_code == 422:
-        response_422 = Problem.from_dict(response.text)
+        response_422 = Problem.from_dict(response.json())
 
         return response_422
 
     if response.status_code == 503:
-        response_503 = Problem.from_dict(response.text)
+        response_503 = Problem.from_dict(response.json())
 
         return response_503
 
-    response_default = Problem.from_dict(response.text)
+    response_default = Problem.from_dict(response.json())
 
     return response_default
 

@@ -1,5 +1,5 @@
 from http import HTTPStatus
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import httpx
@@ -25,7 +25,7 @@ def _get_kwargs(
 
 def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | ProtocolError:
     if response.status_code == 200:
-        response_200 = response.json()
+        response_200 = cast(Any, None)
         return response_200
 
     if response.status_code == 400:
