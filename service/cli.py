@@ -57,6 +57,14 @@ def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
     workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
+    model_repository: Annotated[
+        Path | None,
+        typer.Option(
+            help="A Triton model repository to deploy as the API starts, before it reports ready "
+            "(KILN_MODEL_REPOSITORY).",
+            file_okay=False,
+        ),
+    ] = None,
 ) -> None:
     """Start the API (embedded mode unless KILN_REDIS_URL is set)."""
     import uvicorn
@@ -72,6 +80,8 @@ def serve(
     # The gRPC server listens where HTTP does; uvicorn's worker processes each start their own,
     # and the kernel spreads connections over them.
     os.environ.setdefault("KILN_GRPC_HOST", host)
+    if model_repository is not None:  # read by each worker process's settings
+        os.environ["KILN_MODEL_REPOSITORY"] = str(model_repository.resolve())
     if workers > 1:
         os.environ.setdefault("KILN_GRPC_REUSE_PORT", "true")
     settings = get_settings()

@@ -1,6 +1,7 @@
 """Loading models as a process starts, as Triton loads its model repository and TorchServe its
 `--models` before they report ready: readiness waits for it, so that a new replica takes no
-traffic while its first requests would wait for runner loads."""
+traffic while its first requests would wait for runner loads. A model repository
+(KILN_MODEL_REPOSITORY) is deployed first, and its models are loaded too."""
 
 from __future__ import annotations
 
@@ -32,16 +33,18 @@ def model_names(setting: str) -> list[str]:
 
 class Preload:
     """Loads and warms up the models KILN_LOAD_MODELS names (`*`: every model, but not one that
-    is unloaded), one after the other, in a thread of its own; `check` says how far it got."""
+    is unloaded), one after the other, in a thread of its own; `check` says how far it got.
+    `deploy`, run first, deploys a model repository and names the models it deployed."""
 
-    def __init__(self, runtime: Runtime, setting: str) -> None:
+    def __init__(self, runtime: Runtime, setting: str, deploy: Callable[[], list[str]] | None = None) -> None:
         self.runtime = runtime
         self._names = model_names(setting)
+        self._deploy = deploy
         self._finished = threading.Event()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._progress = "listing the models"
-        if not self._names:
+        if not self._names and deploy is None:
             self._finished.set()
 
     def start(self) -> None:
@@ -60,13 +63,17 @@ class Preload:
     def check(self) -> None:
         """Raises NotReadyError until every named model is loaded, or found unloadable."""
         if not self._finished.is_set():
-            raise NotReadyError(f"loading models at startup (KILN_LOAD_MODELS): {self._progress}")
+            raise NotReadyError(f"loading models at startup: {self._progress}")
 
     def _run(self) -> None:
         started = time.perf_counter()
         loaded = 0
         try:
-            names = self._models()
+            deployed = []
+            if self._deploy is not None:
+                self._progress = "deploying the model repository (KILN_MODEL_REPOSITORY)"
+                deployed = self._retrying(self._deploy)  # again from the start: it is idempotent
+            names = list(dict.fromkeys(self._models() + deployed))
             for done, name in enumerate(names):
                 if self._stopping.is_set():
                     return
@@ -98,7 +105,7 @@ class Preload:
 
     def _models(self) -> list[str]:
         if self._names != [EVERY_MODEL]:
-            return self._names
+            return list(self._names)
         views = self._retrying(self.runtime.registry.list_models)
         return [v.name for v in views if not v.unloaded]
 

@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     # --load-model, TorchServe's --models): names, comma-separated, or "*" for every model.
     # The others load on their first request.
     load_models: str = ""
+    # A Triton model repository deployed as the API starts, before it reports ready (tritonserver's
+    # --model-repository; KServe's /mnt/models): each model's versions, then loaded and warmed up.
+    model_repository: Path | None = None
     # Threads that run batches: as many lanes, each batching model on one of them, one batch at
     # a time; and a pool of as many for the requests of models that cannot batch.
     inference_workers: int = 4

@@ -51,10 +51,14 @@ class VersionLoad:
     files: dict[str, Path]
     model_path: str  # which of the files is the model
 
+    def contents(self) -> dict[str, bytes]:
+        """Each file's content, by its `file:` path."""
+        return {path: read(file) for path, file in self.files.items()}
+
     def request(self) -> tuple[dict[str, Any], str]:
         """The HTTP load request, each file's content in base64, and the model file's sha256, as
         Kiln records the version it makes of it: each file read once."""
-        contents = {path: read(file) for path, file in self.files.items()}
+        contents = self.contents()
         files = {path: base64.b64encode(content).decode() for path, content in contents.items()}
         return {"parameters": {"config": self.config, **files}}, hashlib.sha256(
             contents[self.model_path]

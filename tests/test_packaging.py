@@ -773,7 +773,43 @@ def test_every_command_line_is_a_kiln_command(tmp_path: Path) -> None:
     assert started["Dockerfile.gpu"] == ["worker"]
 
 
-# ---- (d) the Makefile -------------------------------------------------------------------------
+# ---- (d) KServe -------------------------------------------------------------------------------
+
+
+def kserve(name: str) -> Doc:
+    doc: Doc = yaml.safe_load((ROOT / "deploy" / "kserve" / name).read_text())
+    return doc
+
+
+def test_the_kserve_runtime_serves_the_model_repository_kserve_mounts() -> None:
+    """Kiln as a KServe ClusterServingRuntime, and an InferenceService that it serves. (Both were
+    checked against KServe's CRD schemas once; those are not vendored here.)"""
+    runtime, service = kserve("serving-runtime.yaml"), kserve("inference-service.yaml")
+    assert (runtime["kind"], service["kind"]) == ("ClusterServingRuntime", "InferenceService")
+    (container,) = runtime["spec"]["containers"]
+    # KServe mounts the storage initializer's copy of storageUri into the container of this name.
+    assert container["name"] == "kserve-container"
+    assert "command" not in container, "keep the image's ENTRYPOINT (kiln)"
+    args = container["args"]
+    assert_cli_accepts(args)
+    assert args[args.index("--model-repository") + 1] == "/mnt/models"
+    port = int(args[args.index("--port") + 1])
+    assert [p["containerPort"] for p in container["ports"]] == [port] == [8080]  # KServe's HTTP port
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert_settings_keys(set(env), "deploy/kserve/serving-runtime.yaml")
+    assert env["KILN_GRPC_PORT"] == "9000"  # KServe's grpc-v2 port
+    assert runtime["spec"]["annotations"]["prometheus.kserve.io/port"] == str(port)
+    assert set(runtime["spec"]["protocolVersions"]) == {"v1", "v2", "grpc-v2"}
+    (api,) = containers(find(render_kustomize(), "Deployment", "kiln-api"))
+    assert container["image"] == api["image"]
+    assert container["securityContext"]["runAsUser"] == 10001  # the image's user
+    model = service["spec"]["predictor"]["model"]
+    assert model["runtime"] == runtime["metadata"]["name"]
+    assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}
+    assert model["protocolVersion"] in runtime["spec"]["protocolVersions"]
+
+
+# ---- (e) the Makefile -------------------------------------------------------------------------
 
 
 def test_makefile_has_run_and_test_targets() -> None:

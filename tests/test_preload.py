@@ -45,7 +45,7 @@ def test_a_starting_server_loads_every_model_before_it_is_ready(tmp_path: Path) 
         server = KilnServer(env, tmp_path / "kiln.log")
         with running(server), httpx.Client(base_url=server.url, timeout=60) as http:
             wait_until(lambda: "waiting for the store" in detail(http.get("/readyz")), 10, "the wait")
-            assert "loading models at startup (KILN_LOAD_MODELS)" in detail(http.get("/readyz"))
+            assert "loading models at startup: " in detail(http.get("/readyz"))
             not_ready = http.get("/v2/health/ready")
             assert not_ready.status_code == 400
             assert "loading models at startup" in not_ready.json()["error"]

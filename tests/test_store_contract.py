@@ -260,6 +260,41 @@ def test_next_id_is_atomic_across_threads(opener: Opener) -> None:
     assert stores[1].next_id("jobs") == 401
 
 
+def test_a_lock_is_held_by_one_at_a_time(opener: Opener) -> None:
+    stores = [opener(), opener()]
+    inside: list[int] = []
+    most = [0]
+    guard = threading.Lock()
+
+    def hold(i: int) -> None:
+        for _ in range(5):
+            with stores[i % 2].lock("deploy", expire_s=30):
+                with guard:
+                    inside.append(i)
+                    most[0] = max(most[0], len(inside))
+                time.sleep(0.005)
+                with guard:
+                    inside.remove(i)
+
+    run_threads(6, hold)
+    assert most[0] == 1
+    with stores[0].lock("deploy", 30), stores[1].lock("another", 30):  # names lock apart
+        pass
+
+
+def test_a_redis_lock_whose_holder_died_expires(redis_url: str) -> None:
+    dead, alive = RedisStore(redis_url), RedisStore(redis_url)
+    try:
+        held = dead.lock("deploy", expire_s=0.5)
+        held.__enter__()  # never left, as if its process was killed
+        started = time.monotonic()
+        with alive.lock("deploy", expire_s=30):
+            assert 0.3 < time.monotonic() - started < 5
+    finally:
+        dead.close()
+        alive.close()
+
+
 def test_data_survives_reopening(opener: Opener) -> None:
     store = opener()
     blob = os.urandom(CHUNK * 3 + 1)

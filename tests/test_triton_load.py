@@ -28,6 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import models
 from tests.client import expected, sample, upload
+from tests.repositories import CONFIG_PBTXT, model_dir, scripted
 from tests.servers import ROOT, KilnServer
 
 ADMIN, INFER = "admin-secret", "infer-secret"
@@ -655,18 +656,6 @@ def test_the_http_body_is_checked(server: KilnServer) -> None:
     assert versions(server, "checked") == []
 
 
-CONFIG_PBTXT = """
-platform: "pytorch_libtorch"
-max_batch_size: 8
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 64 ] } ]
-output [ { name: "output0" data_type: TYPE_FP32 dims: [ 10 ] label_filename: "labels.txt" } ]
-dynamic_batching { max_queue_delay_microseconds: 500 }
-instance_group [ { count: 2 kind: KIND_CPU } ]
-parameters { key: "backends" value: { string_value: "[]" } }
-version_policy: { all { } }
-"""
-
-
 def import_triton(server: KilnServer, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
@@ -686,25 +675,6 @@ def import_triton(server: KilnServer, *args: str) -> subprocess.CompletedProcess
         timeout=300,
         env={**os.environ, "COLUMNS": "400"},  # rich wraps a table to the terminal's width
     )
-
-
-def scripted(seed: int) -> bytes:
-    """Another MLP's TorchScript: its weights drawn from `seed`."""
-    torch.manual_seed(seed)
-    buf = io.BytesIO()
-    torch.jit.save(torch.jit.script(models.MLP().eval()), buf)
-    return buf.getvalue()
-
-
-def model_dir(
-    repo: Path, name: str, config: str, versions: dict[str, bytes], filename: str = "model.pt"
-) -> Path:
-    for version, data in versions.items():
-        (repo / name / version).mkdir(parents=True)
-        (repo / name / version / filename).write_bytes(data)
-    (repo / name).mkdir(parents=True, exist_ok=True)
-    (repo / name / "config.pbtxt").write_text(config)
-    return repo / name
 
 
 def rows(done: subprocess.CompletedProcess[str], model: str) -> list[str]:

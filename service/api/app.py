@@ -22,6 +22,7 @@ from service.api import (
     jobs,
     kserve_v1,
     log_settings,
+    model_repository,
     models,
     predict,
     problems,
@@ -114,7 +115,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Intra-op threads for every runtime in this process, set once (KILN_THREADS).
         set_threads(settings.threads)
         runtime = Runtime(registry, settings)
-        preload = Preload(runtime, settings.load_models)
+        repo_dir = settings.model_repository
+        preload = Preload(
+            runtime,
+            settings.load_models,
+            None if repo_dir is None else lambda: model_repository.deploy(app.state.services, repo_dir),
+        )
         shared = SharedMemory(store, settings.shared_memory)
         logs = LogControl(store, settings.log_format, settings.route_ttl_s)
         app.state.services = Services(settings, registry, queue, runtime, preload, shared, logs)

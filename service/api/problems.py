@@ -78,7 +78,7 @@ def document_media_type(app: FastAPI) -> None:
             for response in operation.get("responses", {}).values():
                 # Under the route's own media type (JSON, or an event stream's): a problem is
                 # still a problem+json document.
-                content = next(iter(response.get("content", {}).values()), {})
+                content: dict[str, Any] = next(iter(response.get("content", {}).values()), {})
                 if content.get("schema") == {"$ref": PROBLEM_REF}:
                     response["content"] = {PROBLEM_MEDIA_TYPE: content}
         return schema

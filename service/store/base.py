@@ -7,6 +7,7 @@ directory plus SQLite for the embedded default.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 Doc = dict[str, Any]
@@ -76,6 +77,12 @@ class Store(Protocol):
 
     def next_id(self, counter: str) -> int:
         """Atomically increment and return a named counter, starting at 1."""
+        ...
+
+    def lock(self, name: str, expire_s: float) -> AbstractContextManager[None]:
+        """Held by one process of the deployment (Redis) or the data dir (local) at a time,
+        waited for. A holder that dies gives it up: a local one at once, a Redis one once
+        `expire_s` has passed, however long it held it."""
         ...
 
     def close(self) -> None: ...

@@ -3,6 +3,7 @@
 Layout under `root`:
     blobs/{h[:2]}/{h}   a blob, where h = sha256(key); any key maps to a safe file name
     kiln.db             SQLite (WAL): the blob key index, documents and counters
+    locks/{h}.lock      a lock's file, h = sha256(its name)
 
 Several processes (uvicorn workers, the compile pool) may share one root: files are
 published with os.replace, and SQLite's locking serializes the writers.
@@ -10,6 +11,7 @@ published with os.replace, and SQLite's locking serializes the writers.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -39,6 +41,8 @@ class LocalStore:
     def __init__(self, root: Path, *, chunk_size: int = 1 << 20) -> None:
         self._blobs = root / "blobs"
         self._blobs.mkdir(parents=True, exist_ok=True)
+        self._locks = root / "locks"
+        self._locks.mkdir(exist_ok=True)
         self._chunk_size = chunk_size
         # One connection behind a lock: store calls are short, and SQLite runs one writer
         # at a time anyway. Autocommit mode, so transactions are only the explicit ones.
@@ -184,6 +188,17 @@ class LocalStore:
                 (counter,),
             ).fetchall()
         return int(rows[0][0])
+
+    @contextmanager
+    def lock(self, name: str, expire_s: float) -> Iterator[None]:
+        """An flock: the kernel releases it when its holder exits, however, so it never expires."""
+        path = self._locks / f"{hashlib.sha256(name.encode()).hexdigest()}.lock"
+        with path.open("a") as file:
+            fcntl.flock(file, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(file, fcntl.LOCK_UN)
 
     def close(self) -> None:
         with self._lock:

@@ -15,7 +15,7 @@ import functools
 import json
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Concatenate, ParamSpec, TypeVar, cast
 from urllib.parse import quote
 
@@ -231,6 +231,19 @@ class RedisStore:
     @_guarded
     def next_id(self, counter: str) -> int:
         return int(self._client.incr(f"{self._ns}:counter:{counter}"))
+
+    @contextmanager
+    def lock(self, name: str, expire_s: float) -> Iterator[None]:
+        """redis-py's Lock, polled for while another holds it; a holder that outlives `expire_s`
+        loses it, and its release is then a no-op rather than an error."""
+        held = self._client.lock(f"{self._ns}:lock:{name}", timeout=expire_s, sleep=0.2)
+        with self._reachable():
+            held.acquire()
+        try:
+            yield
+        finally:
+            with self._reachable(), suppress(redis.exceptions.LockNotOwnedError):
+                held.release()
 
     def close(self) -> None:
         self._client.close()

@@ -1,0 +1,84 @@
+"""A Triton model repository deployed as the API starts (`kiln serve --model-repository`, as
+tritonserver's, and KServe's /mnt/models): every model that can serve does before the server
+reports ready, one that cannot is logged and left out, and a restart deploys nothing twice."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import httpx
+import numpy as np
+import torch
+
+from tests.client import sample
+from tests.models import MODELS
+from tests.repositories import CONFIG_PBTXT, model_dir, scripted
+from tests.servers import KilnServer, running, wait_until
+
+MLP = MODELS["mlp"]
+
+
+def versions(http: httpx.Client, name: str) -> list[int]:
+    response = http.get(f"/v1/models/{name}")
+    return [v["version"] for v in response.json()["versions"]] if response.status_code == 200 else []
+
+
+def infer(http: httpx.Client, name: str, x: np.ndarray) -> np.ndarray:
+    body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+    response = http.post(f"/v2/models/{name}/infer", json=body)
+    assert response.status_code == 200, response.text
+    return np.asarray(response.json()["outputs"][0]["data"], dtype=np.float32).reshape(len(x), -1)
+
+
+def start(data: Path, repo: Path, log: Path) -> KilnServer:
+    """Two worker processes: both deploy, one after the other, the second finding what the first did."""
+    env = {"KILN_DATA_DIR": str(data), "KILN_MODEL_REPOSITORY": str(repo)}
+    return KilnServer(env, log, workers=2)
+
+
+def test_a_model_repository_is_deployed_before_the_server_is_ready(tmp_path: Path) -> None:
+    repo, data = tmp_path / "models", tmp_path / "data"
+    newer = scripted(7)
+    served = model_dir(repo, "mlp", CONFIG_PBTXT, {"1": MLP.torchscript(), "2": newer})
+    (served / "labels.txt").write_text("\n".join(f"class-{i}" for i in range(10)))
+    unlabelled = CONFIG_PBTXT.replace(' label_filename: "labels.txt"', "")
+    model_dir(repo, "broken", unlabelled, {"1": MLP.torchscript(), "2": b"not a model", "3": scripted(8)})
+    model_dir(repo, "garbled", "max_batch_size: [", {"1": MLP.torchscript()})
+    (repo / "notes").mkdir()
+
+    server = start(data, repo, tmp_path / "first.log")
+    with running(server), httpx.Client(base_url=server.url, timeout=60) as http:
+        wait_until(lambda: http.get("/readyz").status_code == 200, 180, "readiness")
+        # Once ready, what deployed serves; two processes deployed it, once.
+        assert versions(http, "mlp") == [1, 2]
+        assert versions(http, "broken") == [1]  # the failed version 2 keeps 3 out too
+        assert versions(http, "garbled") == []
+        x = sample(MLP, 3)
+        with torch.inference_mode():
+            want = torch.jit.load(io.BytesIO(newer))(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(infer(http, "mlp", x), want, rtol=1e-5, atol=1e-6)
+        config = http.get("/v2/models/mlp/config").json()
+        assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 500
+        assert http.get("/v2/models/broken/ready").status_code == 200
+    log = server.log.read_text()
+    assert "model 'broken' version 2" in log and "versions 3 were left out" in log
+    # One process deployed after the other, not beside it (where both could record a version).
+    events = [
+        "mlp" if "model 'mlp' deployed" in line else "broken"
+        for line in log.splitlines()
+        if "model 'mlp' deployed" in line or "model 'broken' version 2" in line
+    ]
+    assert events == ["broken", "mlp", "broken", "mlp"], log
+    assert "garbled" in log and "config.pbtxt" in log
+    assert "holds no config.pbtxt" in log
+    assert "Traceback" not in log
+
+    # A restart deploys nothing new; a new version directory becomes Kiln's next version.
+    model_dir(repo, "mlp", CONFIG_PBTXT, {"3": scripted(9)})
+    again = start(data, repo, tmp_path / "again.log")
+    with running(again), httpx.Client(base_url=again.url, timeout=60) as http:
+        wait_until(lambda: http.get("/readyz").status_code == 200, 180, "readiness")
+        assert versions(http, "mlp") == [1, 2, 3]
+        assert versions(http, "broken") == [1]
+        assert http.get("/v1/models/mlp").json()["active"]["version"] == 3
