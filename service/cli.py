@@ -62,6 +62,7 @@ def serve(
         typer.Option(
             help="A Triton model repository to deploy as the API starts, before it reports ready "
             "(KILN_MODEL_REPOSITORY).",
+            exists=True,
             file_okay=False,
         ),
     ] = None,

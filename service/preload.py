@@ -36,7 +36,9 @@ class Preload:
     is unloaded), one after the other, in a thread of its own; `check` says how far it got.
     `deploy`, run first, deploys a model repository and names the models it deployed."""
 
-    def __init__(self, runtime: Runtime, setting: str, deploy: Callable[[], list[str]] | None = None) -> None:
+    def __init__(
+        self, runtime: Runtime, setting: str, deploy: Callable[[threading.Event], list[str]] | None = None
+    ) -> None:
         self.runtime = runtime
         self._names = model_names(setting)
         self._deploy = deploy
@@ -72,7 +74,9 @@ class Preload:
             deployed = []
             if self._deploy is not None:
                 self._progress = "deploying the model repository (KILN_MODEL_REPOSITORY)"
-                deployed = self._retrying(self._deploy)  # again from the start: it is idempotent
+                deploy = self._deploy
+                # Again from the start after a store outage: what was deployed is found.
+                deployed = self._retrying(lambda: deploy(self._stopping))
             names = list(dict.fromkeys(self._models() + deployed))
             for done, name in enumerate(names):
                 if self._stopping.is_set():

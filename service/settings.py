@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from compiler.hardware import local_targets
@@ -78,6 +78,12 @@ class Settings(BaseSettings):
     # A Triton model repository deployed as the API starts, before it reports ready (tritonserver's
     # --model-repository; KServe's /mnt/models): each model's versions, then loaded and warmed up.
     model_repository: Path | None = None
+
+    @field_validator("model_repository", mode="before")
+    @classmethod
+    def _no_repository(cls, value: object) -> object:
+        return None if value == "" else value  # KILN_MODEL_REPOSITORY= is unset, not "."
+
     # Threads that run batches: as many lanes, each batching model on one of them, one batch at
     # a time; and a pool of as many for the requests of models that cannot batch.
     inference_workers: int = 4

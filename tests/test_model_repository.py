@@ -37,6 +37,12 @@ def start(data: Path, repo: Path, log: Path) -> KilnServer:
     return KilnServer(env, log, workers=2)
 
 
+def deployed(server: KilnServer, http: httpx.Client) -> None:
+    """Until both processes have deployed (each answers readiness for itself)."""
+    wait_until(lambda: server.log.read_text().count("model 'mlp' deployed") == 2, 180, "both deploys")
+    wait_until(lambda: http.get("/readyz").status_code == 200, 60, "readiness")
+
+
 def test_a_model_repository_is_deployed_before_the_server_is_ready(tmp_path: Path) -> None:
     repo, data = tmp_path / "models", tmp_path / "data"
     newer = scripted(7)
@@ -49,8 +55,8 @@ def test_a_model_repository_is_deployed_before_the_server_is_ready(tmp_path: Pat
 
     server = start(data, repo, tmp_path / "first.log")
     with running(server), httpx.Client(base_url=server.url, timeout=60) as http:
-        wait_until(lambda: http.get("/readyz").status_code == 200, 180, "readiness")
-        # Once ready, what deployed serves; two processes deployed it, once.
+        deployed(server, http)
+        # What deployed serves; two processes deployed it, once.
         assert versions(http, "mlp") == [1, 2]
         assert versions(http, "broken") == [1]  # the failed version 2 keeps 3 out too
         assert versions(http, "garbled") == []
@@ -61,6 +67,7 @@ def test_a_model_repository_is_deployed_before_the_server_is_ready(tmp_path: Pat
         config = http.get("/v2/models/mlp/config").json()
         assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 500
         assert http.get("/v2/models/broken/ready").status_code == 200
+        assert http.post("/v2/repository/models/mlp/unload").status_code == 200
     log = server.log.read_text()
     assert "model 'broken' version 2" in log and "versions 3 were left out" in log
     # One process deployed after the other, not beside it (where both could record a version).
@@ -74,11 +81,13 @@ def test_a_model_repository_is_deployed_before_the_server_is_ready(tmp_path: Pat
     assert "holds no config.pbtxt" in log
     assert "Traceback" not in log
 
-    # A restart deploys nothing new; a new version directory becomes Kiln's next version.
+    # A restart deploys nothing new, but a new version directory as Kiln's next version, and
+    # serves what the repository holds, an unloaded model again too.
     model_dir(repo, "mlp", CONFIG_PBTXT, {"3": scripted(9)})
     again = start(data, repo, tmp_path / "again.log")
     with running(again), httpx.Client(base_url=again.url, timeout=60) as http:
-        wait_until(lambda: http.get("/readyz").status_code == 200, 180, "readiness")
+        deployed(again, http)
         assert versions(http, "mlp") == [1, 2, 3]
         assert versions(http, "broken") == [1]
         assert http.get("/v1/models/mlp").json()["active"]["version"] == 3
+        assert http.get("/v2/models/mlp/ready").status_code == 200

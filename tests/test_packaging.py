@@ -802,7 +802,8 @@ def test_the_kserve_runtime_serves_the_model_repository_kserve_mounts() -> None:
     assert set(runtime["spec"]["protocolVersions"]) == {"v1", "v2", "grpc-v2"}
     (api,) = containers(find(render_kustomize(), "Deployment", "kiln-api"))
     assert container["image"] == api["image"]
-    assert container["securityContext"]["runAsUser"] == 10001  # the image's user
+    user = final_stage("Dockerfile")["USER"].split(":")[0]
+    assert container["securityContext"]["runAsUser"] == int(user)  # the image's own
     model = service["spec"]["predictor"]["model"]
     assert model["runtime"] == runtime["metadata"]["name"]
     assert model["modelFormat"]["name"] in {f["name"] for f in runtime["spec"]["supportedModelFormats"]}

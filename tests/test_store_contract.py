@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -282,17 +284,37 @@ def test_a_lock_is_held_by_one_at_a_time(opener: Opener) -> None:
         pass
 
 
-def test_a_redis_lock_whose_holder_died_expires(redis_url: str) -> None:
-    dead, alive = RedisStore(redis_url), RedisStore(redis_url)
+def _hold_forever(url: str, held: Any) -> None:
+    with RedisStore(url).lock("deploy", expire_s=1.0):
+        held.set()
+        time.sleep(600)
+
+
+def test_a_redis_lock_is_renewed_while_held_and_expires_once_its_holder_is_killed(redis_url: str) -> None:
+    context = multiprocessing.get_context("spawn")
+    held = context.Event()
+    holder = context.Process(target=_hold_forever, args=(redis_url, held), daemon=True)
+    holder.start()
+    store = RedisStore(redis_url)
     try:
-        held = dead.lock("deploy", expire_s=0.5)
-        held.__enter__()  # never left, as if its process was killed
-        started = time.monotonic()
-        with alive.lock("deploy", expire_s=30):
-            assert 0.3 < time.monotonic() - started < 5
+        assert held.wait(60)
+        taken = threading.Event()
+
+        def take() -> None:
+            with store.lock("deploy", 30):
+                taken.set()
+
+        waiter = threading.Thread(target=take)
+        waiter.start()
+        time.sleep(2.5)  # over twice its expiry: renewed, it is still held
+        assert not taken.is_set()
+        killed = time.monotonic()
+        os.kill(holder.pid or 0, signal.SIGKILL)
+        waiter.join(10)
+        assert taken.is_set() and time.monotonic() - killed < 2
     finally:
-        dead.close()
-        alive.close()
+        holder.kill()
+        store.close()
 
 
 def test_data_survives_reopening(opener: Opener) -> None:

@@ -119,7 +119,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         preload = Preload(
             runtime,
             settings.load_models,
-            None if repo_dir is None else lambda: model_repository.deploy(app.state.services, repo_dir),
+            None
+            if repo_dir is None
+            else lambda stopping: model_repository.deploy(app.state.services, repo_dir, stopping),
         )
         shared = SharedMemory(store, settings.shared_memory)
         logs = LogControl(store, settings.log_format, settings.route_ttl_s)

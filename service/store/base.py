@@ -81,8 +81,8 @@ class Store(Protocol):
 
     def lock(self, name: str, expire_s: float) -> AbstractContextManager[None]:
         """Held by one process of the deployment (Redis) or the data dir (local) at a time,
-        waited for. A holder that dies gives it up: a local one at once, a Redis one once
-        `expire_s` has passed, however long it held it."""
+        waited for. A holder that dies gives it up: a local one at once, a Redis one within
+        `expire_s` (renewed while it is held)."""
         ...
 
     def close(self) -> None: ...

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -234,15 +235,30 @@ class RedisStore:
 
     @contextmanager
     def lock(self, name: str, expire_s: float) -> Iterator[None]:
-        """redis-py's Lock, polled for while another holds it; a holder that outlives `expire_s`
-        loses it, and its release is then a no-op rather than an error."""
-        held = self._client.lock(f"{self._ns}:lock:{name}", timeout=expire_s, sleep=0.2)
+        """redis-py's Lock, polled for while another holds it, its expiry renewed while held: a
+        holder that is killed, or cut off from Redis, loses it within `expire_s`."""
+        # Not thread-local: the token is renewed from a thread of its own.
+        held = self._client.lock(f"{self._ns}:lock:{name}", timeout=expire_s, sleep=0.2, thread_local=False)
         with self._reachable():
             held.acquire()
+        released = threading.Event()
+
+        def renew() -> None:
+            while not released.wait(expire_s / 3):
+                try:
+                    held.reacquire()
+                except redis.RedisError:  # lost, or Redis is down: it expires by itself
+                    return
+
+        renewer = threading.Thread(target=renew, name="kiln-lock-renew", daemon=True)
+        renewer.start()
         try:
             yield
         finally:
-            with self._reachable(), suppress(redis.exceptions.LockNotOwnedError):
+            released.set()
+            renewer.join()
+            # Not released (Redis is down, or it expired): it expires by itself.
+            with suppress(redis.RedisError):
                 held.release()
 
     def close(self) -> None:
