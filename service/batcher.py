@@ -48,6 +48,9 @@ PEAK_CYCLES = 4
 # requests still wanted. Asking costs about 20 us and a turn of the event loop, which a short
 # wait is not worth.
 GONE_CHECK_S = 0.05
+# How long a thread that took up a request waits for the event loop to say whether its client
+# is there, idle meanwhile: a loop that busy answers late, and the request runs.
+GONE_ASK_S = 0.1
 Gone = Callable[[], Awaitable[bool]]  # whether the request's client hung up
 log = logging.getLogger("kiln.batcher")
 
@@ -208,7 +211,7 @@ class Batcher(Generic[T]):
         has not started to run by then, as Triton's queue policy rejects it: it never runs.
         `priority` is the request's parameter (see BatchPolicy.level). A batched request that
         waited past GONE_CHECK_S and whose client is `gone` then gets a ClientGoneError, and
-        does not run."""
+        does not run; so does one of a model that cannot batch, once a thread takes it up."""
         limit = self.policy.max_queue_size
         if limit and self._pending >= limit:
             raise QueueFullError(
@@ -219,7 +222,7 @@ class Batcher(Generic[T]):
         waiting = _Waiting(self.on_waiting)
         try:
             if self.policy.max_batch_size == 1:
-                return await self._run_alone(inputs, batch, deadline, waiting)
+                return await self._run_alone(inputs, batch, deadline, waiting, gone)
             if self._task is None or self._task.done():
                 self._task = asyncio.get_running_loop().create_task(self._loop())
             future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
@@ -265,42 +268,46 @@ class Batcher(Generic[T]):
                 log.exception("pending requests callback failed")
 
     async def _run_alone(
-        self, inputs: Arrays, batch: int, deadline: float | None, waiting: _Waiting
+        self, inputs: Arrays, batch: int, deadline: float | None, waiting: _Waiting, gone: Gone | None
     ) -> tuple[Arrays, T]:
         """A model that cannot batch runs its requests side by side in the executor, as Triton
         runs a model's instances, instead of one at a time behind the queue: every runner is
         safe to call from several threads (those that are not hold a lock of their own)."""
-        arrived = time.monotonic()
+        alone = _Alone(time.monotonic(), waiting, gone, asyncio.get_running_loop())
         if deadline is None:
-            result, began, ended = await self._run_timed(inputs, self.lanes[0], waiting=waiting)
+            result, began, ended = await self._run_timed(inputs, self.lanes[0], alone=alone)
         else:
-            result, began, ended = await self._run_timed_within(inputs, deadline, waiting)
-        self._report(BatchTiming(batch, [began - arrived], 0.0, ended - began, 0.0))
+            result, began, ended = await self._run_timed_within(inputs, deadline, alone)
+        self._report(BatchTiming(batch, [began - alone.arrived], 0.0, ended - began, 0.0))
         return result
 
     async def _run_timed(
-        self, inputs: Arrays, lane: Executor, claim: _Claim | None = None, waiting: _Waiting | None = None
+        self, inputs: Arrays, lane: Executor, claim: _Claim | None = None, alone: _Alone | None = None
     ) -> tuple[tuple[Arrays, T], float, float]:
         """`run` in the executor, with when it began and ended there: a request waits for an
         executor thread as it waits for a batch, and both count as its queue time. Not run if
-        its `claim` expired while it waited for a thread."""
+        its `claim` expired while it waited for a thread, or its client hung up meanwhile."""
 
         def timed() -> tuple[tuple[Arrays, T], float, float]:
+            # Asked first: a deadline that passes while the client is asked still counts, and
+            # the asking is queue time, the request still waiting.
+            if alone is not None and alone.hung_up(time.monotonic()):
+                raise ClientGoneError("the client hung up while its request waited")
             began = time.monotonic()
             if claim is not None and not claim.start():
                 raise _expired()
-            if waiting is not None:
-                waiting.left()
+            if alone is not None:
+                alone.waiting.left()
             return self.run(inputs), began, time.monotonic()
 
         return await asyncio.get_running_loop().run_in_executor(lane, timed)
 
     async def _run_timed_within(
-        self, inputs: Arrays, deadline: float, waiting: _Waiting
+        self, inputs: Arrays, deadline: float, alone: _Alone
     ) -> tuple[tuple[Arrays, T], float, float]:
         """As `_run_timed`, answered at `deadline` if no thread has taken it up by then."""
         claim = _Claim(deadline)
-        running = asyncio.ensure_future(self._run_timed(inputs, self.lanes[0], claim, waiting))
+        running = asyncio.ensure_future(self._run_timed(inputs, self.lanes[0], claim, alone))
         running.add_done_callback(_retrieve)  # read here if no one waits for it any more
         try:
             return await asyncio.wait_for(asyncio.shield(running), max(deadline - time.monotonic(), 0.0))
@@ -551,6 +558,39 @@ class _Waiting:
             log.exception("waiting requests callback failed")
             return False
         return True
+
+
+@dataclass
+class _Alone:
+    """A request of a model that cannot batch, as the thread that takes it up sees it."""
+
+    arrived: float
+    waiting: _Waiting
+    gone: Gone | None
+    loop: asyncio.AbstractEventLoop
+
+    def hung_up(self, now: float) -> bool:
+        """Whether its client hung up, asked (of the event loop, from the thread) only once it
+        waited past GONE_CHECK_S, as a batch's requests are. One that cannot say is there."""
+        gone = self.gone
+        if gone is None or now - self.arrived <= GONE_CHECK_S:
+            return False
+
+        async def ask() -> bool:
+            return await gone()
+
+        asking = ask()
+        try:
+            answer = asyncio.run_coroutine_threadsafe(asking, self.loop)
+        except RuntimeError:  # the loop closed: the server is stopping
+            asking.close()
+            return False
+        try:
+            return bool(answer.result(GONE_ASK_S))
+        except Exception as exc:
+            answer.cancel()
+            log.debug("could not ask whether a request's client is there: %r", exc)
+            return False
 
 
 class _Claim:

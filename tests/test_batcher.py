@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from service import batcher as batcher_module
 from service.batcher import GONE_CHECK_S, PEAK_CYCLES, Arrays, Batcher, BatchPolicy, BatchTiming
 from service.errors import ClientGoneError, QueueFullError, TimeoutExpiredError, UnavailableError
 
@@ -764,6 +765,77 @@ def test_a_request_whose_client_hung_up_is_not_run() -> None:
     assert isinstance(first, tuple) and isinstance(stayed, tuple)
     assert gated.batches == [[0], [2]]
     assert asked == [1, 2]
+
+
+@pytest.mark.parametrize("deadline_s", [None, 10.0])
+def test_a_request_of_a_model_that_cannot_batch_is_not_run_once_its_client_hung_up(
+    deadline_s: float | None,
+) -> None:
+    """Waiting for a thread, as a batching model's requests wait for a batch: a request whose
+    client hung up is answered so when a thread takes it up, and not run; the thread asks the
+    event loop only for a request that waited past GONE_CHECK_S, and one that cannot say runs."""
+    gated, asked = Gated(), []
+
+    def client(answer: bool | None, n: int) -> Callable[[], Awaitable[bool]]:
+        async def gone() -> bool:
+            asked.append(n)
+            if answer is None:
+                raise OSError("cannot say")
+            return answer
+
+        return gone
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as pool:  # one thread: the others wait for it
+            batcher = Batcher(gated, BatchPolicy(1), [pool])
+            deadline = None if deadline_s is None else time.monotonic() + deadline_s
+            first = asyncio.ensure_future(batcher.submit(tag(0), 1, deadline, gone=client(True, 0)))
+            await asyncio.sleep(0.01)  # it runs at once: its client is not asked
+            waiting = [
+                asyncio.ensure_future(batcher.submit(tag(n), 1, deadline, gone=client(answer, n)))
+                for n, answer in ((1, True), (2, False), (3, None))
+            ]
+            await asyncio.sleep(GONE_CHECK_S * 2)
+            gated.gate.set()
+            answers = await asyncio.gather(first, *waiting, return_exceptions=True)
+            batcher.close()
+            return answers
+
+    first, left, stayed, unknown = asyncio.run(main())
+    assert isinstance(left, ClientGoneError), left
+    assert all(isinstance(a, tuple) for a in (first, stayed, unknown))
+    assert gated.batches == [[0], [2], [3]]
+    assert asked == [1, 2, 3]
+
+
+def test_a_deadline_that_passes_while_the_thread_asks_still_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model that cannot batch: its request is not run once its deadline passed while the
+    thread that took it up waited for its client's answer (which never came in time)."""
+    monkeypatch.setattr(batcher_module, "GONE_ASK_S", 0.5)
+    gated = Gated()
+
+    async def slow() -> bool:
+        await asyncio.sleep(1.0)
+        return False
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(gated, BatchPolicy(1), [pool])
+            first = asyncio.ensure_future(batcher.submit(tag(0), 1))
+            await asyncio.sleep(0.01)
+            # Taken up at 0.2 s, asked until 0.7 s: its deadline, at 0.4 s, passes meanwhile.
+            late = asyncio.ensure_future(batcher.submit(tag(1), 1, time.monotonic() + 0.4, gone=slow))
+            await asyncio.sleep(0.2)
+            gated.gate.set()
+            answers = await asyncio.gather(first, late, return_exceptions=True)
+            await asyncio.sleep(0.6)  # the thread's ask has given up by now
+            batcher.close()
+            return answers
+
+    first, late = asyncio.run(main())
+    assert isinstance(first, tuple)
+    assert isinstance(late, TimeoutExpiredError), late
+    assert gated.batches == [[0]]
 
 
 def test_clients_are_asked_at_once_and_a_failed_ask_or_a_deadline_still_counts() -> None:
