@@ -117,20 +117,14 @@ class Registry:
 
         `plan(name, version)` builds the variants and jobs of a new version.
         """
-        # Serving settings are left out: an upload that differs only in them is the same version,
-        # which takes them (as a PATCH of its serving settings), rather than a new one to compile.
-        compiled = config.model_dump(mode="json", exclude=set(ServingConfig.model_fields))
-        canonical = json.dumps(compiled, sort_keys=True)
-        upload_key = hashlib.sha256(f"{sha256}\0{canonical}".encode()).hexdigest()
-        existing = self.store.get_doc("upload", upload_key)
-        if existing is not None:
-            version = self._get("version", version_id(config.name, existing["version"]), VersionRecord)
-            if version is not None:
-                wanted = config.serving().model_dump()
-                changes = {k: v for k, v in wanted.items() if getattr(version.config, k) != v}
-                if changes:
-                    version = self.update_serving(version.name, version.version, changes)
-                return NewVersion(version, self.variants_of(version), [], deduplicated=True)
+        upload_key = _upload_key(config, sha256)
+        version = self.uploaded(config, sha256)
+        if version is not None:
+            wanted = config.serving().model_dump()
+            changes = {k: v for k, v in wanted.items() if getattr(version.config, k) != v}
+            if changes:
+                version = self.update_serving(version.name, version.version, changes)
+            return NewVersion(version, self.variants_of(version), [], deduplicated=True)
         doc = {"name": config.name, "created_at": now()}
         if self.store.list_docs("version", prefix=f"{config.name}/"):
             self.store.create_doc("model", config.name, doc)
@@ -154,6 +148,14 @@ class Registry:
         self._put("version", version_id(config.name, number), version)
         self.store.put_doc("upload", upload_key, {"id": upload_key, "name": config.name, "version": number})
         return NewVersion(version, variants, jobs, deduplicated=False)
+
+    def uploaded(self, config: ModelConfig, sha256: str) -> VersionRecord | None:
+        """The version an upload of these bytes with this config made, if one did: the same
+        file and compiled settings (serving settings aside)."""
+        existing = self.store.get_doc("upload", _upload_key(config, sha256))
+        if existing is None:
+            return None
+        return self._get("version", version_id(config.name, existing["version"]), VersionRecord)
 
     def add_variants(
         self, version: VersionRecord, wanted: list[tuple[str, Options, str]], retried: list[VariantRecord]
@@ -407,3 +409,11 @@ def _jsonable(cls: type[BaseModel], fields: dict[str, Any]) -> dict[str, Any]:
     """Dump only `fields`, through the record's own field types (enums, int-keyed dicts)."""
     partial = cls.model_construct(**fields)
     return partial.model_dump(mode="json", include=set(fields))
+
+
+def _upload_key(config: ModelConfig, sha256: str) -> str:
+    """Serving settings are left out: an upload that differs only in them is the same version,
+    which takes them (as a PATCH of its serving settings), rather than a new one to compile."""
+    compiled = config.model_dump(mode="json", exclude=set(ServingConfig.model_fields))
+    canonical = json.dumps(compiled, sort_keys=True)
+    return hashlib.sha256(f"{sha256}\0{canonical}".encode()).hexdigest()

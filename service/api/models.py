@@ -254,7 +254,8 @@ def store_version(
     source: BinaryIO,
     vet: Callable[[list[OutputInfo]], None] = lambda outputs: None,
 ) -> tuple[NewVersion, str]:
-    """Check the TorchScript in `source` against `cfg` by running it, keep its bytes, and record
+    """Check the TorchScript in `source` against `cfg` by running it (unless a version holds the
+    same bytes and compiled settings: its outputs are known), keep its bytes, and record
     the version with its compile jobs queued, or find the identical one; and its sha256.
     `vet` checks the outputs the model turned out to have, before anything is recorded."""
     spec = InputSpec.from_dicts([t.model_dump() for t in cfg.inputs], cfg.max_batch_size or 1)
@@ -262,16 +263,10 @@ def store_version(
     store.ping()  # fail fast with 503 before reading a large body
     with tempfile.NamedTemporaryFile(prefix="kiln-upload-") as tmp:
         sha256 = spool(source, tmp)
-        try:
-            outputs = run_in_child(
-                inspect_model,
-                (tmp.name, spec.to_dict()),
-                timeout_s=svc.settings.validate_timeout_s,
-                memory_mb=svc.settings.compile_memory_mb,
-            )
-        except SandboxError as exc:
-            raise InvalidModelError(f"the model could not be validated: {exc}") from None
-        output_infos = [OutputInfo.model_validate(o) for o in outputs]
+        # The same file and compiled settings again (a repository deployed at each start, say)
+        # were checked when they were first uploaded.
+        known = svc.registry.uploaded(cfg, sha256)
+        output_infos = known.outputs if known is not None else inspect(svc, tmp.name, spec)
         vet(output_infos)
         check_labels(cfg.labels, output_infos, cfg.inputs, "config.labels")
         key = MODEL_BLOB.format(sha256=sha256)
@@ -288,6 +283,20 @@ def store_version(
     if created.deduplicated:  # it may have taken the upload's serving settings
         svc.runtime.reconfigure(created.version.name)
     return created, sha256
+
+
+def inspect(svc: Services, path: str, spec: InputSpec) -> list[OutputInfo]:
+    """The model's outputs, found by running it in a sandboxed child process."""
+    try:
+        outputs = run_in_child(
+            inspect_model,
+            (path, spec.to_dict()),
+            timeout_s=svc.settings.validate_timeout_s,
+            memory_mb=svc.settings.compile_memory_mb,
+        )
+    except SandboxError as exc:
+        raise InvalidModelError(f"the model could not be validated: {exc}") from None
+    return [OutputInfo.model_validate(o) for o in outputs]
 
 
 def active_of(view: ModelView, svc: Services) -> ActiveOut | None:

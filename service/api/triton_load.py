@@ -125,7 +125,7 @@ def load_request(parameters: Mapping[str, object], files: Mapping[str, bytes]) -
 
 
 def load_with(svc: Services, name: str, request: LoadRequest) -> None:
-    """Blocking (a model is checked by running it, and a configuration may be large): upload the
+    """Blocking (a new model is checked by running it, and a configuration may be large): upload the
     request's model file as a new version, or apply its configuration to the version that serves."""
     assert request.config is not None
     config = triton_config(request.config, name)
