@@ -66,6 +66,14 @@ def serve(
             file_okay=False,
         ),
     ] = None,
+    repository_poll_s: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds between looks for changed model directories there, deployed as they change "
+            "(KILN_MODEL_REPOSITORY_POLL_S; default: only at startup).",
+            min=0,
+        ),
+    ] = None,
 ) -> None:
     """Start the API (embedded mode unless KILN_REDIS_URL is set)."""
     import uvicorn
@@ -83,6 +91,10 @@ def serve(
     os.environ.setdefault("KILN_GRPC_HOST", host)
     if model_repository is not None:  # read by each worker process's settings
         os.environ["KILN_MODEL_REPOSITORY"] = str(model_repository.resolve())
+    if repository_poll_s is not None:
+        if model_repository is None and not os.environ.get("KILN_MODEL_REPOSITORY"):
+            raise typer.BadParameter("needs --model-repository (or KILN_MODEL_REPOSITORY)")
+        os.environ["KILN_MODEL_REPOSITORY_POLL_S"] = str(repository_poll_s)
     if workers > 1:
         os.environ.setdefault("KILN_GRPC_REUSE_PORT", "true")
     settings = get_settings()

@@ -23,7 +23,9 @@ class Periodic:
         while not self._stop.wait(self.interval_s):
             self.run_once()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float | None = None) -> None:
+        """Waits for a turn in progress, up to `wait_s` (the thread is a daemon: one that cannot
+        be cut short, past it, does not keep the process from exiting)."""
         self._stop.set()
         if self._thread.ident is not None:  # a start that failed earlier stops what never started
-            self._thread.join()
+            self._thread.join(wait_s)

@@ -62,6 +62,10 @@ class Preload:
         if self._thread is not None:
             self._thread.join(STOP_WAIT_S)
 
+    @property
+    def finished(self) -> bool:
+        return self._finished.is_set()
+
     def check(self) -> None:
         """Raises NotReadyError until every named model is loaded, or found unloadable."""
         if not self._finished.is_set():
@@ -86,7 +90,7 @@ class Preload:
                     break
                 evictions = self.runtime.evictions
                 self._progress = f"{done} of {len(names)} tried, now {name!r}"
-                loaded += self._warm(name)
+                loaded += self.warm(name)
                 if self.runtime.evictions != evictions:  # preloading more would evict what it loaded
                     log.warning(
                         "KILN_RUNTIME_MAX_MB filled up with %r: %s will load on first request",
@@ -113,7 +117,7 @@ class Preload:
         views = self._retrying(self.runtime.registry.list_models)
         return [v.name for v in views if not v.unloaded]
 
-    def _warm(self, name: str) -> bool:
+    def warm(self, name: str) -> bool:
         """Whether the model loaded; why not is logged."""
         try:
             started = time.perf_counter()

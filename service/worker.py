@@ -57,8 +57,8 @@ class Heartbeat(Periodic):
         except StoreUnavailableError as exc:  # the queue notices the outage too; keep beating
             log.warning("heartbeat not stored: %s", exc)
 
-    def stop(self) -> None:
-        super().stop()
+    def stop(self, wait_s: float | None = None) -> None:
+        super().stop(wait_s)
         try:
             self.registry.remove_worker(self.record.id)
         except StoreUnavailableError as exc:  # the doc goes stale instead

@@ -5,6 +5,8 @@ reports ready, one that cannot is logged and left out, and a restart deploys not
 from __future__ import annotations
 
 import io
+import os
+import time
 from pathlib import Path
 
 import httpx
@@ -98,3 +100,52 @@ def test_a_model_repository_is_deployed_before_the_server_is_ready(tmp_path: Pat
         assert versions(http, "mlp") == [1, 2, 3]
         assert infer(http, "mlp", x).shape == (3, 10)
     assert "model 'mlp' version" not in third.log.read_text()
+
+
+def test_a_polled_repository_deploys_the_model_directories_that_change(tmp_path: Path) -> None:
+    """tritonserver's --repository-poll-secs: a new version, a new model and a changed serving
+    setting are deployed as they appear, while the server serves; a broken directory is logged
+    once, not at every poll, and tried again when it changes. Each change is renamed into place,
+    as the README asks, so that no poll reads it half-written."""
+    repo, staging = tmp_path / "models", tmp_path / "staging"
+    unlabelled = CONFIG_PBTXT.replace(' label_filename: "labels.txt"', "")
+    served = model_dir(repo, "mlp", unlabelled, {"1": MLP.torchscript()})
+
+    def put(made: Path, where: Path) -> None:
+        where.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(made, where)
+
+    env = {"KILN_DATA_DIR": str(tmp_path / "data"), "KILN_MODEL_REPOSITORY": str(repo)}
+    server = KilnServer({**env, "KILN_MODEL_REPOSITORY_POLL_S": "0.3"}, tmp_path / "kiln.log")
+    with running(server), httpx.Client(base_url=server.url, timeout=60) as http:
+        wait_until(lambda: http.get("/readyz").status_code == 200, 120, "readiness")
+        assert versions(http, "mlp") == [1]
+
+        put(model_dir(staging, "mlp", unlabelled, {"2": scripted(3)}) / "2", served / "2")
+        wait_until(lambda: versions(http, "mlp") == [1, 2], 60, "version 2")
+        wait_until(lambda: http.get("/v1/models/mlp").json()["active"]["version"] == 2, 30, "it serving")
+
+        put(model_dir(staging, "late", unlabelled, {"1": MLP.torchscript()}), repo / "late")
+        wait_until(lambda: versions(http, "late") == [1], 60, "the new model")
+        assert infer(http, "late", sample(MLP, 2)).shape == (2, 10)
+
+        (staging / "config.pbtxt").write_text(unlabelled.replace("500", "900"))
+        put(staging / "config.pbtxt", served / "config.pbtxt")
+        wait_until(
+            lambda: (
+                http.get("/v2/models/mlp/config").json()["dynamic_batching"]["max_queue_delay_microseconds"]
+                == 900
+            ),
+            60,
+            "the new delay",
+        )
+        assert versions(http, "mlp") == [1, 2]  # a serving setting: no new version
+
+        put(model_dir(staging, "broken", unlabelled, {"1": b"not a model"}), repo / "broken")
+        wait_until(lambda: "model 'broken' version 1" in server.log.read_text(), 60, "the failure")
+        time.sleep(1.5)  # a few polls more
+        assert server.log.read_text().count("model 'broken' version 1") == 1
+        (staging / "model.pt").write_bytes(MLP.torchscript())
+        put(staging / "model.pt", repo / "broken" / "1" / "model.pt")
+        wait_until(lambda: versions(http, "broken") == [1], 60, "the fixed model")
+    assert "Traceback" not in server.log.read_text()

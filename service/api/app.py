@@ -22,7 +22,6 @@ from service.api import (
     jobs,
     kserve_v1,
     log_settings,
-    model_repository,
     models,
     predict,
     problems,
@@ -36,11 +35,12 @@ from service.api.auth import parse_keys
 from service.api.deps import Services
 from service.api.hot_path import InferenceFirst
 from service.api.middleware import RequestContext
+from service.api.model_repository import Repository, RepositoryPoller
 from service.api.protocol import InferRoute
 from service.api.v2_grpc import start_grpc
 from service.log_settings import LogControl
 from service.memory import collect_young_less_often, freeze_heap
-from service.preload import Preload
+from service.preload import STOP_WAIT_S, Preload
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
 from service.records import JobRecord, JobStatus
 from service.registry import Registry
@@ -115,17 +115,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Intra-op threads for every runtime in this process, set once (KILN_THREADS).
         set_threads(settings.threads)
         runtime = Runtime(registry, settings)
-        repo_dir = settings.model_repository
+        repo = None if settings.model_repository is None else Repository(settings.model_repository)
         preload = Preload(
             runtime,
             settings.load_models,
-            None
-            if repo_dir is None
-            else lambda stopping: model_repository.deploy(app.state.services, repo_dir, stopping),
+            None if repo is None else lambda stopping: repo.deploy(app.state.services, stopping),
         )
         shared = SharedMemory(store, settings.shared_memory)
         logs = LogControl(store, settings.log_format, settings.route_ttl_s)
         app.state.services = Services(settings, registry, queue, runtime, preload, shared, logs)
+        poll_s = settings.model_repository_poll_s
+        poller = None if repo is None or not poll_s else RepositoryPoller(repo, app.state.services, poll_s)
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
         grpc_server, resuming = None, None
@@ -135,12 +135,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await run_in_threadpool(logs.run_once)  # the deployment's log settings, from the start
             logs.start()
             preload.start()
+            if poller is not None:
+                poller.start()
             freeze_heap()  # what startup imported stays out of every later full collection
             collect_young_less_often()
             log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
             yield
         finally:
             await run_in_threadpool(preload.stop)  # waits for a load in progress
+            if poller is not None:  # as long as preload waits; it may wait for the lock, uncut
+                await run_in_threadpool(poller.stop, STOP_WAIT_S)
             await run_in_threadpool(logs.stop)
             if grpc_server is not None:
                 await grpc_server.stop(GRPC_GRACE_S)

@@ -5,16 +5,21 @@ initializer leaves a model repository at /mnt/models for its serving runtime.
 Each model directory goes through the loads `kiln import-triton` sends (service/triton_repository.py),
 applied in this process (service/api/triton_load.py): a file and configuration already deployed
 are found as the version they made, so a restart deploys nothing new and a changed file becomes
-a new version."""
+a new version. With a poll interval (KILN_MODEL_REPOSITORY_POLL_S, tritonserver's
+--repository-poll-secs) the model directories that changed since are deployed again, and the
+models that come of it loaded."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 from pathlib import Path
 
 from service.api.deps import Services
 from service.api.triton_load import load_request, load_with
+from service.periodic import Periodic
 from service.store import StoreUnavailableError
 from service.triton_repository import RepositoryError, model_dirs, version_loads
 
@@ -25,19 +30,87 @@ LOCK = "model-repository"
 LOCK_EXPIRE_S = 30.0
 
 
-def deploy(svc: Services, repository: Path, stopping: threading.Event) -> list[str]:
-    """Blocking: every model directory's versions, oldest first, each failure logged, until
-    `stopping` is set; the names of the models that serve. One process at a time: replicas (or
-    `--workers`) that start together would each record a new version of the same files, where
-    the later ones now find it."""
-    if not repository.is_dir():
-        log.error("the model repository %s is not a directory: nothing deployed", repository)
-        return []
-    dirs, others = model_dirs(repository)
-    for other in others:
-        log.warning("%s holds no config.pbtxt: not a model, skipped", other)
-    with svc.registry.store.lock(LOCK, LOCK_EXPIRE_S):
-        return [model_dir.name for model_dir in dirs if deploy_model(svc, model_dir, stopping)]
+# A model directory as last deployed: each file's path, size and modification time.
+Fingerprint = frozenset[tuple[str, int, int]]
+
+
+class Repository:
+    """A model repository this process deploys, and what it deployed of each model directory."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._deployed: dict[str, Fingerprint] = {}  # read and written under the store's lock
+
+    def deploy(self, svc: Services, stopping: threading.Event, changed: bool = False) -> list[str]:
+        """Blocking: every model directory's versions (only the directories that `changed`
+        since this process deployed them), oldest first, each failure logged, until `stopping`
+        is set; the names of the models that serve. One process at a time: replicas (or
+        `--workers`) that start together would each record a new version of the same files,
+        where the later ones now find it. A directory that failed is not tried again until it
+        changes."""
+        if not self.path.is_dir():
+            if not changed:
+                log.error("the model repository %s is not a directory: nothing deployed", self.path)
+            return []
+        dirs, others = model_dirs(self.path)
+        for other in [] if changed else others:
+            log.warning("%s holds no config.pbtxt: not a model, skipped", other)
+        if changed and not self._changed(dirs):
+            return []  # the lock, which every replica polls for, is not taken for nothing
+        served = []
+        with svc.registry.store.lock(LOCK, LOCK_EXPIRE_S):
+            for model_dir in dirs:
+                now = fingerprint(model_dir)
+                if changed and self._deployed.get(model_dir.name) == now:
+                    continue
+                if deploy_model(svc, model_dir, stopping):
+                    served.append(model_dir.name)
+                if not stopping.is_set():
+                    self._deployed[model_dir.name] = now
+        return served
+
+    def _changed(self, dirs: list[Path]) -> bool:
+        """Read outside the lock, so possibly while a deploy writes it: a directory seen as
+        changed is looked at again under the lock."""
+        return any(self._deployed.get(d.name) != fingerprint(d) for d in dirs)
+
+
+class RepositoryPoller(Periodic):
+    """Deploys the model directories that changed, every `interval_s` once the startup deploy
+    is done, and loads their models."""
+
+    def __init__(self, repository: Repository, svc: Services, interval_s: float) -> None:
+        super().__init__("kiln-repository-poll", interval_s)
+        self.repository = repository
+        self.svc = svc
+
+    def run_once(self) -> None:
+        if not self.svc.preload.finished:  # it deploys everything, then loads it
+            return
+        try:
+            names = self.repository.deploy(self.svc, self._stop, changed=True)
+        except StoreUnavailableError as exc:  # the next poll tries again
+            log.warning("the model repository was not polled: %s", exc)
+            return
+        except Exception:  # the poll goes on: one bad turn must not end it
+            log.exception("polling the model repository failed")
+            return
+        for name in names:
+            if self._stop.is_set() or self.svc.runtime.over_budget():
+                break  # the rest load at their first request
+            self.svc.preload.warm(name)  # why one does not load is logged
+
+
+def fingerprint(model_dir: Path) -> Fingerprint:
+    found = set()
+    for root, dirs, files in os.walk(model_dir, followlinks=True):  # as version_loads reads them
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            path = Path(root, name)
+            with contextlib.suppress(OSError):  # gone meanwhile: the next poll sees it
+                stat = path.stat()
+                found.add((str(path.relative_to(model_dir)), stat.st_size, stat.st_mtime_ns))
+    return frozenset(found)
 
 
 def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> bool:
