@@ -113,7 +113,7 @@ class Preload:
 
     def _models(self) -> list[str]:
         if self._names != [EVERY_MODEL]:
-            return list(self._names)
+            return self._names
         views = self._retrying(self.runtime.registry.list_models)
         return [v.name for v in views if not v.unloaded]
 

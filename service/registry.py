@@ -117,7 +117,6 @@ class Registry:
 
         `plan(name, version)` builds the variants and jobs of a new version.
         """
-        upload_key = _upload_key(config, sha256)
         version = self.uploaded(config, sha256)
         if version is not None:
             wanted = config.serving().model_dump()
@@ -146,6 +145,7 @@ class Registry:
             self._put("job", job.id, job)
         # The version doc goes last: readers never see a version whose variants are missing.
         self._put("version", version_id(config.name, number), version)
+        upload_key = _upload_key(config, sha256)
         self.store.put_doc("upload", upload_key, {"id": upload_key, "name": config.name, "version": number})
         return NewVersion(version, variants, jobs, deduplicated=False)
 

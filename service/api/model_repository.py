@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from service.api.deps import Services
+from service.api.repository import in_service
 from service.api.triton_load import load_request, load_with
 from service.periodic import Periodic
 from service.store import StoreUnavailableError
@@ -144,7 +145,6 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
         loaded.append(load.version)
     if not loaded:
         return False
-    svc.registry.set_unloaded(name, False)
-    svc.runtime.reroute(name)
+    in_service(svc, name)
     log.info("model %r deployed from %s: versions %s", name, model_dir, loaded)
     return True

@@ -105,9 +105,14 @@ def http_load_request(body: bytes) -> LoadRequest:
 
 async def serve_again(name: str, svc: Services) -> None:
     """Serve the model again, and load and warm up its serving runners in this process."""
-    await run_in_threadpool(svc.registry.set_unloaded, name, False)
-    svc.runtime.reroute(name)
+    await run_in_threadpool(in_service, svc, name)
     await run_in_threadpool(svc.runtime.warm, name)
+
+
+def in_service(svc: Services, name: str) -> None:
+    """Blocking: the model serves again, on every replica, from this process's next request."""
+    svc.registry.set_unloaded(name, False)
+    svc.runtime.reroute(name)
 
 
 @router.post(
