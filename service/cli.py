@@ -69,8 +69,8 @@ def serve(
     repository_poll_s: Annotated[
         float | None,
         typer.Option(
-            help="Seconds between looks for changed model directories there, deployed as they change "
-            "(KILN_MODEL_REPOSITORY_POLL_S; default: only at startup).",
+            help="Seconds between looks for changed model directories there, deployed as they change, "
+            "and removed ones, unloaded (KILN_MODEL_REPOSITORY_POLL_S; default: only at startup).",
             min=0,
         ),
     ] = None,

@@ -78,8 +78,8 @@ class Settings(BaseSettings):
     # A Triton model repository deployed as the API starts, before it reports ready (tritonserver's
     # --model-repository; KServe's /mnt/models): each model's versions, then loaded and warmed up.
     model_repository: Path | None = None
-    # Seconds between looks for model directories that changed there, deployed as they change
-    # (tritonserver's --repository-poll-secs); 0: only at startup.
+    # Seconds between looks for model directories that changed there, deployed as they change,
+    # and removed ones, unloaded (tritonserver's --repository-poll-secs); 0: only at startup.
     model_repository_poll_s: float = Field(default=0.0, ge=0.0)
 
     @field_validator("model_repository", mode="before")

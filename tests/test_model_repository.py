@@ -26,9 +26,13 @@ def versions(http: httpx.Client, name: str) -> list[int]:
     return [v["version"] for v in response.json()["versions"]] if response.status_code == 200 else []
 
 
-def infer(http: httpx.Client, name: str, x: np.ndarray) -> np.ndarray:
+def post_infer(http: httpx.Client, name: str, x: np.ndarray) -> httpx.Response:
     body = {"inputs": [{"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
-    response = http.post(f"/v2/models/{name}/infer", json=body)
+    return http.post(f"/v2/models/{name}/infer", json=body)
+
+
+def infer(http: httpx.Client, name: str, x: np.ndarray) -> np.ndarray:
+    response = post_infer(http, name, x)
     assert response.status_code == 200, response.text
     return np.asarray(response.json()["outputs"][0]["data"], dtype=np.float32).reshape(len(x), -1)
 
@@ -104,9 +108,11 @@ def test_a_model_repository_is_deployed_before_the_server_is_ready(tmp_path: Pat
 
 def test_a_polled_repository_deploys_the_model_directories_that_change(tmp_path: Path) -> None:
     """tritonserver's --repository-poll-secs: a new version, a new model and a changed serving
-    setting are deployed as they appear, while the server serves; a broken directory is logged
-    once, not at every poll, and tried again when it changes. Each change is renamed into place,
-    as the README asks, so that no poll reads it half-written."""
+    setting are deployed as they appear, while the server serves; a version directory removed
+    no longer serves requests naming none (a rollback), and a model directory removed is
+    unloaded; a broken directory is logged once, not at every poll, and tried again when it
+    changes. Each change is renamed into place, as the README asks, so that no poll reads it
+    half-written."""
     repo, staging = tmp_path / "models", tmp_path / "staging"
     unlabelled = CONFIG_PBTXT.replace(' label_filename: "labels.txt"', "")
     served = model_dir(repo, "mlp", unlabelled, {"1": MLP.torchscript()})
@@ -125,8 +131,23 @@ def test_a_polled_repository_deploys_the_model_directories_that_change(tmp_path:
         wait_until(lambda: versions(http, "mlp") == [1, 2], 60, "version 2")
         wait_until(lambda: http.get("/v1/models/mlp").json()["active"]["version"] == 2, 30, "it serving")
 
+        # Its directory taken out, the newest version left serves; put back, it serves again.
+        os.replace(served / "2", staging / "2")
+        wait_until(lambda: http.get("/v1/models/mlp").json()["active"]["version"] == 1, 60, "the rollback")
+        assert http.get("/v1/models/mlp").json()["default_version"] == 1
+        put(staging / "2", served / "2")
+        wait_until(lambda: http.get("/v1/models/mlp").json()["active"]["version"] == 2, 60, "version 2 again")
+        assert http.get("/v1/models/mlp").json()["default_version"] is None
+
         put(model_dir(staging, "late", unlabelled, {"1": MLP.torchscript()}), repo / "late")
         wait_until(lambda: versions(http, "late") == [1], 60, "the new model")
+        assert infer(http, "late", sample(MLP, 2)).shape == (2, 10)
+        os.replace(repo / "late", staging / "gone")
+        wait_until(lambda: http.get("/v2/models/late/ready").status_code != 200, 60, "the unload")
+        assert post_infer(http, "late", sample(MLP, 2)).status_code == 409
+        assert "model 'late' is no longer in the model repository" in server.log.read_text()
+        put(staging / "gone", repo / "late")
+        wait_until(lambda: http.get("/v2/models/late/ready").status_code == 200, 60, "the model back")
         assert infer(http, "late", sample(MLP, 2)).shape == (2, 10)
 
         (staging / "config.pbtxt").write_text(unlabelled.replace("500", "900"))

@@ -5,9 +5,10 @@ initializer leaves a model repository at /mnt/models for its serving runtime.
 Each model directory goes through the loads `kiln import-triton` sends (service/triton_repository.py),
 applied in this process (service/api/triton_load.py): a file and configuration already deployed
 are found as the version they made, so a restart deploys nothing new and a changed file becomes
-a new version. With a poll interval (KILN_MODEL_REPOSITORY_POLL_S, tritonserver's
---repository-poll-secs) the model directories that changed since are deployed again, and the
-models that come of it loaded."""
+a new version, and the model's newest version in the repository serves requests naming none.
+With a poll interval (KILN_MODEL_REPOSITORY_POLL_S, tritonserver's --repository-poll-secs) the
+model directories that changed since are deployed again, and the models that come of it loaded;
+a model directory removed is unloaded, as tritonserver unloads it."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ import threading
 from pathlib import Path
 
 from service.api.deps import Services
-from service.api.repository import in_service
+from service.api.repository import in_service, out_of_service
 from service.api.triton_load import load_request, load_with
+from service.errors import NotFoundError
 from service.periodic import Periodic
 from service.store import StoreUnavailableError
 from service.triton_repository import RepositoryError, model_dirs, version_loads
@@ -44,11 +46,11 @@ class Repository:
 
     def deploy(self, svc: Services, stopping: threading.Event, changed: bool = False) -> list[str]:
         """Blocking: every model directory's versions (only the directories that `changed`
-        since this process deployed them), oldest first, each failure logged, until `stopping`
-        is set; the names of the models that serve. One process at a time: replicas (or
-        `--workers`) that start together would each record a new version of the same files,
-        where the later ones now find it. A directory that failed is not tried again until it
-        changes."""
+        since this process deployed them, and those it deployed that are gone unloaded), oldest
+        first, each failure logged, until `stopping` is set; the names of the models that serve.
+        One process at a time: replicas (or `--workers`) that start together would each record a
+        new version of the same files, where the later ones now find it. A directory that failed
+        is not tried again until it changes."""
         if not self.path.is_dir():
             if not changed:
                 log.error("the model repository %s is not a directory: nothing deployed", self.path)
@@ -60,6 +62,11 @@ class Repository:
             return []  # the lock, which every replica polls for, is not taken for nothing
         served = []
         with svc.registry.store.lock(LOCK, LOCK_EXPIRE_S):
+            for name in sorted(self._deployed.keys() - {d.name for d in dirs}):
+                if stopping.is_set():
+                    break
+                removed(svc, name)
+                del self._deployed[name]
             for model_dir in dirs:
                 now = fingerprint(model_dir)
                 if changed and self._deployed.get(model_dir.name) == now:
@@ -73,7 +80,8 @@ class Repository:
     def _changed(self, dirs: list[Path]) -> bool:
         """Read outside the lock, so possibly while a deploy writes it: a directory seen as
         changed is looked at again under the lock."""
-        return any(self._deployed.get(d.name) != fingerprint(d) for d in dirs)
+        gone = self._deployed.keys() - {d.name for d in dirs}
+        return bool(gone) or any(self._deployed.get(d.name) != fingerprint(d) for d in dirs)
 
 
 class RepositoryPoller(Periodic):
@@ -117,18 +125,22 @@ def fingerprint(model_dir: Path) -> Fingerprint:
 def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> bool:
     """Whether the model serves: its versions loaded, oldest first, up to one that failed (the
     newer ones are left out, so that none serves in its place), and in service again if it was
-    unloaded, as a restarted tritonserver serves its repository."""
+    unloaded, as a restarted tritonserver serves its repository. Once every version loaded, the
+    newest serves requests naming none, as in Triton, though Kiln held a newer one (its directory
+    removed: a rollback); after a failure, what served goes on serving, as a Triton model whose
+    reload failed does."""
     try:
         loads = version_loads(model_dir)
     except RepositoryError as exc:
         log.error("model %r is not deployed: %s", model_dir.name, exc)
         return False
-    name, loaded = loads[0].model, []
+    name, loaded = loads[0].model, []  # Triton's version numbers
+    number = 0  # Kiln's, of the last one loaded
     for i, load in enumerate(loads):
         if stopping.is_set():
             break
         try:
-            load_with(svc, name, load_request({"config": load.config}, load.contents()))
+            number = load_with(svc, name, load_request({"config": load.config}, load.contents()))
         except StoreUnavailableError:
             raise  # the whole deploy is tried again once the store answers
         except Exception as exc:  # one model's error must not keep the others from serving
@@ -145,6 +157,27 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
         loaded.append(load.version)
     if not loaded:
         return False
+    if len(loaded) == len(loads):
+        serve_newest(svc, name, number)
     in_service(svc, name)
     log.info("model %r deployed from %s: versions %s", name, model_dir, loaded)
     return True
+
+
+def serve_newest(svc: Services, name: str, number: int) -> None:
+    """Kiln's version `number` serves requests naming none: by default when it is the model's
+    newest, else as its default version."""
+    view = svc.registry.get_model(name)
+    wanted = None if number == view.versions[-1][0].version else number
+    if view.default_version != wanted:
+        svc.registry.set_default_version(name, wanted)
+        log.info("model %r: version %d serves requests naming none", name, number)
+
+
+def removed(svc: Services, name: str) -> None:
+    """A model directory deployed here is gone from the repository: the model is unloaded."""
+    try:
+        out_of_service(svc, name)
+    except NotFoundError:  # it never deployed, or was deleted since
+        return
+    log.info("model %r is no longer in the model repository: unloaded", name)

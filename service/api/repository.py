@@ -124,9 +124,14 @@ def in_service(svc: Services, name: str) -> None:
     response_class=Response,
 )
 def unload_model(name: str, svc: ServicesDep) -> Response:
+    out_of_service(svc, name)
+    return Response()
+
+
+def out_of_service(svc: Services, name: str) -> None:
+    """Blocking: no replica serves the model until it is loaded again; this process frees its runners."""
     svc.registry.set_unloaded(name, True)
     svc.runtime.unload(name)
-    return Response()
 
 
 @router.get("/v2/models/stats", operation_id="v2_all_stats", summary="Inference statistics of every model.")

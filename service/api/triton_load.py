@@ -124,16 +124,16 @@ def load_request(parameters: Mapping[str, object], files: Mapping[str, bytes]) -
     return LoadRequest(config, dict(files))
 
 
-def load_with(svc: Services, name: str, request: LoadRequest) -> None:
+def load_with(svc: Services, name: str, request: LoadRequest) -> int:
     """Blocking (a new model is checked by running it, and a configuration may be large): upload the
-    request's model file as a new version, or apply its configuration to the version that serves."""
+    request's model file as a new version, or apply its configuration to the version that serves;
+    the number of the version it made, found or changed."""
     assert request.config is not None
     config = triton_config(request.config, name)
     model_file, labels, unsent = split_files(request.files, config)
     doc = kiln_config(config, name)
     if model_file is None:
-        reconfigure(svc, name, config, doc, labels, unsent)
-        return
+        return reconfigure(svc, name, config, doc, labels, unsent)
     path, data = model_file
     if len(data) > svc.settings.max_request_bytes:
         raise PayloadTooLargeError(
@@ -145,7 +145,10 @@ def load_with(svc: Services, name: str, request: LoadRequest) -> None:
         raise BadRequestError("config: input: list the model's inputs (name, data_type, dims)")
     cfg = parse_config(json.dumps({**doc, "labels": labels}), svc)
     batching = config.max_batch_size > 0
-    store_version(svc, cfg, io.BytesIO(data), lambda outputs: check_outputs(config, outputs, batching))
+    created, _ = store_version(
+        svc, cfg, io.BytesIO(data), lambda outputs: check_outputs(config, outputs, batching)
+    )
+    return created.version.version
 
 
 def triton_config(text: str, name: str) -> Any:
@@ -320,7 +323,7 @@ def reconfigure(
     doc: dict[str, Any],
     labels: dict[str, list[str]],
     unsent: dict[str, str],
-) -> None:
+) -> int:
     """A configuration without a model file, for the version that serves requests naming none,
     read as Triton reads an edited configuration: against what Kiln shows of the version
     (`GET .../config`), a setting changed is applied, and one left out returns to its default;
@@ -364,6 +367,7 @@ def reconfigure(
     if labels != current.config.labels:
         changes["labels"] = labels
     apply_serving(svc, current, changes)
+    return current.version
 
 
 def compiled(config: ModelConfig, key: str) -> Any:
