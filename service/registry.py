@@ -91,6 +91,8 @@ class ModelView:
     unloaded: bool = False
     # The version that serves requests naming none; None: the newest ready one.
     default_version: int | None = None
+    # The version a model repository's newest version of it last deployed as (KILN_MODEL_REPOSITORY).
+    repository_version: int | None = None
 
 
 class Registry:
@@ -249,7 +251,7 @@ class Registry:
         default = doc.get("default_version")
         if default not in {v.version for v, _ in versions}:
             default = None  # set while its version was being deleted: the newest serves
-        return ModelView(name, versions, bool(doc.get("unloaded")), default)
+        return ModelView(name, versions, bool(doc.get("unloaded")), default, doc.get("repository_version"))
 
     def _versions(self, name: str) -> list[VersionRecord]:
         docs = self.store.list_docs("version", prefix=f"{name}/")
@@ -280,6 +282,10 @@ class Registry:
         else:
             self.get_version(name, version)  # a 404 that names what is missing
         self._update_model(name, {"default_version": version})
+
+    def set_repository_version(self, name: str, version: int) -> None:
+        self.get_version(name, version)
+        self._update_model(name, {"repository_version": version})
 
     def _update_model(self, name: str, fields: dict[str, Any]) -> None:
         # Created if missing (an upload racing a deletion can leave versions without it): an

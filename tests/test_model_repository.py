@@ -96,12 +96,15 @@ def test_a_model_repository_is_deployed_before_the_server_is_ready(tmp_path: Pat
         assert versions(http, "broken") == [1]
         assert http.get("/v1/models/mlp").json()["active"]["version"] == 3
         assert http.get("/v2/models/mlp/ready").status_code == 200
+        assert http.put("/v1/models/mlp/default-version", json={"version": 1}).status_code == 200
 
     # What was deployed is known, not checked again by running it: a check could not finish now.
     third = start(data, repo, tmp_path / "third.log", KILN_VALIDATE_TIMEOUT_S="0.001")
     with running(third), httpx.Client(base_url=third.url, timeout=60) as http:
         deployed(third, http)
         assert versions(http, "mlp") == [1, 2, 3]
+        # The repository did not change: the default version set through the API stays.
+        assert http.get("/v1/models/mlp").json()["default_version"] == 1
         assert infer(http, "mlp", x).shape == (3, 10)
     assert "model 'mlp' version" not in third.log.read_text()
 
@@ -138,6 +141,13 @@ def test_a_polled_repository_deploys_the_model_directories_that_change(tmp_path:
         put(staging / "2", served / "2")
         wait_until(lambda: http.get("/v1/models/mlp").json()["active"]["version"] == 2, 60, "version 2 again")
         assert http.get("/v1/models/mlp").json()["default_version"] is None
+
+        # A version that fails leaves what served serving, and nothing pinned.
+        put(model_dir(staging, "mlp", unlabelled, {"3": b"not a model"}) / "3", served / "3")
+        wait_until(lambda: "model 'mlp' version 3" in server.log.read_text(), 60, "the failed version")
+        model = http.get("/v1/models/mlp").json()
+        assert (model["active"]["version"], model["default_version"]) == (2, None)
+        os.replace(served / "3", staging / "broken-3")
 
         put(model_dir(staging, "late", unlabelled, {"1": MLP.torchscript()}), repo / "late")
         wait_until(lambda: versions(http, "late") == [1], 60, "the new model")

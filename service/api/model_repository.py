@@ -24,7 +24,7 @@ from service.api.triton_load import load_request, load_with
 from service.errors import NotFoundError
 from service.periodic import Periodic
 from service.store import StoreUnavailableError
-from service.triton_repository import RepositoryError, model_dirs, version_loads
+from service.triton_repository import CONFIG, RepositoryError, model_dirs, version_loads
 
 log = logging.getLogger("kiln.repository")
 
@@ -42,7 +42,10 @@ class Repository:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._deployed: dict[str, Fingerprint] = {}  # read and written under the store's lock
+        # Read and written under the store's lock: each model directory as last deployed (or
+        # tried), and the models deployed from it, which its removal unloads.
+        self._deployed: dict[str, Fingerprint] = {}
+        self._served: set[str] = set()
 
     def deploy(self, svc: Services, stopping: threading.Event, changed: bool = False) -> list[str]:
         """Blocking: every model directory's versions (only the directories that `changed`
@@ -65,7 +68,11 @@ class Repository:
             for name in sorted(self._deployed.keys() - {d.name for d in dirs}):
                 if stopping.is_set():
                     break
-                removed(svc, name)
+                if (self.path / name / CONFIG).is_file():
+                    continue  # back while this waited for the lock: left serving
+                if name in self._served:
+                    removed(svc, name)
+                    self._served.discard(name)
                 del self._deployed[name]
             for model_dir in dirs:
                 now = fingerprint(model_dir)
@@ -73,6 +80,7 @@ class Repository:
                     continue
                 if deploy_model(svc, model_dir, stopping):
                     served.append(model_dir.name)
+                    self._served.add(model_dir.name)
                 if not stopping.is_set():
                     self._deployed[model_dir.name] = now
         return served
@@ -125,53 +133,79 @@ def fingerprint(model_dir: Path) -> Fingerprint:
 def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> bool:
     """Whether the model serves: its versions loaded, oldest first, up to one that failed (the
     newer ones are left out, so that none serves in its place), and in service again if it was
-    unloaded, as a restarted tritonserver serves its repository. Once every version loaded, the
-    newest serves requests naming none, as in Triton, though Kiln held a newer one (its directory
-    removed: a rollback); after a failure, what served goes on serving, as a Triton model whose
-    reload failed does."""
+    unloaded, as a restarted tritonserver serves its repository."""
     try:
         loads = version_loads(model_dir)
     except RepositoryError as exc:
         log.error("model %r is not deployed: %s", model_dir.name, exc)
         return False
     name, loaded = loads[0].model, []  # Triton's version numbers
-    number = 0  # Kiln's, of the last one loaded
-    for i, load in enumerate(loads):
-        if stopping.is_set():
-            break
-        try:
-            number = load_with(svc, name, load_request({"config": load.config}, load.contents()))
-        except StoreUnavailableError:
-            raise  # the whole deploy is tried again once the store answers
-        except Exception as exc:  # one model's error must not keep the others from serving
-            later = [str(v.version) for v in loads[i + 1 :]]
-            log.error(
-                "model %r version %d (%s) did not load: %s%s",
-                name,
-                load.version,
-                model_dir / str(load.version),
-                exc,
-                f"; versions {', '.join(later)} were left out" if later else "",
-            )
-            break
-        loaded.append(load.version)
-    if not loaded:
+    try:
+        before = hold(svc, name)
+        number = 0  # Kiln's, of the last one loaded
+        for i, load in enumerate(loads):
+            if stopping.is_set():
+                break
+            try:
+                number = load_with(svc, name, load_request({"config": load.config}, load.contents()))
+            except StoreUnavailableError:
+                raise  # the whole deploy is tried again once the store answers
+            except Exception as exc:  # one model's error must not keep the others from serving
+                later = [str(v.version) for v in loads[i + 1 :]]
+                log.error(
+                    "model %r version %d (%s) did not load: %s%s",
+                    name,
+                    load.version,
+                    model_dir / str(load.version),
+                    exc,
+                    f"; versions {', '.join(later)} were left out" if later else "",
+                )
+                break
+            loaded.append(load.version)
+        settle(svc, name, before, number if len(loaded) == len(loads) else None)
+        if not loaded:
+            return False
+        in_service(svc, name)
+    except NotFoundError as exc:  # deleted through the API meanwhile
+        log.warning("model %r was not deployed: %s", name, exc)
         return False
-    if len(loaded) == len(loads):
-        serve_newest(svc, name, number)
-    in_service(svc, name)
     log.info("model %r deployed from %s: versions %s", name, model_dir, loaded)
     return True
 
 
-def serve_newest(svc: Services, name: str, number: int) -> None:
-    """Kiln's version `number` serves requests naming none: by default when it is the model's
-    newest, else as its default version."""
+def hold(svc: Services, name: str) -> int | None:
+    """The version of a model Kiln holds that serves requests naming none (None for a new one),
+    made its default version while the deploy goes on: an older version it records anew (under
+    a newer number) is not served meanwhile."""
+    try:
+        view = svc.registry.get_model(name)
+    except NotFoundError:
+        return None
+    if view.default_version is not None:
+        return view.default_version
+    serving = view.versions[-1][0].version
+    svc.registry.set_default_version(name, serving)
+    return serving
+
+
+def settle(svc: Services, name: str, before: int | None, newest: int | None) -> None:
+    """Once deployed, the repository's newest version (`newest`, Kiln's number; None after a
+    failure) serves requests naming none, as in Triton, though Kiln holds newer ones (their
+    directories removed: a rollback), where the repository changed since it last deployed; else
+    the version that served `before` goes on serving: a default version set through the API
+    stays, and after a failure what served does, as a Triton model whose reload failed."""
     view = svc.registry.get_model(name)
-    wanted = None if number == view.versions[-1][0].version else number
+    target = before
+    if newest is not None and newest != view.repository_version:
+        svc.registry.set_repository_version(name, newest)
+        target = newest
+    if target is None:
+        return  # a new model whose first versions failed: what loaded serves
+    wanted = None if target == view.versions[-1][0].version else target
     if view.default_version != wanted:
         svc.registry.set_default_version(name, wanted)
-        log.info("model %r: version %d serves requests naming none", name, number)
+    if target != before:
+        log.info("model %r: version %d serves requests naming none", name, target)
 
 
 def removed(svc: Services, name: str) -> None:
