@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from compiler.backends import MAX_TUNING_TRIALS
 from compiler.spec import DType, InputSpec
+from service.errors import InvalidConfigError
 
 
 class VariantStatus(StrEnum):
@@ -42,8 +43,13 @@ def new_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
+TensorName = Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*$", max_length=64)]
+# The most outputs that can be named: a Triton configuration's OUTPUT__<index> names up to it.
+MAX_OUTPUT_NAMES = 256
+
+
 class TensorConfig(BaseModel):
-    name: str = Field(pattern=r"^[A-Za-z_][\w.]*$", max_length=64)
+    name: TensorName
     dtype: DType
     shape: list[int] = Field(min_length=1, max_length=8)
 
@@ -155,6 +161,9 @@ class ModelConfig(ServingConfig):
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=64)
     inputs: list[TensorConfig] = Field(min_length=1)
+    # The names the model's outputs are served under, in the order it returns them (Triton's
+    # OUTPUT__0, say); outputs past the list keep theirs. None: output0, output1, ...
+    output_names: list[TensorName] | None = Field(default=None, min_length=1, max_length=MAX_OUTPUT_NAMES)
     max_batch_size: int | None = Field(default=None, ge=1, le=4096)
     # Each a backend name, or a BackendRequest; one variant per entry and target.
     backends: list[str | BackendRequest] | None = None
@@ -175,8 +184,31 @@ class ModelConfig(ServingConfig):
     # Extra verification inputs: each a mapping of input name to nested lists.
     samples: list[dict[str, Any]] = Field(default_factory=list, max_length=16)
 
+    @field_validator("output_names")
+    @classmethod
+    def _unique_output_names(cls, names: list[str] | None) -> list[str] | None:
+        if names is not None and len(set(names)) != len(names):
+            raise ValueError(f"output names must be unique; got {names}")
+        return names
+
     def serving(self) -> ServingConfig:
         return ServingConfig.model_validate(self.model_dump(include=set(ServingConfig.model_fields)))
+
+    def named(self, outputs: list[OutputInfo]) -> list[OutputInfo]:
+        """The model's outputs (output0, output1, ...) under the names they are served by."""
+        names = self.output_names or []
+        if len(names) > len(outputs):
+            raise InvalidConfigError(
+                f"output_names: {names} name {len(names)} outputs; the model returns {len(outputs)}"
+            )
+        served = [o.model_copy(update={"name": n}) for o, n in zip(outputs, names, strict=False)]
+        served += outputs[len(names) :]
+        taken = [o.name for o in served]
+        if len(set(taken)) != len(taken):
+            raise InvalidConfigError(
+                f"output_names: the outputs would be named {taken}; give each a name of its own"
+            )
+        return served
 
     def backend_requests(self) -> list[BackendRequest]:
         requests = as_requests(self.backends)

@@ -421,5 +421,7 @@ def _upload_key(config: ModelConfig, sha256: str) -> str:
     """Serving settings are left out: an upload that differs only in them is the same version,
     which takes them (as a PATCH of its serving settings), rather than a new one to compile."""
     compiled = config.model_dump(mode="json", exclude=set(ServingConfig.model_fields))
+    if compiled["output_names"] is None:  # as keys written before the field was added
+        del compiled["output_names"]
     canonical = json.dumps(compiled, sort_keys=True)
     return hashlib.sha256(f"{sha256}\0{canonical}".encode()).hexdigest()

@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
 from compiler.benchmark import benchmark_batches
-from compiler.runner import Runner
+from compiler.runner import Renamed, Runner
 from compiler.spec import InputSpec
 from service import metrics
 from service.batcher import Arrays, Batcher, BatchPolicy, BatchTiming, Gone
@@ -624,6 +624,8 @@ class Runtime:
         else:
             artifact = Artifact.unpack(store.get_blob(ARTIFACT_BLOB.format(key=variant.artifact_key)))
         runner = get_backend(variant.backend).load(artifact)
+        if version.config.output_names:
+            runner = Renamed(runner, version.config.output_names)
         log.info(
             "loaded %s variant %s of %s v%d in %.2f s",
             variant.backend,

@@ -352,6 +352,72 @@ def test_outputs_may_share_a_label_file(server: KilnServer, client: triton.Infer
     assert serving(server, "shared")["labels"] == {"output0": ["x", "y", "z"], "output1": ["x", "y", "z"]}
 
 
+def test_outputs_are_served_under_the_names_the_configuration_gives(
+    server: KilnServer, client: triton.InferenceServerClient
+) -> None:
+    """Triton's PyTorch backend reads an output named <name>__<index> as the model's index-th,
+    however the configuration orders them, and otherwise takes the configuration's order as the
+    model's; an input is the model's argument at its place. Kiln serves the outputs under those
+    names, on every protocol, and an upload config names them with `output_names`."""
+    x = sample(MLP, 3)
+    with torch.inference_mode():
+        heads = [t.numpy() for t in TWO_HEADS.module()(torch.from_numpy(x))]
+    indexed = [
+        {"name": "OUTPUT__1", "data_type": "TYPE_FP32", "dims": [3], "label_filename": "l.txt"},
+        {"name": "OUTPUT__0", "data_type": "TYPE_FP32", "dims": [3]},
+    ]
+    ordered = [{"name": n, "data_type": "TYPE_FP32", "dims": [3]} for n in ("logits", "scores")]
+    inputs = [{"name": "INPUT__0", "data_type": "TYPE_FP32", "dims": [64]}]
+    for name, outputs, served in [
+        ("indexed", indexed, ["OUTPUT__0", "OUTPUT__1"]),
+        ("ordered", ordered, ["logits", "scores"]),
+    ]:
+        config = json.dumps(triton_config(name, input=inputs, output=outputs))
+        labels = {"file:l.txt": b"a\nb\nc"} if name == "indexed" else {}
+        client.load_model(
+            name, config=config, files={"file:1/model.pt": TWO_HEADS.torchscript(), **labels}, headers=admin()
+        )
+        metadata = client.get_model_metadata(name, headers=user())
+        assert [o["name"] for o in metadata["outputs"]] == served
+        assert [o["name"] for o in client.get_model_config(name, headers=user())["output"]] == served
+        client.load_model(name, config=config, headers=admin())  # what it shows loads back
+        tensor = triton.InferInput("INPUT__0", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        result = client.infer(
+            name, [tensor], outputs=[triton.InferRequestedOutput(served[1])], headers=user()
+        )
+        np.testing.assert_allclose(result.as_numpy(served[1]), heads[1], rtol=1e-5, atol=1e-6)
+        assert result.as_numpy(served[0]) is None  # not asked for
+    assert serving(server, "indexed")["labels"] == {"OUTPUT__1": ["a", "b", "c"]}
+    tensor = triton.InferInput("INPUT__0", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    ranked = triton.InferRequestedOutput("OUTPUT__1", class_count=1)
+    top = client.infer("indexed", [tensor], outputs=[ranked], headers=user()).as_numpy("OUTPUT__1")
+    assert [row[0].decode().split(":")[1:] for row in top] == [
+        [str(i), "abc"[i]] for i in heads[1].argmax(axis=1)
+    ]
+
+    for outputs, message in [
+        ([indexed[1], {**indexed[1], "name": "LOGITS__0"}], "'OUTPUT__0' and 'LOGITS__0' are both output 0"),
+        ([{**indexed[1], "name": "OUTPUT__2"}], "name 3 outputs; the model returns 2"),
+        ([{**indexed[1], "name": "OUTPUT__256"}], "the first 256 outputs"),
+    ]:
+        with pytest.raises(InferenceServerException, match=re.escape(message)):
+            config = json.dumps(triton_config("misnamed", input=inputs, output=outputs))
+            client.load_model(
+                "misnamed", config=config, files={"file:1/model.pt": TWO_HEADS.torchscript()}, headers=admin()
+            )
+
+    with httpx.Client(base_url=server.url, headers=admin(), timeout=60) as http:
+        assert upload(http, TWO_HEADS, name="named", backends=[], output_names=["logits"]).status_code == 202
+        predicted = http.post("/v1/models/named/predict", json={"inputs": {"x": x.tolist()}})
+        assert predicted.status_code == 200, predicted.text
+        assert sorted(predicted.json()["outputs"]) == ["logits", "output1"]  # the second keeps its name
+        for names, message in [(["a", "a"], "unique"), (["output1"], "'output1', 'output1'")]:
+            refused = upload(http, TWO_HEADS, name="named", backends=[], output_names=names)
+            assert refused.status_code == 422 and message in refused.text, refused.text
+
+
 def test_priorities_and_a_queue_policy_apply_as_stated(
     server: KilnServer, client: triton.InferenceServerClient
 ) -> None:
@@ -490,15 +556,16 @@ REFUSED = [
         "data_type TYPE_STRING",
     ),
     (
-        "a wrong output",
+        "an output the model does not have",
         {
             "config": triton_config(
-                "refused", output=[{"name": "logits", "data_type": "TYPE_FP32", "dims": [10]}]
+                "refused",
+                output=[{"name": n, "data_type": "TYPE_FP32", "dims": [10]} for n in ("logits", "scores")],
             ),
             "files": {"file:1/model.pt": MODEL},
         },
         422,
-        "the model outputs ['output0']",
+        "name 2 outputs; the model returns 1",
     ),
     (
         "wrong output dims",

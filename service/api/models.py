@@ -266,7 +266,7 @@ def store_version(
         # The same file and compiled settings again (a repository deployed at each start, say)
         # were checked when they were first uploaded.
         known = svc.registry.uploaded(cfg, sha256)
-        output_infos = known.outputs if known is not None else inspect(svc, tmp.name, spec)
+        output_infos = known.outputs if known is not None else cfg.named(inspect(svc, tmp.name, spec))
         vet(output_infos)
         check_labels(cfg.labels, output_infos, cfg.inputs, "config.labels")
         key = MODEL_BLOB.format(sha256=sha256)

@@ -18,15 +18,18 @@ from google.protobuf.message import Message
 from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2 as config_pb
 
+from compiler.runner import output_names
 from service.api.deps import Services
 from service.api.models import apply_serving, parse_config, store_version
 from service.api.problems import validation_detail
 from service.api.v2 import config_doc, described
 from service.errors import BadRequestError, InvalidConfigError, PayloadTooLargeError
-from service.records import ModelConfig, OutputInfo, ServingConfig
+from service.records import MAX_OUTPUT_NAMES, ModelConfig, OutputInfo, ServingConfig
 from service.tensors import DATATYPES
 from service.triton_repository import foreign_platform
 
+# OUTPUT__1: the PyTorch backend's name of a model's second output; output1: Kiln's.
+INDEXED_NAME = re.compile(r"(?:.*__|output)(\d+)")
 # `file:1/model.pt`: a version's model file (label files lie beside the versions: `file:labels.txt`).
 VERSION_FILE = re.compile(r"file:\d+/[^/]+")
 # The ModelConfig fields Kiln takes; a configuration that sets any other is refused, since Kiln
@@ -257,6 +260,9 @@ def kiln_config(config: Any, name: str) -> dict[str, Any]:
             }
             for t in config.input
         ]
+    names = served_output_names(config.output)
+    if names != output_names(len(names)):  # Kiln's own names need no mapping
+        doc["output_names"] = names
     if config.response_cache.enable:
         doc["response_cache"] = True
     if config.instance_group:
@@ -284,6 +290,28 @@ def kiln_config(config: Any, name: str) -> dict[str, Any]:
                 f'config: parameters: {key}\'s string_value must be JSON, e.g. "true" or "[\\"tvm\\"]"'
             ) from None
     return doc
+
+
+def served_output_names(outputs: Any) -> list[str]:
+    """The names of the model's outputs, in the order it returns them, as Triton's PyTorch backend
+    reads its configuration: each named <name>__<index> (or output<index>, as Kiln shows them)
+    is the index-th, those between keeping Kiln's names; when not all are, the configuration
+    lists them in the model's order."""
+    by_index: dict[int, str] = {}
+    for output in outputs:
+        name, match = output.name, INDEXED_NAME.fullmatch(output.name)
+        if match is None:
+            return [o.name for o in outputs]
+        index = int(match[1])
+        if index >= MAX_OUTPUT_NAMES:
+            raise BadRequestError(
+                f"config: output {name!r}: Kiln names the first {MAX_OUTPUT_NAMES} outputs of a model"
+            )
+        if index in by_index:
+            raise BadRequestError(f"config: outputs {by_index[index]!r} and {name!r} are both output {index}")
+        by_index[index] = name
+    default = output_names(max(by_index, default=-1) + 1)
+    return [by_index.get(i, name) for i, name in enumerate(default)]
 
 
 def dtype_of(tensor: Any, kind: str) -> str:
