@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from enum import StrEnum
@@ -11,6 +12,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from compiler.backends import MAX_TUNING_TRIALS
+from compiler.runner import output_names
 from compiler.spec import DType, InputSpec
 from service.errors import InvalidConfigError
 
@@ -41,6 +43,17 @@ def now() -> float:
 
 def new_id() -> str:
     return uuid.uuid4().hex[:16]
+
+
+# What follows the first `__` of a name, in Triton's PyTorch form <name>__<index>.
+INDEX = re.compile(r"[0-9]{1,9}")
+
+
+def name_index(name: str) -> int | None:
+    """The index of the model's input or output that a name of Triton's PyTorch backend gives
+    (OUTPUT__1: 1), if it has one."""
+    _, sep, tail = name.partition("__")
+    return int(tail) if sep and INDEX.fullmatch(tail) else None
 
 
 TensorName = Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*$", max_length=64)]
@@ -186,10 +199,18 @@ class ModelConfig(ServingConfig):
 
     @field_validator("output_names")
     @classmethod
-    def _unique_output_names(cls, names: list[str] | None) -> list[str] | None:
-        if names is not None and len(set(names)) != len(names):
+    def _output_names(cls, names: list[str] | None) -> list[str] | None:
+        if names is None:
+            return None
+        if len(set(names)) != len(names):
             raise ValueError(f"output names must be unique; got {names}")
-        return names
+        for i, name in enumerate(names):
+            index = name_index(name)
+            if index is not None and index != i:  # its configuration would be read otherwise
+                raise ValueError(
+                    f"{name!r} names output {index} in Triton's <name>__<index> form, but is output {i}"
+                )
+        return None if names == output_names(len(names)) else names  # Kiln's own: the same upload
 
     def serving(self) -> ServingConfig:
         return ServingConfig.model_validate(self.model_dump(include=set(ServingConfig.model_fields)))

@@ -91,8 +91,10 @@ class ModelView:
     unloaded: bool = False
     # The version that serves requests naming none; None: the newest ready one.
     default_version: int | None = None
-    # The version a model repository's newest version of it last deployed as (KILN_MODEL_REPOSITORY).
+    # The version a model repository's newest version of it last deployed as (KILN_MODEL_REPOSITORY),
+    # and whether a deploy under way holds the default version.
     repository_version: int | None = None
+    repository_hold: bool = False
 
 
 class Registry:
@@ -251,7 +253,14 @@ class Registry:
         default = doc.get("default_version")
         if default not in {v.version for v, _ in versions}:
             default = None  # set while its version was being deleted: the newest serves
-        return ModelView(name, versions, bool(doc.get("unloaded")), default, doc.get("repository_version"))
+        return ModelView(
+            name,
+            versions,
+            bool(doc.get("unloaded")),
+            default,
+            doc.get("repository_version"),
+            bool(doc.get("repository_hold")),
+        )
 
     def _versions(self, name: str) -> list[VersionRecord]:
         docs = self.store.list_docs("version", prefix=f"{name}/")
@@ -281,11 +290,17 @@ class Registry:
             self._versions(name)
         else:
             self.get_version(name, version)  # a 404 that names what is missing
-        self._update_model(name, {"default_version": version})
+        self._update_model(name, {"default_version": version, "repository_hold": False})
 
-    def set_repository_version(self, name: str, version: int) -> None:
-        self.get_version(name, version)
-        self._update_model(name, {"repository_version": version})
+    def set_repository_state(
+        self, name: str, default_version: int | None, held: bool, repository_version: int | None = None
+    ) -> None:
+        """A model repository's deploy: the default version, whether the deploy holds it, and the
+        version the repository's newest deployed as, written at once."""
+        fields: dict[str, Any] = {"default_version": default_version, "repository_hold": held}
+        if repository_version is not None:
+            fields["repository_version"] = repository_version
+        self._update_model(name, fields)
 
     def _update_model(self, name: str, fields: dict[str, Any]) -> None:
         # Created if missing (an upload racing a deletion can leave versions without it): an

@@ -155,7 +155,11 @@ def test_a_polled_repository_deploys_the_model_directories_that_change(tmp_path:
         os.replace(repo / "late", staging / "gone")
         wait_until(lambda: http.get("/v2/models/late/ready").status_code != 200, 60, "the unload")
         assert post_infer(http, "late", sample(MLP, 2)).status_code == 409
-        assert "model 'late' is no longer in the model repository" in server.log.read_text()
+        wait_until(
+            lambda: "model 'late' is no longer in the model repository" in server.log.read_text(),
+            10,
+            "its log",
+        )
         put(staging / "gone", repo / "late")
         wait_until(lambda: http.get("/v2/models/late/ready").status_code == 200, 60, "the model back")
         assert infer(http, "late", sample(MLP, 2)).shape == (2, 10)
@@ -179,4 +183,21 @@ def test_a_polled_repository_deploys_the_model_directories_that_change(tmp_path:
         (staging / "model.pt").write_bytes(MLP.torchscript())
         put(staging / "model.pt", repo / "broken" / "1" / "model.pt")
         wait_until(lambda: versions(http, "broken") == [1], 60, "the fixed model")
+
+        # A compiled setting changed records every version again. With a version that fails,
+        # the version that served goes on serving, not the older ones recorded anew; once none
+        # fails, the repository's newest serves.
+        put(model_dir(staging, "mlp", unlabelled, {"3": b"not a model"}) / "3", served / "3")
+        (staging / "config.pbtxt").write_text(
+            unlabelled.replace("500", "900").replace("max_batch_size: 8", "max_batch_size: 4")
+        )
+        put(staging / "config.pbtxt", served / "config.pbtxt")
+        wait_until(lambda: versions(http, "mlp") == [1, 2, 3, 4], 60, "versions recorded anew")
+        wait_until(lambda: server.log.read_text().count("model 'mlp' version 3") >= 2, 60, "the failure")
+        time.sleep(1.5)  # a few polls more: the deploy, if under way then, is done
+        model = http.get("/v1/models/mlp").json()
+        assert (model["active"]["version"], model["default_version"]) == (2, 2)
+        os.replace(served / "3", staging / "broken-3-again")
+        wait_until(lambda: http.get("/v1/models/mlp").json()["active"]["version"] == 4, 60, "the new newest")
+        assert http.get("/v1/models/mlp").json()["default_version"] is None
     assert "Traceback" not in server.log.read_text()

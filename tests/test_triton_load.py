@@ -339,6 +339,17 @@ class TwoHeads(nn.Module):
 TWO_HEADS = models.TestModel("two-heads", TwoHeads, MLP.inputs)
 
 
+class Difference(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a - b
+
+
+def difference() -> bytes:
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(Difference()), buf)
+    return buf.getvalue()
+
+
 def test_outputs_may_share_a_label_file(server: KilnServer, client: triton.InferenceServerClient) -> None:
     heads = [
         {"name": f"output{i}", "data_type": "TYPE_FP32", "dims": [3], "label_filename": "l.txt"}
@@ -400,7 +411,7 @@ def test_outputs_are_served_under_the_names_the_configuration_gives(
     for outputs, message in [
         ([indexed[1], {**indexed[1], "name": "LOGITS__0"}], "'OUTPUT__0' and 'LOGITS__0' are both output 0"),
         ([{**indexed[1], "name": "OUTPUT__2"}], "name 3 outputs; the model returns 2"),
-        ([{**indexed[1], "name": "OUTPUT__256"}], "the first 256 outputs"),
+        ([{**indexed[1], "name": "OUTPUT__256"}], "Kiln reads indices below 256"),
     ]:
         with pytest.raises(InferenceServerException, match=re.escape(message)):
             config = json.dumps(triton_config("misnamed", input=inputs, output=outputs))
@@ -408,12 +419,42 @@ def test_outputs_are_served_under_the_names_the_configuration_gives(
                 "misnamed", config=config, files={"file:1/model.pt": TWO_HEADS.torchscript()}, headers=admin()
             )
 
+    # A configuration alone may not move the names to other outputs: that takes a new version.
+    swapped = json.dumps(triton_config("ordered", input=inputs, output=ordered[::-1]))
+    with pytest.raises(
+        InferenceServerException, match=re.escape("serves its outputs as ['logits', 'scores']")
+    ):
+        client.load_model("ordered", config=swapped, headers=admin())
+
+    # Inputs named <name>__<index> are the model's arguments by their index, however listed.
+    config = triton_config(
+        "difference",
+        input=[{"name": n, "data_type": "TYPE_FP32", "dims": [64]} for n in ("B__1", "A__0")],
+        output=[{"name": "DIFF__0", "data_type": "TYPE_FP32", "dims": [64]}],
+    )
+    client.load_model(
+        "difference", config=json.dumps(config), files={"file:1/model.pt": difference()}, headers=admin()
+    )
+    y = sample(MLP, 3, seed=2)
+    tensors = [triton.InferInput(n, list(x.shape), "FP32") for n in ("A__0", "B__1")]
+    for tensor, data in zip(tensors, (x, y), strict=True):
+        tensor.set_data_from_numpy(data)
+    np.testing.assert_allclose(client.infer("difference", tensors, headers=user()).as_numpy("DIFF__0"), x - y)
+
     with httpx.Client(base_url=server.url, headers=admin(), timeout=60) as http:
         assert upload(http, TWO_HEADS, name="named", backends=[], output_names=["logits"]).status_code == 202
         predicted = http.post("/v1/models/named/predict", json={"inputs": {"x": x.tolist()}})
         assert predicted.status_code == 200, predicted.text
         assert sorted(predicted.json()["outputs"]) == ["logits", "output1"]  # the second keeps its name
-        for names, message in [(["a", "a"], "unique"), (["output1"], "'output1', 'output1'")]:
+        plain = upload(http, TWO_HEADS, name="named", backends=[], output_names=["output0", "output1"])
+        assert plain.json()["version"] == 2 and versions(server, "named") == [1, 2]  # Kiln's own names
+        again = upload(http, TWO_HEADS, name="named", backends=[])
+        assert again.json()["version"] == 2 and versions(server, "named") == [1, 2]  # the same upload
+        for names, message in [
+            (["a", "a"], "unique"),
+            (["output1"], "'output1', 'output1'"),
+            (["b__1", "a__0"], "'b__1' names output 1"),
+        ]:
             refused = upload(http, TWO_HEADS, name="named", backends=[], output_names=names)
             assert refused.status_code == 422 and message in refused.text, refused.text
 

@@ -141,7 +141,7 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
         return False
     name, loaded = loads[0].model, []  # Triton's version numbers
     try:
-        before = hold(svc, name)
+        existed = hold(svc, name)
         number = 0  # Kiln's, of the last one loaded
         for i, load in enumerate(loads):
             if stopping.is_set():
@@ -162,7 +162,8 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
                 )
                 break
             loaded.append(load.version)
-        settle(svc, name, before, number if len(loaded) == len(loads) else None)
+        if existed or loaded:
+            settle(svc, name, number if len(loaded) == len(loads) else None)
         if not loaded:
             return False
         in_service(svc, name)
@@ -173,39 +174,39 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
     return True
 
 
-def hold(svc: Services, name: str) -> int | None:
-    """The version of a model Kiln holds that serves requests naming none (None for a new one),
-    made its default version while the deploy goes on: an older version it records anew (under
-    a newer number) is not served meanwhile."""
+def hold(svc: Services, name: str) -> bool:
+    """Whether Kiln holds the model. While its deploy goes on, the version that serves requests
+    naming none is held as its default version, so that an older version recorded anew, under a
+    newer number, does not serve meanwhile. The hold is recorded: a deploy cut short (a store
+    outage, a crash) leaves it for the next to release."""
     try:
         view = svc.registry.get_model(name)
     except NotFoundError:
-        return None
-    if view.default_version is not None:
-        return view.default_version
-    serving = view.versions[-1][0].version
-    svc.registry.set_default_version(name, serving)
-    return serving
+        return False
+    if view.default_version is None:
+        svc.registry.set_repository_state(name, view.versions[-1][0].version, held=True)
+    return True
 
 
-def settle(svc: Services, name: str, before: int | None, newest: int | None) -> None:
-    """Once deployed, the repository's newest version (`newest`, Kiln's number; None after a
-    failure) serves requests naming none, as in Triton, though Kiln holds newer ones (their
-    directories removed: a rollback), where the repository changed since it last deployed; else
-    the version that served `before` goes on serving: a default version set through the API
-    stays, and after a failure what served does, as a Triton model whose reload failed."""
+def settle(svc: Services, name: str, newest: int | None) -> None:
+    """Which version serves requests naming none once the deploy is done. Where the repository's
+    newest version (`newest`, Kiln's number; None when a version failed) changed since it last
+    deployed, that one, as in Triton, though Kiln holds newer ones (their directories removed:
+    a rollback). Otherwise what served goes on serving: a default version set through the API
+    stays, the hold is released, and after a failure it stays while versions recorded meanwhile
+    would serve in place of the one that served, as a Triton model whose reload failed."""
     view = svc.registry.get_model(name)
-    target = before
+    latest = view.versions[-1][0].version
     if newest is not None and newest != view.repository_version:
-        svc.registry.set_repository_version(name, newest)
-        target = newest
-    if target is None:
-        return  # a new model whose first versions failed: what loaded serves
-    wanted = None if target == view.versions[-1][0].version else target
-    if view.default_version != wanted:
-        svc.registry.set_default_version(name, wanted)
-    if target != before:
-        log.info("model %r: version %d serves requests naming none", name, target)
+        if view.repository_version is None and view.default_version is not None and not view.repository_hold:
+            # First deployed from a repository (or by a Kiln before this), with a default version
+            # set through the API: that stays until the repository changes.
+            svc.registry.set_repository_state(name, view.default_version, False, newest)
+            return
+        svc.registry.set_repository_state(name, None if newest == latest else newest, False, newest)
+        log.info("model %r: version %d serves requests naming none", name, newest)
+    elif view.repository_hold and (newest is not None or view.default_version == latest):
+        svc.registry.set_repository_state(name, None, held=False)
 
 
 def removed(svc: Services, name: str) -> None:

@@ -24,12 +24,10 @@ from service.api.models import apply_serving, parse_config, store_version
 from service.api.problems import validation_detail
 from service.api.v2 import config_doc, described
 from service.errors import BadRequestError, InvalidConfigError, PayloadTooLargeError
-from service.records import MAX_OUTPUT_NAMES, ModelConfig, OutputInfo, ServingConfig
+from service.records import MAX_OUTPUT_NAMES, ModelConfig, OutputInfo, ServingConfig, name_index
 from service.tensors import DATATYPES
 from service.triton_repository import foreign_platform
 
-# OUTPUT__1: the PyTorch backend's name of a model's second output; output1: Kiln's.
-INDEXED_NAME = re.compile(r"(?:.*__|output)(\d+)")
 # `file:1/model.pt`: a version's model file (label files lie beside the versions: `file:labels.txt`).
 VERSION_FILE = re.compile(r"file:\d+/[^/]+")
 # The ModelConfig fields Kiln takes; a configuration that sets any other is refused, since Kiln
@@ -258,7 +256,7 @@ def kiln_config(config: Any, name: str) -> dict[str, Any]:
                 "dtype": dtype_of(t, "input"),
                 "shape": [-1, *t.dims] if batching else list(t.dims),
             }
-            for t in config.input
+            for t in model_inputs(config.input)
         ]
     names = served_output_names(config.output)
     if names != output_names(len(names)):  # Kiln's own names need no mapping
@@ -292,26 +290,54 @@ def kiln_config(config: Any, name: str) -> dict[str, Any]:
     return doc
 
 
-def served_output_names(outputs: Any) -> list[str]:
-    """The names of the model's outputs, in the order it returns them, as Triton's PyTorch backend
-    reads its configuration: each named <name>__<index> (or output<index>, as Kiln shows them)
-    is the index-th, those between keeping Kiln's names; when not all are, the configuration
-    lists them in the model's order."""
-    by_index: dict[int, str] = {}
-    for output in outputs:
-        name, match = output.name, INDEXED_NAME.fullmatch(output.name)
-        if match is None:
-            return [o.name for o in outputs]
-        index = int(match[1])
+def by_index(tensors: Any, kind: str) -> dict[int, str] | None:
+    """The index of the model's input or output that each of a configuration's names, when all
+    have Triton's PyTorch form <name>__<index>: its backend matches them so; None when not all do,
+    and the configuration lists them in the model's order."""
+    found: dict[int, str] = {}
+    for tensor in tensors:
+        index = name_index(tensor.name)
+        if index is None:
+            return None
         if index >= MAX_OUTPUT_NAMES:
             raise BadRequestError(
-                f"config: output {name!r}: Kiln names the first {MAX_OUTPUT_NAMES} outputs of a model"
+                f"config: {kind} {tensor.name!r}: index {index}; Kiln reads indices below {MAX_OUTPUT_NAMES}"
             )
-        if index in by_index:
-            raise BadRequestError(f"config: outputs {by_index[index]!r} and {name!r} are both output {index}")
-        by_index[index] = name
-    default = output_names(max(by_index, default=-1) + 1)
-    return [by_index.get(i, name) for i, name in enumerate(default)]
+        if index in found:
+            raise BadRequestError(
+                f"config: {kind}s {found[index]!r} and {tensor.name!r} are both {kind} {index}"
+            )
+        found[index] = tensor.name
+    return found
+
+
+def output_positions(outputs: Any) -> dict[int, str]:
+    """Which of the model's outputs each of a configuration's names is: by its index, or else
+    in the configuration's order."""
+    indexed = by_index(outputs, "output")
+    return dict(enumerate(o.name for o in outputs)) if indexed is None else indexed
+
+
+def served_output_names(outputs: Any) -> list[str]:
+    """The names of the model's outputs, in the order it returns them; those the configuration
+    does not name keep Kiln's."""
+    positions = output_positions(outputs)
+    return [positions.get(i, name) for i, name in enumerate(output_names(max(positions, default=-1) + 1))]
+
+
+def model_inputs(inputs: Any) -> list[Any]:
+    """The configuration's inputs in the order the model takes them: by their index, or else as
+    listed (Triton's match by forward()'s argument names is not made: list them in its order)."""
+    indexed = by_index(inputs, "input")
+    if indexed is None:
+        return list(inputs)
+    if sorted(indexed) != list(range(len(indexed))):
+        raise BadRequestError(
+            f"config: input indices {sorted(indexed)}: name the model's inputs "
+            f"<name>__0 to <name>__{len(indexed) - 1}"
+        )
+    named = {t.name: t for t in inputs}
+    return [named[indexed[i]] for i in range(len(indexed))]
 
 
 def dtype_of(tensor: Any, kind: str) -> str:
@@ -378,6 +404,15 @@ def reconfigure(
         )
     stated = bool(config.input or config.max_batch_size)  # else as shown: proto3 has no unset
     check_outputs(config, current.outputs, config.max_batch_size > 0 if stated else raw["max_batch_size"] > 0)
+    served = [o.name for o in current.outputs]
+    moved = [
+        f"{n!r} as output {i}" for i, n in output_positions(config.output).items() if served[i : i + 1] != [n]
+    ]
+    if moved:
+        raise InvalidConfigError(
+            f"config: {moved}, but version {current.version} serves its outputs as {served}; load the "
+            "model file too (file:1/model.pt) for a new version with other names"
+        )
     missing = sorted(path for output, path in unsent.items() if output not in current.config.labels)
     if missing:
         raise BadRequestError(f"config: label_filename {missing}: send the file too")
