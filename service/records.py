@@ -56,6 +56,14 @@ def name_index(name: str) -> int | None:
     return int(tail) if sep and INDEX.fullmatch(tail) else None
 
 
+def own_names(names: list[str]) -> list[str]:
+    """Output names less the trailing ones that Kiln gives anyway (output<i> at i)."""
+    end = len(names)
+    while end and names[end - 1] == output_names(end)[-1]:
+        end -= 1
+    return names[:end]
+
+
 TensorName = Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*$", max_length=64)]
 # The most outputs that can be named: a Triton configuration's OUTPUT__<index> names up to it.
 MAX_OUTPUT_NAMES = 256
@@ -210,7 +218,7 @@ class ModelConfig(ServingConfig):
                 raise ValueError(
                     f"{name!r} names output {index} in Triton's <name>__<index> form, but is output {i}"
                 )
-        return None if names == output_names(len(names)) else names  # Kiln's own: the same upload
+        return own_names(names) or None  # Kiln's own names: the same upload as without them
 
     def serving(self) -> ServingConfig:
         return ServingConfig.model_validate(self.model_dump(include=set(ServingConfig.model_fields)))

@@ -297,6 +297,7 @@ class Registry:
     ) -> None:
         """A model repository's deploy: the default version, whether the deploy holds it, and the
         version the repository's newest deployed as, written at once."""
+        self._versions(name)  # a 404 for a model deleted meanwhile
         fields: dict[str, Any] = {"default_version": default_version, "repository_hold": held}
         if repository_version is not None:
             fields["repository_version"] = repository_version

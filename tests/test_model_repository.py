@@ -197,7 +197,25 @@ def test_a_polled_repository_deploys_the_model_directories_that_change(tmp_path:
         time.sleep(1.5)  # a few polls more: the deploy, if under way then, is done
         model = http.get("/v1/models/mlp").json()
         assert (model["active"]["version"], model["default_version"]) == (2, 2)
+        # The setting put back, and then the version that failed taken out, the versions recorded
+        # anew (3 and 4) are left behind: the held version goes on serving, as a default version.
+        failures = server.log.read_text().count("model 'mlp' version 3")
+        (staging / "config.pbtxt").write_text(unlabelled.replace("500", "900"))
+        put(staging / "config.pbtxt", served / "config.pbtxt")
+        wait_until(
+            lambda: server.log.read_text().count("model 'mlp' version 3") > failures,
+            60,
+            "the reverted deploy",
+        )
+        wait_until(
+            lambda: "model 'mlp' deployed" in server.log.read_text().rsplit("version 3", 1)[1], 60, "it done"
+        )
+        deploys = server.log.read_text().count("model 'mlp' deployed")
         os.replace(served / "3", staging / "broken-3-again")
-        wait_until(lambda: http.get("/v1/models/mlp").json()["active"]["version"] == 4, 60, "the new newest")
-        assert http.get("/v1/models/mlp").json()["default_version"] is None
+        wait_until(
+            lambda: server.log.read_text().count("model 'mlp' deployed") > deploys, 60, "the last deploy"
+        )
+        model = http.get("/v1/models/mlp").json()
+        assert (model["active"]["version"], model["default_version"]) == (2, 2)
+        assert versions(http, "mlp") == [1, 2, 3, 4]
     assert "Traceback" not in server.log.read_text()

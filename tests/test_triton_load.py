@@ -446,6 +446,8 @@ def test_outputs_are_served_under_the_names_the_configuration_gives(
         predicted = http.post("/v1/models/named/predict", json={"inputs": {"x": x.tolist()}})
         assert predicted.status_code == 200, predicted.text
         assert sorted(predicted.json()["outputs"]) == ["logits", "output1"]  # the second keeps its name
+        same = upload(http, TWO_HEADS, name="named", backends=[], output_names=["logits", "output1"])
+        assert same.json()["version"] == 1  # a name Kiln gives anyway changes nothing
         plain = upload(http, TWO_HEADS, name="named", backends=[], output_names=["output0", "output1"])
         assert plain.json()["version"] == 2 and versions(server, "named") == [1, 2]  # Kiln's own names
         again = upload(http, TWO_HEADS, name="named", backends=[])
@@ -457,6 +459,9 @@ def test_outputs_are_served_under_the_names_the_configuration_gives(
         ]:
             refused = upload(http, TWO_HEADS, name="named", backends=[], output_names=names)
             assert refused.status_code == 422 and message in refused.text, refused.text
+        swapped = [{"name": n, "dtype": "float32", "shape": [-1, 64]} for n in ("b__1", "a__0")]
+        refused = upload(http, TWO_HEADS, name="named", backends=[], inputs=swapped)
+        assert refused.status_code == 422 and "listed by index from 0" in refused.text, refused.text
 
 
 def test_priorities_and_a_queue_policy_apply_as_stated(

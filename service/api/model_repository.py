@@ -141,7 +141,7 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
         return False
     name, loaded = loads[0].model, []  # Triton's version numbers
     try:
-        existed = hold(svc, name)
+        existed, inherited = hold(svc, name)
         number = 0  # Kiln's, of the last one loaded
         for i, load in enumerate(loads):
             if stopping.is_set():
@@ -163,7 +163,7 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
                 break
             loaded.append(load.version)
         if existed or loaded:
-            settle(svc, name, number if len(loaded) == len(loads) else None)
+            settle(svc, name, number if len(loaded) == len(loads) else None, inherited)
         if not loaded:
             return False
         in_service(svc, name)
@@ -174,27 +174,30 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
     return True
 
 
-def hold(svc: Services, name: str) -> bool:
-    """Whether Kiln holds the model. While its deploy goes on, the version that serves requests
-    naming none is held as its default version, so that an older version recorded anew, under a
-    newer number, does not serve meanwhile. The hold is recorded: a deploy cut short (a store
-    outage, a crash) leaves it for the next to release."""
+def hold(svc: Services, name: str) -> tuple[bool, bool]:
+    """Whether Kiln holds the model, and a hold an earlier deploy left. While its deploy goes on,
+    the version that serves requests naming none is held as its default version, so that an
+    older version recorded anew, under a newer number, does not serve meanwhile. The hold is
+    recorded: a deploy that failed, or was cut short (a store outage, a crash), leaves it for
+    the next to release."""
     try:
         view = svc.registry.get_model(name)
     except NotFoundError:
-        return False
+        return False, False
     if view.default_version is None:
         svc.registry.set_repository_state(name, view.versions[-1][0].version, held=True)
-    return True
+    return True, view.repository_hold
 
 
-def settle(svc: Services, name: str, newest: int | None) -> None:
+def settle(svc: Services, name: str, newest: int | None, inherited: bool) -> None:
     """Which version serves requests naming none once the deploy is done. Where the repository's
     newest version (`newest`, Kiln's number; None when a version failed) changed since it last
     deployed, that one, as in Triton, though Kiln holds newer ones (their directories removed:
     a rollback). Otherwise what served goes on serving: a default version set through the API
     stays, the hold is released, and after a failure it stays while versions recorded meanwhile
-    would serve in place of the one that served, as a Triton model whose reload failed."""
+    would serve in place of the one that served, as a Triton model whose reload failed. A hold
+    an earlier deploy left is released as a default version, while versions it recorded are
+    newer: those were left behind (a changed setting, reverted since)."""
     view = svc.registry.get_model(name)
     latest = view.versions[-1][0].version
     if newest is not None and newest != view.repository_version:
@@ -206,7 +209,8 @@ def settle(svc: Services, name: str, newest: int | None) -> None:
         svc.registry.set_repository_state(name, None if newest == latest else newest, False, newest)
         log.info("model %r: version %d serves requests naming none", name, newest)
     elif view.repository_hold and (newest is not None or view.default_version == latest):
-        svc.registry.set_repository_state(name, None, held=False)
+        keep = inherited and view.default_version != latest
+        svc.registry.set_repository_state(name, view.default_version if keep else None, held=False)
 
 
 def removed(svc: Services, name: str) -> None:

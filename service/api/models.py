@@ -11,7 +11,7 @@ from typing import IO, Annotated, Any, BinaryIO
 
 from fastapi import APIRouter, Depends, File, Form, UploadFile
 from fastapi.responses import JSONResponse
-from pydantic import ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError, field_validator
 
 from compiler.backends import REGISTRY as BACKENDS
 from compiler.backends import family_reason, get_backend, option_problems, options_reason, reference_target
@@ -41,9 +41,11 @@ from service.records import (
     ModelConfig,
     OutputInfo,
     ServingConfig,
+    TensorConfig,
     VariantRecord,
     VariantStatus,
     VersionRecord,
+    name_index,
     new_id,
     options_key,
 )
@@ -111,6 +113,17 @@ class UploadConfig(ModelConfig):
     ModelConfig, which ignores fields that a later Kiln no longer has."""
 
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("inputs")
+    @classmethod
+    def _inputs_by_index(cls, inputs: list[TensorConfig]) -> list[TensorConfig]:
+        indices = [name_index(t.name) for t in inputs]
+        # As Triton's load reads them; a stored version's are read as they were uploaded.
+        if None not in indices and indices != list(range(len(inputs))):
+            raise ValueError(
+                f"inputs named in Triton's <name>__<index> form must be listed by index from 0; got {indices}"
+            )
+        return inputs
 
 
 def parse_config(text: str, svc: Services) -> ModelConfig:

@@ -24,7 +24,7 @@ from service.api.models import apply_serving, parse_config, store_version
 from service.api.problems import validation_detail
 from service.api.v2 import config_doc, described
 from service.errors import BadRequestError, InvalidConfigError, PayloadTooLargeError
-from service.records import MAX_OUTPUT_NAMES, ModelConfig, OutputInfo, ServingConfig, name_index
+from service.records import MAX_OUTPUT_NAMES, ModelConfig, OutputInfo, ServingConfig, name_index, own_names
 from service.tensors import DATATYPES
 from service.triton_repository import foreign_platform
 
@@ -258,8 +258,8 @@ def kiln_config(config: Any, name: str) -> dict[str, Any]:
             }
             for t in model_inputs(config.input)
         ]
-    names = served_output_names(config.output)
-    if names != output_names(len(names)):  # Kiln's own names need no mapping
+    names = own_names(served_output_names(config.output))
+    if names:
         doc["output_names"] = names
     if config.response_cache.enable:
         doc["response_cache"] = True
