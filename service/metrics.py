@@ -154,8 +154,8 @@ NV_COMPUTE_OUTPUT_US = _triton(
 # Fed by the batcher (service.runtime): the statistics extension has no such number.
 NV_PENDING = Gauge(
     "nv_inference_pending_request_count",
-    "Inference requests waiting to run: from their arrival at the model's queue until they start "
-    "to run, or are answered without.",
+    "Inference requests waiting to run: for their model's runner to load, then from their arrival "
+    "at the model's queue until they start to run, or are answered without.",
     ["model", "version"],
     multiprocess_mode="livesum",
 )

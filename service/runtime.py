@@ -360,7 +360,7 @@ class Runtime:
         variant = self.choose(route.variants, batch, backend)
         try:
             if self._cached(runner_key(route.version, variant)) is None:
-                await run_in_threadpool(self.runner, route, batch, backend)
+                await self._wait_for_load(route, batch, backend)
             timeout_us = effective_timeout(timeout_us, route.version.config.default_timeout_us)
             deadline = None if timeout_us is None else arrived + timeout_us / 1e6
             batcher = self._batcher(route.version, backend)
@@ -380,6 +380,16 @@ class Runtime:
             done - begun
         )
         return Prediction(outputs, number, variant)
+
+    async def _wait_for_load(self, route: Route, batch: int, backend: str | None) -> None:
+        """Load the request's runner, the request pending meanwhile (Triton's pending count, which
+        an autoscaler reads: requests a cold replica holds count as it loads)."""
+        waiting = metrics.NV_PENDING.labels(route.version.name, str(route.version.version))
+        waiting.inc()
+        try:
+            await run_in_threadpool(self.runner, route, batch, backend)
+        finally:
+            waiting.dec()
 
     async def _response_key(self, name: str, number: int, arrays: Arrays) -> Key:
         if sum(a.nbytes for a in arrays.values()) <= HASH_INLINE_BYTES:

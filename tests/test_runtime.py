@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from prometheus_client import REGISTRY
 
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
@@ -286,6 +287,32 @@ def test_a_faster_variant_loads_behind_the_one_serving(
     # WARMUP_RUNS at batch 8, the size it serves, while only TorchScript was in service; then
     # the swapped-in batch.
     assert (slow.calls, slow.observed) == ([8, 8, 8], [1, 1, 2])
+
+
+def test_a_request_waiting_for_its_runner_to_load_is_pending(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Triton's pending count includes a request that waits for its model's runner to load, so
+    that an autoscaler reading it sees the requests a cold replica holds: it counts from the
+    start of the 2 s load, not from the queue that follows."""
+    slow_onnxruntime(monkeypatch, 2.0)
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+
+    def pending() -> float | None:
+        labels = {"model": "mlp", "version": "1"}
+        return REGISTRY.get_sample_value("nv_inference_pending_request_count", labels)
+
+    async def main() -> float:
+        began = time.monotonic()
+        request = asyncio.create_task(runtime.predict("mlp", None, {"x": x}, backend="onnxruntime"))
+        while not pending() and not request.done():
+            await asyncio.sleep(0.02)
+        counted = time.monotonic() - began
+        await request
+        return counted
+
+    assert asyncio.run(main()) < 1.5
+    assert pending() == 0
 
 
 def test_a_first_load_loads_the_other_batch_size_variant_behind(
