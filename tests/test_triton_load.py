@@ -426,20 +426,27 @@ def test_outputs_are_served_under_the_names_the_configuration_gives(
     ):
         client.load_model("ordered", config=swapped, headers=admin())
 
-    # Inputs named <name>__<index> are the model's arguments by their index, however listed.
-    config = triton_config(
-        "difference",
-        input=[{"name": n, "data_type": "TYPE_FP32", "dims": [64]} for n in ("B__1", "A__0")],
-        output=[{"name": "DIFF__0", "data_type": "TYPE_FP32", "dims": [64]}],
-    )
-    client.load_model(
-        "difference", config=json.dumps(config), files={"file:1/model.pt": difference()}, headers=admin()
-    )
+    # Inputs are the model's arguments by their <name>__<index>, or by forward()'s argument
+    # names (forward(a, b)), however listed.
     y = sample(MLP, 3, seed=2)
-    tensors = [triton.InferInput(n, list(x.shape), "FP32") for n in ("A__0", "B__1")]
-    for tensor, data in zip(tensors, (x, y), strict=True):
-        tensor.set_data_from_numpy(data)
-    np.testing.assert_allclose(client.infer("difference", tensors, headers=user()).as_numpy("DIFF__0"), x - y)
+    for name, inputs in [("by-index", ("B__1", "A__0")), ("by-argument", ("b", "a"))]:
+        config = triton_config(
+            name,
+            input=[{"name": n, "data_type": "TYPE_FP32", "dims": [64]} for n in inputs],
+            output=[{"name": "DIFF__0", "data_type": "TYPE_FP32", "dims": [64]}],
+        )
+        client.load_model(
+            name, config=json.dumps(config), files={"file:1/model.pt": difference()}, headers=admin()
+        )
+        first, second = sorted(inputs, key=str.lower)
+        assert [t["name"] for t in client.get_model_metadata(name, headers=user())["inputs"]] == [
+            first,
+            second,
+        ]
+        tensors = [triton.InferInput(n, list(x.shape), "FP32") for n in (first, second)]
+        for tensor, data in zip(tensors, (x, y), strict=True):
+            tensor.set_data_from_numpy(data)
+        np.testing.assert_allclose(client.infer(name, tensors, headers=user()).as_numpy("DIFF__0"), x - y)
 
     with httpx.Client(base_url=server.url, headers=admin(), timeout=60) as http:
         assert upload(http, TWO_HEADS, name="named", backends=[], output_names=["logits"]).status_code == 202

@@ -279,7 +279,11 @@ def store_version(
         # The same file and compiled settings again (a repository deployed at each start, say)
         # were checked when they were first uploaded.
         known = svc.registry.uploaded(cfg, sha256)
-        output_infos = known.outputs if known is not None else cfg.named(inspect(svc, tmp.name, spec))
+        if known is not None:
+            output_infos = known.outputs
+        else:
+            cfg, found = inspect(svc, tmp.name, cfg, spec)
+            output_infos = cfg.named(found)
         vet(output_infos)
         check_labels(cfg.labels, output_infos, cfg.inputs, "config.labels")
         key = MODEL_BLOB.format(sha256=sha256)
@@ -298,10 +302,14 @@ def store_version(
     return created, sha256
 
 
-def inspect(svc: Services, path: str, spec: InputSpec) -> list[OutputInfo]:
-    """The model's outputs, found by running it in a sandboxed child process."""
+def inspect(
+    svc: Services, path: str, cfg: ModelConfig, spec: InputSpec
+) -> tuple[ModelConfig, list[OutputInfo]]:
+    """The config with its inputs in the order the model takes them (by forward()'s argument
+    names, where they are all named so), and the model's outputs: found by running it in a
+    sandboxed child process."""
     try:
-        outputs = run_in_child(
+        found = run_in_child(
             inspect_model,
             (path, spec.to_dict()),
             timeout_s=svc.settings.validate_timeout_s,
@@ -309,7 +317,9 @@ def inspect(svc: Services, path: str, spec: InputSpec) -> list[OutputInfo]:
         )
     except SandboxError as exc:
         raise InvalidModelError(f"the model could not be validated: {exc}") from None
-    return [OutputInfo.model_validate(o) for o in outputs]
+    by_name = {t.name: t for t in cfg.inputs}
+    ordered = cfg.model_copy(update={"inputs": [by_name[n] for n in found["inputs"]]})
+    return ordered, [OutputInfo.model_validate(o) for o in found["outputs"]]
 
 
 def active_of(view: ModelView, svc: Services) -> ActiveOut | None:
