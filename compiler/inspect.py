@@ -31,9 +31,13 @@ def inspect_model(
     runner = torchscript.load(torchscript.compile(Path(path).read_bytes(), spec, "any", {}))
     arguments = forward_arguments(runner.module)
     if set(spec.names) <= set(arguments):
-        spec = InputSpec(
-            tuple(sorted(spec.inputs, key=lambda t: arguments.index(t.name))), spec.max_batch_size
-        )
+        leading = arguments[: len(spec.names)]
+        if set(spec.names) != set(leading):  # inputs are passed by position
+            raise InvalidModelError(
+                f"inputs {spec.names} are arguments of forward({', '.join(arguments)}), but not its "
+                f"first {len(leading)}: give {leading}, which Kiln passes by position"
+            )
+        spec = InputSpec(tuple(sorted(spec.inputs, key=lambda t: leading.index(t.name))), spec.max_batch_size)
         runner = TorchScriptRunner(runner.module, spec)
     rng = np.random.default_rng(0)
     batches = sorted({1, spec.max_batch_size}) if spec.batched else [1]

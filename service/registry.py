@@ -149,9 +149,14 @@ class Registry:
             self._put("job", job.id, job)
         # The version doc goes last: readers never see a version whose variants are missing.
         self._put("version", version_id(config.name, number), version)
+        self.record_upload(config, sha256, number)
+        return NewVersion(version, variants, jobs, deduplicated=False)
+
+    def record_upload(self, config: ModelConfig, sha256: str, number: int) -> None:
+        """An upload of these bytes with this config is the version `number`: found again by
+        `uploaded`."""
         upload_key = _upload_key(config, sha256)
         self.store.put_doc("upload", upload_key, {"id": upload_key, "name": config.name, "version": number})
-        return NewVersion(version, variants, jobs, deduplicated=False)
 
     def uploaded(self, config: ModelConfig, sha256: str) -> VersionRecord | None:
         """The version an upload of these bytes with this config made, if one did: the same

@@ -447,6 +447,16 @@ def test_outputs_are_served_under_the_names_the_configuration_gives(
         for tensor, data in zip(tensors, (x, y), strict=True):
             tensor.set_data_from_numpy(data)
         np.testing.assert_allclose(client.infer(name, tensors, headers=user()).as_numpy("DIFF__0"), x - y)
+        client.load_model(name, config=json.dumps(config), headers=admin())  # as it was: no change
+    partial = triton_config(
+        "partial",
+        input=[{"name": "b", "data_type": "TYPE_FP32", "dims": [64]}],
+        output=[{"name": "DIFF__0", "data_type": "TYPE_FP32", "dims": [64]}],
+    )
+    with pytest.raises(InferenceServerException, match=re.escape("not its first 1: give ['a']")):
+        client.load_model(
+            "partial", config=json.dumps(partial), files={"file:1/model.pt": difference()}, headers=admin()
+        )
 
     with httpx.Client(base_url=server.url, headers=admin(), timeout=60) as http:
         assert upload(http, TWO_HEADS, name="named", backends=[], output_names=["logits"]).status_code == 202

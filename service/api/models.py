@@ -278,7 +278,7 @@ def store_version(
         sha256 = spool(source, tmp)
         # The same file and compiled settings again (a repository deployed at each start, say)
         # were checked when they were first uploaded.
-        known = svc.registry.uploaded(cfg, sha256)
+        asked, known = cfg, svc.registry.uploaded(cfg, sha256)
         if known is not None:
             output_infos = known.outputs
         else:
@@ -295,6 +295,8 @@ def store_version(
         output_infos,
         lambda name, number: plan_variants(svc, cfg, name, number),
     )
+    if cfg.inputs != asked.inputs:  # in forward()'s order: the same config is found again as sent
+        svc.registry.record_upload(asked, sha256, created.version.version)
     for job in created.jobs:
         svc.queue.enqueue(job)
     if created.deduplicated:  # it may have taken the upload's serving settings

@@ -327,7 +327,7 @@ def served_output_names(outputs: Any) -> list[str]:
 
 def model_inputs(inputs: Any) -> list[Any]:
     """The configuration's inputs in the order the model takes them: by their index, or else as
-    listed (Triton's match by forward()'s argument names is not made: list them in its order)."""
+    listed (inputs named after forward()'s arguments are matched to them by the check run)."""
     indexed = by_index(inputs, "input")
     if indexed is None:
         return list(inputs)
@@ -388,7 +388,8 @@ def reconfigure(
     _, current = described(svc, name, None)
     raw = config_doc(svc, name, current.version)
     shown = kiln_config(json_format.ParseDict(raw, config_pb.ModelConfig()), name)  # Kiln's own: no checks
-    differ: list[str] = [k for k in ("max_batch_size", "inputs") if k in doc and doc[k] != shown[k]]
+    sent, had = inputs_by_name(doc), inputs_by_name(shown)
+    differ: list[str] = [k for k in ("max_batch_size", "inputs") if k in doc and sent[k] != had[k]]
     given = {k: doc[k] for k in COMPILED_PARAMETERS if k in doc}
     if given:
         try:
@@ -399,7 +400,7 @@ def reconfigure(
     if differ:
         raise InvalidConfigError(
             f"config: {differ} differ from version {current.version}'s (inputs compare by name, "
-            "order, data type and dims), which was compiled with them; load the model file too "
+            "data type and dims), which was compiled with them; load the model file too "
             "(file:1/model.pt) for a new version"
         )
     stated = bool(config.input or config.max_batch_size)  # else as shown: proto3 has no unset
@@ -431,6 +432,12 @@ def reconfigure(
         changes["labels"] = labels
     apply_serving(svc, current, changes)
     return current.version
+
+
+def inputs_by_name(doc: dict[str, Any]) -> dict[str, Any]:
+    """An upload config whose inputs are compared by name: the check run may have put the
+    version's in forward()'s order."""
+    return {**doc, "inputs": sorted(doc.get("inputs", []), key=lambda t: t["name"])}
 
 
 def compiled(config: ModelConfig, key: str) -> Any:
