@@ -429,7 +429,11 @@ def test_outputs_are_served_under_the_names_the_configuration_gives(
     # Inputs are the model's arguments by their <name>__<index>, or by forward()'s argument
     # names (forward(a, b)), however listed.
     y = sample(MLP, 3, seed=2)
-    for name, inputs in [("by-index", ("B__1", "A__0")), ("by-argument", ("b", "a"))]:
+    for name, inputs in [
+        ("by-index", ("B__1", "A__0")),
+        ("by-argument", ("b", "a")),
+        ("in-order", ("p", "q")),
+    ]:
         config = triton_config(
             name,
             input=[{"name": n, "data_type": "TYPE_FP32", "dims": [64]} for n in inputs],
@@ -438,7 +442,7 @@ def test_outputs_are_served_under_the_names_the_configuration_gives(
         client.load_model(
             name, config=json.dumps(config), files={"file:1/model.pt": difference()}, headers=admin()
         )
-        first, second = sorted(inputs, key=str.lower)
+        first, second = inputs if name == "in-order" else sorted(inputs, key=str.lower)
         assert [t["name"] for t in client.get_model_metadata(name, headers=user())["inputs"]] == [
             first,
             second,
@@ -448,6 +452,14 @@ def test_outputs_are_served_under_the_names_the_configuration_gives(
             tensor.set_data_from_numpy(data)
         np.testing.assert_allclose(client.infer(name, tensors, headers=user()).as_numpy("DIFF__0"), x - y)
         client.load_model(name, config=json.dumps(config), headers=admin())  # as it was: no change
+    # Inputs not named after forward()'s arguments are in the order given: another is another model.
+    swapped_inputs = triton_config(
+        "in-order",
+        input=[{"name": n, "data_type": "TYPE_FP32", "dims": [64]} for n in ("q", "p")],
+        output=[{"name": "DIFF__0", "data_type": "TYPE_FP32", "dims": [64]}],
+    )
+    with pytest.raises(InferenceServerException, match=re.escape("['inputs'] differ from version 1's")):
+        client.load_model("in-order", config=json.dumps(swapped_inputs), headers=admin())
     partial = triton_config(
         "partial",
         input=[{"name": "b", "data_type": "TYPE_FP32", "dims": [64]}],

@@ -279,8 +279,8 @@ def store_version(
         # The same file and compiled settings again (a repository deployed at each start, say)
         # were checked when they were first uploaded.
         asked, known = cfg, svc.registry.uploaded(cfg, sha256)
-        if known is not None:
-            output_infos = known.outputs
+        if known is not None:  # its inputs perhaps put in forward()'s order
+            cfg, output_infos = cfg.model_copy(update={"inputs": known.config.inputs}), known.outputs
         else:
             cfg, found = inspect(svc, tmp.name, cfg, spec)
             output_infos = cfg.named(found)

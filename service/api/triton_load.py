@@ -24,7 +24,16 @@ from service.api.models import apply_serving, parse_config, store_version
 from service.api.problems import validation_detail
 from service.api.v2 import config_doc, described
 from service.errors import BadRequestError, InvalidConfigError, PayloadTooLargeError
-from service.records import MAX_OUTPUT_NAMES, ModelConfig, OutputInfo, ServingConfig, name_index, own_names
+from service.records import (
+    MAX_OUTPUT_NAMES,
+    ModelConfig,
+    OutputInfo,
+    ServingConfig,
+    TensorConfig,
+    VersionRecord,
+    name_index,
+    own_names,
+)
 from service.tensors import DATATYPES
 from service.triton_repository import foreign_platform
 
@@ -388,8 +397,9 @@ def reconfigure(
     _, current = described(svc, name, None)
     raw = config_doc(svc, name, current.version)
     shown = kiln_config(json_format.ParseDict(raw, config_pb.ModelConfig()), name)  # Kiln's own: no checks
-    sent, had = inputs_by_name(doc), inputs_by_name(shown)
-    differ: list[str] = [k for k in ("max_batch_size", "inputs") if k in doc and sent[k] != had[k]]
+    differ: list[str] = [k for k in ("max_batch_size", "inputs") if k in doc and doc[k] != shown[k]]
+    if "inputs" in differ and sent_at_upload(svc, current, doc["inputs"]):
+        differ.remove("inputs")
     given = {k: doc[k] for k in COMPILED_PARAMETERS if k in doc}
     if given:
         try:
@@ -400,7 +410,7 @@ def reconfigure(
     if differ:
         raise InvalidConfigError(
             f"config: {differ} differ from version {current.version}'s (inputs compare by name, "
-            "data type and dims), which was compiled with them; load the model file too "
+            "order, data type and dims), which was compiled with them; load the model file too "
             "(file:1/model.pt) for a new version"
         )
     stated = bool(config.input or config.max_batch_size)  # else as shown: proto3 has no unset
@@ -434,10 +444,15 @@ def reconfigure(
     return current.version
 
 
-def inputs_by_name(doc: dict[str, Any]) -> dict[str, Any]:
-    """An upload config whose inputs are compared by name: the check run may have put the
-    version's in forward()'s order."""
-    return {**doc, "inputs": sorted(doc.get("inputs", []), key=lambda t: t["name"])}
+def sent_at_upload(svc: Services, version: VersionRecord, inputs: list[dict[str, Any]]) -> bool:
+    """Whether the version's upload sent these inputs, which its check run then put in forward()'s
+    order: the same inputs, by their names."""
+    try:
+        sent = version.config.model_copy(update={"inputs": [TensorConfig.model_validate(t) for t in inputs]})
+    except ValidationError:
+        return False
+    found = svc.registry.uploaded(sent, version.sha256)
+    return found is not None and found.version == version.version
 
 
 def compiled(config: ModelConfig, key: str) -> Any:
