@@ -223,6 +223,9 @@ class ModelConfig(ServingConfig):
     def serving(self) -> ServingConfig:
         return ServingConfig.model_validate(self.model_dump(include=set(ServingConfig.model_fields)))
 
+    def spec(self) -> InputSpec:
+        return InputSpec.from_dicts([t.model_dump() for t in self.inputs], self.max_batch_size or 1)
+
     def named(self, outputs: list[OutputInfo]) -> list[OutputInfo]:
         """The model's outputs (output0, output1, ...) under the names they are served by."""
         names = self.output_names or []
@@ -294,8 +297,7 @@ class VersionRecord(BaseModel):
         return {**doc, "config": config, "variant_ids": variant_ids}
 
     def spec(self) -> InputSpec:
-        inputs = [t.model_dump() for t in self.config.inputs]
-        return InputSpec.from_dicts(inputs, self.config.max_batch_size or 1)
+        return self.config.spec()
 
 
 class VariantRecord(BaseModel):

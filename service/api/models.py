@@ -17,7 +17,6 @@ from compiler.backends import REGISTRY as BACKENDS
 from compiler.backends import family_reason, get_backend, option_problems, options_reason, reference_target
 from compiler.errors import CompilerError, InvalidModelError
 from compiler.inspect import inspect_model
-from compiler.spec import InputSpec
 from service.api.auth import admin_scope, infer_scope
 from service.api.deps import Services, services
 from service.api.problems import validation_detail
@@ -139,7 +138,7 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
     check_priorities(config, "config.")
     check_targets(svc, config.targets, "config.targets")
     try:
-        spec = InputSpec.from_dicts([t.model_dump() for t in config.inputs], config.max_batch_size)
+        spec = config.spec()
         for sample in config.samples:
             spec.coerce(sample)
     except CompilerError as exc:
@@ -271,7 +270,6 @@ def store_version(
     same bytes and compiled settings: its outputs are known), keep its bytes, and record
     the version with its compile jobs queued, or find the identical one; and its sha256.
     `vet` checks the outputs the model turned out to have, before anything is recorded."""
-    spec = InputSpec.from_dicts([t.model_dump() for t in cfg.inputs], cfg.max_batch_size or 1)
     store = svc.registry.store
     store.ping()  # fail fast with 503 before reading a large body
     with tempfile.NamedTemporaryFile(prefix="kiln-upload-") as tmp:
@@ -282,7 +280,7 @@ def store_version(
         if known is not None:  # its inputs perhaps put in forward()'s order
             cfg, output_infos = cfg.model_copy(update={"inputs": known.config.inputs}), known.outputs
         else:
-            cfg, found = inspect(svc, tmp.name, cfg, spec)
+            cfg, found = inspect(svc, tmp.name, cfg)
             output_infos = cfg.named(found)
         vet(output_infos)
         check_labels(cfg.labels, output_infos, cfg.inputs, "config.labels")
@@ -304,16 +302,14 @@ def store_version(
     return created, sha256
 
 
-def inspect(
-    svc: Services, path: str, cfg: ModelConfig, spec: InputSpec
-) -> tuple[ModelConfig, list[OutputInfo]]:
+def inspect(svc: Services, path: str, cfg: ModelConfig) -> tuple[ModelConfig, list[OutputInfo]]:
     """The config with its inputs in the order the model takes them (by forward()'s argument
     names, where they are all named so), and the model's outputs: found by running it in a
     sandboxed child process."""
     try:
         found = run_in_child(
             inspect_model,
-            (path, spec.to_dict()),
+            (path, cfg.spec().to_dict()),
             timeout_s=svc.settings.validate_timeout_s,
             memory_mb=svc.settings.compile_memory_mb,
         )
