@@ -32,6 +32,10 @@ class NotFoundError(KilnError):
     title = "Not found"
 
 
+class DeletedError(NotFoundError):
+    """A version deleted after its request was routed to it."""
+
+
 class ConflictError(KilnError):
     status_code = 409
     title = "Conflict"

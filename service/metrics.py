@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 
 import psutil
@@ -167,6 +167,30 @@ NV_CACHE_HIT_US = _triton(
 NV_CACHE_MISS_US = _triton(
     "nv_cache_miss_duration_per_model", "Cumulative time of response-cache misses' lookups and insertions."
 )
+# The series of a model's versions, and of the model alone: they go when those are deleted.
+BY_VERSION: tuple[Gauge | Histogram | Counter, ...] = (
+    REQUEST_SECONDS,
+    NV_REQUEST_SUCCESS,
+    NV_REQUEST_FAILURE,
+    NV_INFERENCE_COUNT,
+    NV_EXEC_COUNT,
+    NV_REQUEST_US,
+    NV_QUEUE_US,
+    NV_COMPUTE_INPUT_US,
+    NV_COMPUTE_INFER_US,
+    NV_COMPUTE_OUTPUT_US,
+    NV_PENDING,
+    NV_CACHE_HITS,
+    NV_CACHE_MISSES,
+    NV_CACHE_HIT_US,
+    NV_CACHE_MISS_US,
+)
+BY_MODEL: tuple[Gauge | Histogram | Counter, ...] = (
+    QUEUE_SECONDS,
+    BATCH_SIZE,
+    PENDING_REQUESTS,
+    RESPONSE_CACHE,
+)
 QUEUE_DEPTH_HELP = (
     "Compile jobs queued or running and not yet settled, per target queue of this host; read "
     "at scrape time from the in-process pool (embedded) or from Redis (cluster-wide)."
@@ -212,6 +236,22 @@ def forget_dead_processes() -> None:
         pid = int(path.stem.rpartition("_")[2])
         if not psutil.pid_exists(pid):
             mark_process_dead(pid)
+
+
+def forget(model: str, versions: Collection[int] | None) -> None:
+    """Remove the series of a deleted model (`versions` None) or of some of its versions, as
+    Triton removes a model's with it: else every version ever served stays a series. Not in
+    multiprocess mode, where prometheus-client cannot remove one (the processes' files keep it
+    until they restart)."""
+    if multiprocess():
+        return
+    if versions is None:
+        for metric in BY_VERSION + BY_MODEL:
+            metric.remove_by_labels({"model": model})
+        return
+    for number in versions:
+        for metric in BY_VERSION:
+            metric.remove_by_labels({"model": model, "version": str(number)})
 
 
 def process_exiting() -> None:

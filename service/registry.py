@@ -273,6 +273,10 @@ class Registry:
             raise NotFoundError(f"no model named {name!r}")
         return sorted((VersionRecord.model_validate(d) for d in docs), key=lambda v: v.version)
 
+    def version_numbers(self, name: str) -> set[int]:
+        """The numbers of a model's versions; none for an unknown name."""
+        return {int(doc["version"]) for doc in self.store.list_docs("version", prefix=f"{name}/")}
+
     def set_unloaded(self, name: str, unloaded: bool) -> None:
         """Take a model out of service on every replica, or put it back. In the store, not in a
         process: under several workers or replicas, an unload must reach those that did not

@@ -30,7 +30,7 @@ from compiler.runner import Renamed, Runner
 from compiler.spec import InputSpec
 from service import metrics
 from service.batcher import Arrays, Batcher, BatchPolicy, BatchTiming, Gone
-from service.errors import ConflictError, NotFoundError
+from service.errors import ConflictError, DeletedError, NotFoundError
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
@@ -350,9 +350,7 @@ class Runtime:
             cached = self._responses.get(cache_key)
             done = time.perf_counter()
             if cached is not None:
-                self.stats.cache_hit(name, number, done - started)
-                metrics.RESPONSE_CACHE.labels(name, "hit").inc()
-                metrics.REQUEST_SECONDS.labels(name, str(number), "cache", "").observe(done - begun)
+                self.stats.cache_hit(name, number, done - started, done - begun)
                 return Prediction(dict(cached.outputs), number, cached.variant)
             looked_up = done - started
         # The variant for this request alone is loaded here, in the request's context (its log
@@ -366,25 +364,21 @@ class Runtime:
             batcher = self._batcher(route.version, backend)
             outputs, variant = await batcher.submit(arrays, batch, deadline, priority, gone)
         except BaseException as exc:  # a client that hung up (cancelled) is a failed request too
-            self.stats.request(name, number, time.perf_counter() - started, failure_reason(exc))
+            self.stats.failed(name, number, time.perf_counter() - started, failure_reason(exc))
             raise
         if cache_key is not None:
             inserting = time.perf_counter()
             if self._unloads[name] == unloads:  # else its answers were dropped meanwhile
                 self._responses.put(cache_key, outputs, variant)
             self.stats.cache_miss(name, number, looked_up + time.perf_counter() - inserting)
-            metrics.RESPONSE_CACHE.labels(name, "miss").inc()
         done = time.perf_counter()
-        self.stats.request(name, number, done - started)
-        metrics.REQUEST_SECONDS.labels(name, str(number), variant.backend, variant.target).observe(
-            done - begun
-        )
+        self.stats.answered(name, number, done - started, done - begun, variant.backend, variant.target)
         return Prediction(outputs, number, variant)
 
     async def _wait_for_load(self, route: Route, batch: int, backend: str | None) -> None:
         """Load the request's runner, the request pending meanwhile (Triton's pending count, which
         an autoscaler reads: requests a cold replica holds count as it loads)."""
-        waiting = metrics.NV_PENDING.labels(route.version.name, str(route.version.version))
+        waiting = self.stats.labelled(metrics.NV_PENDING, route.version.name, route.version.version, True)
         waiting.inc()
         try:
             await run_in_threadpool(self.runner, route, batch, backend)
@@ -405,19 +399,20 @@ class Runtime:
             def run(arrays: Arrays) -> tuple[Arrays, VariantRecord]:
                 return self._run(name, number, backend, arrays)
 
-            queue_seconds = metrics.QUEUE_SECONDS.labels(name)
+            queue_seconds = self.stats.labelled(metrics.QUEUE_SECONDS, name, number)
+            batch_size = self.stats.labelled(metrics.BATCH_SIZE, name, number)
 
             def on_batch(timing: BatchTiming) -> None:
                 self.stats.execution(name, number, timing)
-                metrics.BATCH_SIZE.labels(name).observe(timing.batch_size)
+                batch_size.observe(timing.batch_size)
                 for seconds in timing.queued_s:
                     queue_seconds.observe(seconds)
 
             # The newest read of the version: a request may hold one older than a change's.
             newest = self._routes.get((name, number))
             policy = batch_policy(version if newest is None else newest.version, self.settings)
-            pending = metrics.PENDING_REQUESTS.labels(name)
-            waiting = metrics.NV_PENDING.labels(name, str(number))
+            pending = self.stats.labelled(metrics.PENDING_REQUESTS, name, number)
+            waiting = self.stats.labelled(metrics.NV_PENDING, name, number, True)
             lanes = self._lanes_for(policy)
             batcher = self._batchers[key] = Batcher(run, policy, lanes, on_batch, pending.inc, waiting.inc)
         return batcher
@@ -531,7 +526,7 @@ class Runtime:
     ) -> Loaded:
         try:
             return self.load(version, variant, unloads, warm_batches)
-        except StoreUnavailableError:
+        except (StoreUnavailableError, DeletedError):
             raise
         except Exception as exc:
             if variant.backend != REFERENCE:
@@ -611,7 +606,11 @@ class Runtime:
                     loaded = self._load(version, variant)
                     warm_up(loaded.runner, version.spec(), warm_batches)
                     with self._lock:
-                        kept = not self._closed and self._unloads[version.name] == unloads
+                        kept = (
+                            not self._closed
+                            and self._unloads[version.name] == unloads
+                            and not self.stats.deleted(version.name, version.version)
+                        )
                         if kept:
                             self._loaded[key] = loaded
                             evicted = self._evict_over_budget()
@@ -667,7 +666,8 @@ class Runtime:
 
         with self._lock:
             self._generations[name] += 1  # refreshes in flight now keep nothing they read
-            self._unloads[name] += 1
+            if version is None:  # loads in flight are not kept (a deleted version's: Stats.deleted)
+                self._unloads[name] += 1
         self._responses.drop(name, version)  # its answers go with its runners
         # Copies: requests on the event loop may add entries meanwhile.
         for route_key, route in list(self._routes.items()):

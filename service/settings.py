@@ -69,6 +69,9 @@ class Settings(BaseSettings):
     response_cache_mb: int = Field(default=256, ge=0)
     # How long a replica trusts its cached routing decision before asking the store again.
     route_ttl_s: float = 1.0
+    # How often a process lets go of the versions deleted through another: their runners,
+    # statistics and series.
+    deletion_sweep_s: float = Field(default=30.0, gt=0.0)
     # Memory budget of loaded runners; the least recently used are evicted past it.
     runtime_max_mb: int = 4096
     # Models each process loads and warms up as it starts, before it reports ready (Triton's

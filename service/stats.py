@@ -9,17 +9,19 @@ import asyncio
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from prometheus_client import Gauge
+from prometheus_client import Gauge, Histogram
 
 from service import metrics
 from service.batcher import BatchTiming
-from service.errors import ClientGoneError, KilnError, QueueFullError, TimeoutExpiredError
+from service.errors import ClientGoneError, DeletedError, KilnError, QueueFullError, TimeoutExpiredError
 from service.store import StoreError
 
 US = 1e6
+M = TypeVar("M", Gauge, Histogram)
 REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 
@@ -137,53 +139,125 @@ class ModelStats:
         )
 
 
+def _deleted(name: str, version: int) -> DeletedError:
+    return DeletedError(f"version {version} of {name!r} was deleted")
+
+
 class Stats:
     def __init__(self) -> None:
         self._models: dict[tuple[str, int], ModelStats] = {}
         self._lock = threading.Lock()
+        # Models with series here: those of the model alone outlive its versions' statistics.
+        self._seen: set[str] = set()
+        # Versions forgotten as deleted. Their numbers are never reused, so none counts again
+        # here, as a request of theirs still in flight would: its series back, with no
+        # statistics left to find them by.
+        self._deleted: set[tuple[str, int]] = set()
 
     def start(self, name: str, version: int) -> None:
         """A version loads: its series exist from now, at 0, as Triton makes them at a model's
-        load, so that rate() and increase() count its first requests and failures."""
+        load, so that rate() and increase() count its first requests and failures. DeletedError
+        for a deleted one."""
         with self._lock:
-            self._of(name, version)
+            if self._of(name, version) is None:
+                raise _deleted(name, version)
 
-    def _of(self, name: str, version: int) -> ModelStats:
-        """Under the lock."""
+    def deleted(self, name: str, version: int) -> bool:
+        with self._lock:
+            return (name, version) in self._deleted
+
+    def _of(self, name: str, version: int) -> ModelStats | None:
+        """Under the lock; None for a deleted version."""
         stats = self._models.get((name, version))
         if stats is None:
+            if (name, version) in self._deleted:
+                return None
             stats = self._models[(name, version)] = ModelStats.of(name, version)
+            self._seen.add(name)
         return stats
 
-    def request(self, name: str, version: int, seconds: float, failure: str | None = None) -> None:
-        """A request answered, or failed for `failure` (failure_reason)."""
+    def labelled(self, metric: M, name: str, version: int, per_version: bool = False) -> M:
+        """The child of one of a model's series, or of its version's, that a batcher or a load
+        keeps moving. DeletedError for a deleted version: its request fails as if routed after."""
+        with self._lock:
+            if (name, version) in self._deleted:
+                raise _deleted(name, version)
+            self._seen.add(name)
+            return metric.labels(name, str(version)) if per_version else metric.labels(name)
+
+    def models(self) -> set[str]:
+        """The models with series here."""
+        with self._lock:
+            return set(self._seen)
+
+    def versions(self, name: str) -> set[int]:
+        """A model's versions with statistics here."""
+        with self._lock:
+            return {number for model, number in self._models if model == name}
+
+    def forget(self, name: str, held: Collection[int], stored: Collection[int]) -> None:
+        """Of the versions `held` here before the store was read, those it no longer has
+        (`stored`) were deleted: their statistics and series go, and with the model's last version
+        the model's series, as Triton's go with a model it unloads. A version counted since that
+        read is newer than it, and stays."""
+        with self._lock:
+            gone = set(held) - set(stored)
+            self._deleted.update((name, number) for number in gone)
+            for number in gone:  # a concurrent forget (DELETE and sweep) may have taken it
+                self._models.pop((name, number), None)
+            if not stored and all(model != name for model, _ in self._models):
+                self._seen.discard(name)
+                metrics.forget(name, None)
+            elif gone:
+                metrics.forget(name, gone)
+
+    def answered(
+        self, name: str, version: int, seconds: float, total_s: float, backend: str, target: str
+    ) -> None:
+        """A request answered in `seconds` from its inputs' check (`total_s` from its arrival) by
+        a variant of `backend` for `target`."""
         with self._lock:
             stats = self._of(name, version)
-            if failure is None:
+            if stats is not None:
                 stats.success.add(seconds)
-            else:
-                stats.fail.add(seconds)
-                metrics.NV_REQUEST_FAILURE.labels(name, str(version), failure).inc()
-            stats.last_inference_ms = int(time.time() * 1000)
+                stats.last_inference_ms = int(time.time() * 1000)
+                metrics.REQUEST_SECONDS.labels(name, str(version), backend, target).observe(total_s)
 
-    def cache_hit(self, name: str, version: int, seconds: float) -> None:
+    def failed(self, name: str, version: int, seconds: float, reason: str) -> None:
+        """A request failed for `reason` (failure_reason)."""
+        with self._lock:
+            stats = self._of(name, version)
+            if stats is not None:
+                stats.fail.add(seconds)
+                stats.last_inference_ms = int(time.time() * 1000)
+                metrics.NV_REQUEST_FAILURE.labels(name, str(version), reason).inc()
+
+    def cache_hit(self, name: str, version: int, seconds: float, total_s: float) -> None:
         """A request answered from the response cache: a success that never queued, as Triton
         counts it, and no inference or execution."""
         with self._lock:
             stats = self._of(name, version)
-            stats.cache_hit.add(seconds)
-            stats.success.add(seconds)
-            stats.queue.add(0.0)
-            stats.last_inference_ms = int(time.time() * 1000)
+            if stats is not None:
+                stats.cache_hit.add(seconds)
+                stats.success.add(seconds)
+                stats.queue.add(0.0)
+                stats.last_inference_ms = int(time.time() * 1000)
+                metrics.RESPONSE_CACHE.labels(name, "hit").inc()
+                metrics.REQUEST_SECONDS.labels(name, str(version), "cache", "").observe(total_s)
 
     def cache_miss(self, name: str, version: int, seconds: float) -> None:
         """The lookup and the insertion of a request that then ran."""
         with self._lock:
-            self._of(name, version).cache_miss.add(seconds)
+            stats = self._of(name, version)
+            if stats is not None:
+                stats.cache_miss.add(seconds)
+                metrics.RESPONSE_CACHE.labels(name, "miss").inc()
 
     def execution(self, name: str, version: int, timing: BatchTiming) -> None:
         with self._lock:
             stats = self._of(name, version)
+            if stats is None:
+                return
             stats.execution_count.add(1)
             stats.inference_count.add(timing.batch_size)
             stats.queue.add_each(timing.queued_s)

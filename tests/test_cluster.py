@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.client import by_backend, expected, predict, sample, upload, wait_settled
+from tests.client import Samples, by_backend, expected, predict, sample, scrape, upload, value, wait_settled
 from tests.models import MODELS
 from tests.servers import KilnProcess, KilnServer, RedisServer, wait_until
 
@@ -30,6 +30,8 @@ class Cluster:
             "KILN_QUEUE_REQUEUE_S": REQUEUE_S,
             "KILN_THREADS": "1",
             "KILN_COMPILE_WORKERS": "2",
+            # Short, so an API lets go of a version deleted through the other within a second.
+            "KILN_DELETION_SWEEP_S": "0.5",
         }
         self.root = root
         self.api1 = KilnServer(self.env, root / "api1.log")
@@ -169,3 +171,63 @@ def test_log_settings_reach_every_api_and_worker(
         assert api2.get("/v2/logging").json()["log_verbose_level"] == 1
     finally:
         api1.post("/v2/logging", json={"log_verbose_level": 0})
+
+
+def series_of(http: httpx.Client, model: str) -> dict[str, set[str | None]]:
+    """The versions of `model` each Kiln series names (None: a series of the model alone)."""
+    samples: Samples = scrape(http)
+    found: dict[str, set[str | None]] = {}
+    for name, rows in samples.items():
+        for labels, _ in rows:
+            if labels.get("model") == model:
+                found.setdefault(name, set()).add(labels.get("version"))
+    return found
+
+
+def stats_versions(http: httpx.Client, model: str) -> set[str]:
+    stats = http.get("/v2/models/stats").json()["model_stats"]
+    return {s["version"] for s in stats if s["name"] == model}
+
+
+def test_a_deleted_version_leaves_the_statistics_series_and_runners_of_every_api(
+    api1: httpx.Client, api2: httpx.Client
+) -> None:
+    """As Triton's go with a model it unloads: at once on the API that deleted, and within
+    KILN_DELETION_SWEEP_S on the other, which served it too; then a deleted model's per-model
+    series, also on an API that had served only its version deleted before."""
+    name, x = "mlp-deleted", sample(MODELS["mlp"], 1)
+    # Another compiled setting is another version; the first keeps its answers in memory.
+    assert upload(api1, MODELS["mlp"], name=name, max_batch_size=8, response_cache=True, backends=[])
+    assert upload(api1, MODELS["mlp"], name=name, max_batch_size=4, backends=[]).json()["version"] == 2
+    for api, versions in ((api1, (1, 2)), (api2, (1,))):
+        for version in versions:
+            for _ in range(2):  # v1's second is a cache hit
+                assert predict(api, name, x, version=version).status_code == 200
+        assert stats_versions(api, name) == {str(v) for v in versions}
+        found = series_of(api, name)
+        assert found["nv_inference_request_success"] == {str(v) for v in versions}
+        assert found["nv_cache_num_hits_per_model"] == {str(v) for v in versions}
+        assert found["kiln_request_duration_seconds_count"] == {str(v) for v in versions}
+        assert found["kiln_batch_size_count"] == found["kiln_response_cache_lookups_total"] == {None}
+    loaded = value(scrape(api2), "kiln_loaded_runners")
+
+    assert api1.delete(f"/v1/models/{name}/versions/1").status_code == 200
+    # The deleting API at once; the other at its next sweep. Version 2 and the model stay.
+    assert stats_versions(api1, name) == {"2"}
+    wait_until(lambda: stats_versions(api2, name) == set(), 10, "v1's statistics gone")
+    for api, left in ((api1, {"2"}), (api2, set())):
+        found = series_of(api, name)
+        assert set.union(*found.values()) == {*left, None}, found
+        assert found["kiln_batch_size_count"] == {None}
+    assert value(scrape(api2), "kiln_loaded_runners") == loaded - 1  # v1's runner freed there too
+    assert predict(api2, name, x, version=1).status_code == 404
+
+    assert api1.delete(f"/v1/models/{name}").status_code == 200
+    for api in (api1, api2):
+        wait_until(lambda api=api: series_of(api, name) == {}, 10, "the model's series gone")
+        assert stats_versions(api, name) == set()
+    # Uploaded again, it takes the next number (never reused) and its series start over.
+    assert upload(api1, MODELS["mlp"], name=name, max_batch_size=8, backends=[]).json()["version"] == 3
+    assert predict(api2, name, x).status_code == 200
+    assert series_of(api2, name)["nv_inference_request_success"] == {"3"}
+    assert value(scrape(api2), "kiln_batch_size_count", model=name) == 1

@@ -20,12 +20,21 @@ import httpx
 import psutil
 import pytest
 from httpx_sse import connect_sse
+from prometheus_client import REGISTRY
 from tritonclient.grpc.service_pb2 import ModelMetadataRequest
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
-from service.errors import ClientGoneError, ConflictError, NotFoundError, QueueFullError, TimeoutExpiredError
+from service import metrics
+from service.errors import (
+    ClientGoneError,
+    ConflictError,
+    DeletedError,
+    NotFoundError,
+    QueueFullError,
+    TimeoutExpiredError,
+)
 from service.records import JobRecord
-from service.stats import failure_reason
+from service.stats import Stats, failure_reason
 from service.store import StoreUnavailableError
 from tests.client import by_backend, infer_body, predict, sample, scrape, upload, value, wait_settled
 from tests.models import MODELS, UNCONVERTIBLE
@@ -460,6 +469,42 @@ def test_triton_series_match_the_statistics(http: httpx.Client) -> None:
 )
 def test_failures_count_by_triton_reason(error: BaseException, reason: str) -> None:
     assert failure_reason(error) == reason
+
+
+def test_a_forgotten_version_never_counts_again_and_a_newer_one_stays() -> None:
+    """Version numbers are never reused: a request of a deleted version still in flight counts
+    nowhere, and a version counted after the store was read is not taken for a deleted one."""
+    stats, name = Stats(), "stats-forget"
+
+    def versions_in_series() -> set[str]:
+        return {
+            s.labels["version"]
+            for family in REGISTRY.collect()
+            for s in family.samples
+            if s.labels.get("model") == name and "version" in s.labels
+        }
+
+    stats.start(name, 1)
+    stats.answered(name, 1, 0.001, 0.002, "torchscript", "any")
+    held = stats.versions(name)
+    stats.start(name, 2)  # uploaded and loaded after the store was read, which had neither
+    stats.forget(name, held, stored=set())
+    assert stats.versions(name) == {2} and versions_in_series() == {"2"}
+    assert stats.models() == {name}  # the model's series are kept while a version is counted
+    stats.failed(name, 1, 0.001, "CANCELED")  # v1's request in flight, its batcher closed
+    stats.cache_hit(name, 1, 0.001, 0.001)
+    assert [s["version"] for s in stats.doc(name)] == ["2"] and versions_in_series() == {"2"}
+    # One not yet at its batch or its load fails as if sent after the delete.
+    with pytest.raises(DeletedError):
+        stats.labelled(metrics.NV_PENDING, name, 1, per_version=True)
+    with pytest.raises(DeletedError):
+        stats.start(name, 1)
+    assert stats.deleted(name, 1) and not stats.deleted(name, 2)
+    stats.labelled(metrics.BATCH_SIZE, name, 2).observe(4)
+    stats.forget(name, stats.versions(name), stored=set())
+    assert stats.doc(name) == [] and stats.models() == set()
+    assert REGISTRY.get_sample_value("kiln_batch_size_count", {"model": name}) is None
+    assert versions_in_series() == set()
 
 
 def test_multiprocess_mode_aggregates_workers(tmp_path: Path) -> None:

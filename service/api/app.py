@@ -38,6 +38,7 @@ from service.api.middleware import RequestContext
 from service.api.model_repository import Repository, RepositoryPoller
 from service.api.protocol import InferRoute
 from service.api.v2_grpc import start_grpc
+from service.deletions import DeletionSweep
 from service.log_settings import LogControl
 from service.memory import collect_young_less_often, freeze_heap
 from service.preload import STOP_WAIT_S, Preload
@@ -123,6 +124,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         shared = SharedMemory(store, settings.shared_memory)
         logs = LogControl(store, settings.log_format, settings.route_ttl_s)
+        sweep = DeletionSweep(runtime, settings.deletion_sweep_s)
         app.state.services = Services(settings, registry, queue, runtime, preload, shared, logs)
         poll_s = settings.model_repository_poll_s
         poller = None if repo is None or not poll_s else RepositoryPoller(repo, app.state.services, poll_s)
@@ -134,6 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
             await run_in_threadpool(logs.run_once)  # the deployment's log settings, from the start
             logs.start()
+            sweep.start()
             preload.start()
             if poller is not None:
                 poller.start()
@@ -146,6 +149,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if poller is not None:  # as long as preload waits; it may wait for the lock, uncut
                 await run_in_threadpool(poller.stop, STOP_WAIT_S)
             await run_in_threadpool(logs.stop)
+            await run_in_threadpool(sweep.stop)
             if grpc_server is not None:
                 await grpc_server.stop(GRPC_GRACE_S)
             runtime.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ from service.api.schemas import (
     error_responses,
 )
 from service.classification import check_labels
+from service.deletions import forget_deleted
 from service.errors import InvalidConfigError, NotFoundError
 from service.records import (
     BackendRequest,
@@ -51,7 +53,9 @@ from service.records import (
 from service.registry import MODEL_BLOB, ModelView, NewVersion, job_for
 from service.router import ANY_TARGET, REFERENCE, serving_version
 from service.sandbox import SandboxError, run_in_child
+from service.store import StoreError
 
+log = logging.getLogger("kiln.api")
 router = APIRouter(tags=["models"])
 CHUNK = 1024 * 1024
 AUTO = "auto"
@@ -429,6 +433,14 @@ def apply_serving(svc: Services, current: VersionRecord, changes: dict[str, Any]
     return record
 
 
+def forget(svc: Services, name: str) -> None:
+    """Drop the deleted versions' statistics and series here at once; others' sweeps do there."""
+    try:
+        forget_deleted(svc.runtime, name)
+    except StoreError as exc:  # what was asked is done: the next sweep does this
+        log.warning("statistics of %s's deleted versions kept until the next sweep: %s", name, exc)
+
+
 @router.delete(
     "/v1/models/{name}",
     operation_id="delete_model",
@@ -439,6 +451,7 @@ def apply_serving(svc: Services, current: VersionRecord, changes: dict[str, Any]
 def delete_model(name: str, svc: Annotated[Services, Depends(services)]) -> ModelOut:
     view = svc.registry.delete_model(name)
     svc.runtime.unload(name)
+    forget(svc, name)
     return ModelOut(
         name=name, versions=[VersionOut.of(v, vs) for v, vs in view.versions], active=None, ready=False
     )
@@ -455,4 +468,5 @@ def delete_model(name: str, svc: Annotated[Services, Depends(services)]) -> Mode
 def delete_model_version(name: str, version: int, svc: Annotated[Services, Depends(services)]) -> VersionOut:
     [(record, variants)] = svc.registry.delete_version(name, version).versions
     svc.runtime.unload(name, version)
+    forget(svc, name)
     return VersionOut.of(record, variants)

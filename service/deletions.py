@@ -1,0 +1,42 @@
+"""What a process lets go of when models and versions are deleted, in the process that deleted
+them and, by a periodic sweep, in every other."""
+
+from __future__ import annotations
+
+import logging
+
+from service.periodic import Periodic
+from service.runtime import Runtime
+from service.store import StoreUnavailableError
+
+log = logging.getLogger("kiln.deletions")
+
+
+def forget_deleted(runtime: Runtime, name: str) -> None:
+    """Blocking (store I/O): free this process's runners, batchers and routes of the model's
+    versions that the store no longer has, and drop their statistics and series (Stats.forget)."""
+    held = runtime.stats.versions(name)  # before the read: see Stats.forget
+    stored = runtime.registry.version_numbers(name)
+    runtime.stats.forget(name, held, stored)  # first: from now no load of theirs is kept
+    for number in held - stored:
+        runtime.unload(name, number)
+
+
+class DeletionSweep(Periodic):
+    """Every `interval_s`, forgets the deleted versions of the models this process has series
+    of. The process that deleted them forgot them at once; the others would keep their runners
+    until evicted, and their statistics and series (Triton's and `kiln_*`) until they restart."""
+
+    def __init__(self, runtime: Runtime, interval_s: float) -> None:
+        super().__init__("kiln-deletion-sweep", interval_s)
+        self.runtime = runtime
+
+    def run_once(self) -> None:
+        for name in sorted(self.runtime.stats.models()):
+            try:
+                forget_deleted(self.runtime, name)
+            except StoreUnavailableError as exc:  # the next pass looks again
+                log.debug("deleted versions not looked for: %s", exc)
+                return
+            except Exception:  # a bug: logged, and the others are still looked at
+                log.exception("looking for deleted versions of %s failed", name)
