@@ -167,7 +167,9 @@ class InputSpec:
         batch = batches.pop() if batches else 1
         if batch > self.max_batch_size:
             raise InputMismatchError(
-                f"batch size {batch} is over this model's max_batch_size {self.max_batch_size}"
+                f"batch size {batch} is over this model's max_batch_size {self.max_batch_size}: send "
+                f"at most {self.max_batch_size} along the first dimension, or upload a version with "
+                "a larger max_batch_size"
             )
         return batch
 

@@ -245,17 +245,24 @@ class Batcher(Generic[T]):
         """Serve by `policy` from now on, and on `lanes` when given: the waiting requests take
         the priority levels it gives, and a batch running on a lane no longer listed finishes
         there. Safe from any thread."""
+        # Batching turned on or off (dynamic_batching): the load seen so far says nothing of it.
+        peaks = None if policy.max_batch_size == self.policy.max_batch_size else policy.max_batch_size
         self.policy = policy
         task = self._task
         if task is not None and not task.done():
-            task.get_loop().call_soon_threadsafe(self._reconfigured, policy, lanes)
-        elif lanes is not None:
-            self.lanes = list(lanes)
+            task.get_loop().call_soon_threadsafe(self._reconfigured, policy, lanes, peaks)
+        else:
+            if lanes is not None:
+                self.lanes = list(lanes)
+            if peaks is not None:
+                self._peaks = deque([peaks], maxlen=PEAK_CYCLES)
 
-    def _reconfigured(self, policy: BatchPolicy, lanes: Sequence[Executor] | None) -> None:
+    def _reconfigured(self, policy: BatchPolicy, lanes: Sequence[Executor] | None, peaks: int | None) -> None:
         self._queue.relevel(policy)
         if lanes is not None:
             self.lanes = list(lanes)
+        if peaks is not None:
+            self._peaks = deque([peaks], maxlen=PEAK_CYCLES)
         self._freed.set()  # more instances, or lanes, may let the next batch form
 
     def _count(self, change: int) -> None:

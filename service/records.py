@@ -146,7 +146,11 @@ class ServingConfig(BaseModel):
     """The settings of a version that change how it is served, not what was compiled: set at
     upload, and changed later without a recompile (PATCH /v1/models/{name}/versions/{v}/serving)."""
 
-    # Dynamic batching, as in Triton: how long a batch may wait to fill, and sizes that close it.
+    # Dynamic batching, as in Triton. False: each request runs alone as it comes, with its own
+    # rows (up to max_batch_size), never merged with another's: for a model whose first
+    # dimension varies but is not a batch (Triton's max_batch_size 0 with dims [-1, ...]).
+    dynamic_batching: bool = True
+    # How long a batch may wait to fill, and sizes that close it.
     max_queue_delay_us: QueueDelayUs | None = None
     preferred_batch_sizes: PreferredSizes = Field(default_factory=list)
     # Requests of one version that may wait or run at once in one server process; past it, a

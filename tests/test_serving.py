@@ -132,6 +132,35 @@ def test_unbatched_requests_run_alone_and_are_counted(http: httpx.Client, server
         np.testing.assert_allclose(r.json()["outputs"]["output0"], expected(MLP, x), rtol=1e-5, atol=1e-6)
 
 
+def test_dynamic_batching_off_runs_each_request_alone(http: httpx.Client, server: KilnServer) -> None:
+    """dynamic_batching false, at upload and as a PATCH sets it live: requests of up to
+    max_batch_size rows each run alone, never merged; true again, they merge."""
+    name = "rows-alone"
+    config = {"max_batch_size": 8, "max_queue_delay_us": 20_000, "dynamic_batching": False, "backends": []}
+    assert upload(http, MLP, name=name, **config).status_code == 202
+    xs = [sample(MLP, 2, seed=i) for i in range(16)]
+    predict(http, name, xs[0])
+
+    def runs_of_a_burst() -> int:
+        before = stats(http, name)
+        responses = asyncio.run(burst(server.url, name, xs))
+        after = stats(http, name)
+        for x, r in zip(xs, responses, strict=True):
+            assert r.status_code == 200, r.text
+            np.testing.assert_allclose(r.json()["outputs"]["output0"], expected(MLP, x), rtol=1e-5, atol=1e-6)
+        assert int(after["inference_count"]) - int(before["inference_count"]) == 32  # type: ignore[call-overload]
+        return int(after["execution_count"]) - int(before["execution_count"])  # type: ignore[call-overload]
+
+    assert runs_of_a_burst() == 16
+    path = f"/v1/models/{name}/versions/1/serving"
+    assert http.patch(path, json={"dynamic_batching": True}).json()["serving"]["dynamic_batching"] is True
+    predict(http, name, xs[0])  # reads the route again, which applies the change
+    assert runs_of_a_burst() < 16
+    assert http.patch(path, json={"dynamic_batching": False}).status_code == 200
+    predict(http, name, xs[0])
+    assert runs_of_a_burst() == 16
+
+
 def rss_mb(server: KilnServer) -> float:
     return float(psutil.Process(server.pid).memory_info().rss) / 2**20
 
@@ -409,6 +438,7 @@ def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client
     changed = http.patch(path, json={"max_queue_size": 1, "max_queue_delay_us": 1000, "response_cache": True})
     assert changed.status_code == 200, changed.text
     assert changed.json()["serving"] == {
+        "dynamic_batching": True,
         "max_queue_delay_us": 1000,
         "preferred_batch_sizes": [],
         "max_queue_size": 1,
@@ -451,7 +481,7 @@ def test_serving_settings_change_in_place_without_a_recompile(http: httpx.Client
 
     for body, message in (
         ({"max_batch_size": 8}, "max_batch_size: fixed at upload, where the variants were compiled"),
-        ({"bogus": 1}, "unknown setting(s) ['bogus']; the serving settings are ['max_queue_delay_us'"),
+        ({"bogus": 1}, "unknown setting(s) ['bogus']; the serving settings are ['dynamic_batching', "),
         (
             {"preferred_batch_sizes": [1024]},
             "preferred_batch_sizes: [1024] must lie in 1..max_batch_size (512)",

@@ -6,6 +6,7 @@ model as it was."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -27,7 +28,7 @@ from torch import nn
 from tritonclient.utils import InferenceServerException
 
 from tests import models
-from tests.client import expected, sample, upload
+from tests.client import expected, infer_body, sample, upload
 from tests.repositories import CONFIG_PBTXT, model_dir, scripted
 from tests.servers import ROOT, KilnServer
 
@@ -299,6 +300,8 @@ def test_what_kiln_shows_loads_back_as_it_was(
             ("static", {"inputs": static, "max_queue_size": 5, "default_timeout_us": 1000}),
             ("defaults", {"labels": {"output0": LABELS}}),
             ("wide", {"instances": 9}),  # more than the lanes it shows (KILN_INFERENCE_WORKERS)
+            ("one", {"max_batch_size": 1}),  # shown with max_batch_size 0 and the rows it takes
+            ("alone", {"dynamic_batching": False}),
         ]:
             assert upload(http, MLP, name=name, backends=[], **config).status_code == 202, name
             before = serving(server, name)
@@ -522,6 +525,63 @@ def test_priorities_and_a_queue_policy_apply_as_stated(
         serving(server, "unbatched")["max_queue_size"],
         serving(server, "unbatched")["default_timeout_us"],
     ) == (7, None)
+
+
+def test_a_first_dimension_that_is_not_a_batch_takes_rows_never_merged(
+    server: KilnServer, client: triton.InferenceServerClient
+) -> None:
+    """Triton's max_batch_size 0 with dims [-1, ...]: a request of any number of rows, up to
+    Kiln's max_batch_size (the server's default, or the parameter), runs alone, never merged,
+    as Triton runs it (nothing says the rows are a batch). What is shown loads back as it was."""
+    config = triton_config(
+        "rows",
+        max_batch_size=0,
+        input=[{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 64]}],
+        output=[{"name": "output0", "data_type": "TYPE_FP32", "dims": [-1, 10]}],
+    )
+    model = {"file:1/model.pt": MLP.torchscript()}
+    client.load_model("rows", config=json.dumps(config), files=model, headers=admin())
+    shown = client.get_model_config("rows", headers=user())
+    assert (shown["max_batch_size"], shown["input"][0]["dims"], shown["output"][0]["dims"]) == (
+        0,
+        [-1, 64],
+        [-1, 10],
+    )
+    assert shown["parameters"] == {"max_batch_size": {"string_value": "8"}}  # the server's default
+    assert "dynamic_batching" not in shown and serving(server, "rows")["dynamic_batching"] is False
+    xs = [sample(MLP, 2, seed=seed) for seed in range(8)]
+
+    async def burst() -> list[httpx.Response]:  # at once: tritonclient's HTTP client is one thread's
+        async with httpx.AsyncClient(base_url=server.url, headers=user(), timeout=60) as http:
+            return await asyncio.gather(*(http.post("/v2/models/rows/infer", json=infer_body(x)) for x in xs))
+
+    for x, answer in zip(xs, asyncio.run(burst()), strict=True):
+        assert answer.status_code == 200, answer.text
+        got = np.asarray(answer.json()["outputs"][0]["data"], np.float32).reshape(2, 10)
+        np.testing.assert_allclose(got, expected(MLP, x), rtol=1e-5, atol=1e-6)
+    [stats] = client.get_inference_statistics("rows", headers=user())["model_stats"]
+    assert (stats["inference_count"], stats["execution_count"]) == (16, 8)  # a run each, none merged
+    with pytest.raises(InferenceServerException, match="batch size 9 is over this model's max_batch_size 8"):
+        infer(client, "rows", sample(MLP, 9))
+    for again in (shown, config):
+        client.load_model("rows", config=json.dumps(again), headers=admin())
+    # A configuration that states no inputs keeps them as shown: still rows, never merged.
+    client.load_model("rows", config=json.dumps({"instance_group": [{"count": 2}]}), headers=admin())
+    assert (serving(server, "rows")["dynamic_batching"], serving(server, "rows")["instances"]) == (False, 2)
+    assert client.get_model_config("rows", headers=user())["max_batch_size"] == 0
+    assert versions(server, "rows") == [1]
+    # More rows are compiled: a new version, with the model file.
+    shown["parameters"]["max_batch_size"]["string_value"] = "16"
+    shown["parameters"]["backends"] = {"string_value": "[]"}
+    with pytest.raises(InferenceServerException, match=re.escape("['max_batch_size'] differ")):
+        client.load_model("rows", config=json.dumps(shown), headers=admin())
+    client.load_model("rows", config=json.dumps(shown), files=model, headers=admin())
+    assert versions(server, "rows") == [1, 2]
+    assert infer(client, "rows", sample(MLP, 12)).as_numpy("output0").shape == (12, 10)
+    # The parameter is for such a model alone: a batching one's rows are its max_batch_size.
+    batching = triton_config("rows-batched", parameters={"max_batch_size": {"string_value": "16"}})
+    with pytest.raises(InferenceServerException, match="set max_batch_size itself"):
+        client.load_model("rows-batched", config=json.dumps(batching), files=model, headers=admin())
 
 
 def test_a_batch_of_one_reloads_as_it_loaded(

@@ -112,11 +112,12 @@ class ModelOut(BaseModel):
 class ServingIn(BaseModel):
     """The serving settings to change. Those left out keep their value; null restores what an
     upload that leaves a setting out gets (the server's default, no limit, [], false for
-    response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
-    for labels)."""
+    response_cache, true for dynamic_batching and adaptive_queue_delay, 0 for priority_levels, 1
+    for instances, {} for labels)."""
 
     model_config = ConfigDict(extra="allow")  # refused by the route, with a message that says why
 
+    dynamic_batching: bool | None = None
     max_queue_delay_us: QueueDelayUs | None = None
     preferred_batch_sizes: PreferredSizes | None = None
     max_queue_size: QueueSize | None = None

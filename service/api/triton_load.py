@@ -22,7 +22,7 @@ from compiler.runner import output_names
 from service.api.deps import Services
 from service.api.models import apply_serving, parse_config, store_version
 from service.api.problems import validation_detail
-from service.api.v2 import config_doc, described
+from service.api.v2 import ROWS_PARAMETER, config_doc, described
 from service.errors import BadRequestError, InvalidConfigError, PayloadTooLargeError
 from service.records import (
     MAX_OUTPUT_NAMES,
@@ -90,7 +90,7 @@ COMPILED_PARAMETERS = {
     "bf16_rtol",
     "bf16_atol",
 }
-SERVING_PARAMETERS = {"adaptive_queue_delay"}
+SERVING_PARAMETERS = {"adaptive_queue_delay", "dynamic_batching"}
 PRIORITIES = {"priority_levels", "default_priority_level"}
 # The PyTorch backend's own parameters: hints to its execution, accepted and not applied.
 PYTORCH_HINTS = {
@@ -207,7 +207,14 @@ def triton_config(text: str, name: str) -> Any:
             raise BadRequestError(
                 f"config: instance_group: Kiln does not apply {extra}; it places models itself"
             )
-    unknown = sorted(set(config.parameters) - COMPILED_PARAMETERS - SERVING_PARAMETERS - PYTORCH_HINTS)
+    if ROWS_PARAMETER in config.parameters and not takes_rows(config):
+        raise BadRequestError(
+            "config: parameters: max_batch_size is how many rows Kiln takes of a model whose "
+            "max_batch_size is 0 and whose inputs' dims all begin with -1; set max_batch_size itself"
+        )
+    unknown = sorted(
+        set(config.parameters) - COMPILED_PARAMETERS - SERVING_PARAMETERS - PYTORCH_HINTS - {ROWS_PARAMETER}
+    )
     if unknown:
         raise BadRequestError(
             f"config: parameters: Kiln does not know {unknown}; it reads "
@@ -252,11 +259,21 @@ def split_files(
     return next(iter(model_files.items()), None), labels, unsent
 
 
+def takes_rows(config: Any) -> bool:
+    """Triton's max_batch_size 0 with every input's first dimension variable."""
+    return not config.max_batch_size and bool(config.input) and all(t.dims[:1] == [-1] for t in config.input)
+
+
 def kiln_config(config: Any, name: str) -> dict[str, Any]:
     """The configuration as Kiln's upload config, with only the fields it sets (labels apart)."""
     batching = config.max_batch_size > 0
     doc: dict[str, Any] = {"name": name}
-    if config.input or batching:  # proto3 cannot tell a max_batch_size of 0 from none given
+    if takes_rows(config):
+        # Any number of rows, which Triton never merges, nothing saying they are a batch: Kiln
+        # takes up to its max_batch_size of them (KILN_DEFAULT_MAX_BATCH_SIZE, or the
+        # max_batch_size parameter) and runs each request alone.
+        doc["dynamic_batching"] = False
+    elif config.input or batching:  # proto3 cannot tell a max_batch_size of 0 from none given
         doc["max_batch_size"] = config.max_batch_size if batching else 1
     if config.input:
         doc["inputs"] = [
@@ -414,6 +431,8 @@ def reconfigure(
             "(file:1/model.pt) for a new version"
         )
     stated = bool(config.input or config.max_batch_size)  # else as shown: proto3 has no unset
+    if not stated and "dynamic_batching" in shown and "dynamic_batching" not in doc:
+        doc["dynamic_batching"] = shown["dynamic_batching"]  # rows shown are not made a batch
     check_outputs(config, current.outputs, config.max_batch_size > 0 if stated else raw["max_batch_size"] > 0)
     served = [o.name for o in current.outputs]
     moved = [

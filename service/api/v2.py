@@ -122,6 +122,11 @@ def metadata_doc(svc: Services, name: str, version: int | None) -> dict[str, Any
     }
 
 
+# How many rows Kiln takes of a model shown with max_batch_size 0 and dims [-1, ...], whose
+# first dimension Triton would leave unbounded, in the configuration's parameters.
+ROWS_PARAMETER = "max_batch_size"
+
+
 def batches(policy: BatchPolicy) -> bool:
     """Whether Triton's clients see the model as batching: its config's max_batch_size is not 0,
     and the first dimension of each tensor is the batch."""
@@ -158,6 +163,9 @@ def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
     # How many of its batches run at once here; a model that cannot batch, how many requests.
     lanes = svc.runtime.settings.inference_workers
     config["instance_group"] = [{"name": name, "count": min(policy.instances, lanes) if batching else lanes}]
+    if not batching and record.spec().batched:  # dims [-1, ...]: how many rows it takes
+        rows = str(record.config.max_batch_size or 1)
+        config.setdefault("parameters", {})[ROWS_PARAMETER] = {"string_value": rows}
     if batching:
         config["dynamic_batching"] = {
             "preferred_batch_size": list(policy.preferred_batch_sizes),
@@ -170,7 +178,7 @@ def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
         # Kiln's own batching setting, which Triton's dynamic_batching has no field for: in the
         # config's free-form parameters, which tritonclient parses over HTTP and gRPC alike.
         adaptive = "true" if policy.adaptive_queue_delay else "false"
-        config["parameters"] = {"adaptive_queue_delay": {"string_value": adaptive}}
+        config.setdefault("parameters", {})["adaptive_queue_delay"] = {"string_value": adaptive}
     return config
 
 

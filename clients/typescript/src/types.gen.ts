@@ -449,6 +449,10 @@ export type ServingConfig = {
      */
     default_timeout_us?: number | null;
     /**
+     * Dynamic Batching
+     */
+    dynamic_batching?: boolean;
+    /**
      * Instances
      */
     instances?: number;
@@ -485,8 +489,8 @@ export type ServingConfig = {
  *
  * The serving settings to change. Those left out keep their value; null restores what an
  * upload that leaves a setting out gets (the server's default, no limit, [], false for
- * response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
- * for labels).
+ * response_cache, true for dynamic_batching and adaptive_queue_delay, 0 for priority_levels, 1
+ * for instances, {} for labels).
  */
 export type ServingIn = {
     /**
@@ -501,6 +505,10 @@ export type ServingIn = {
      * Default Timeout Us
      */
     default_timeout_us?: number | null;
+    /**
+     * Dynamic Batching
+     */
+    dynamic_batching?: boolean | null;
     /**
      * Instances
      */

@@ -24,6 +24,7 @@ class ServingConfig:
             adaptive_queue_delay (bool | Unset):  Default: True.
             default_priority_level (int | None | Unset):
             default_timeout_us (int | None | Unset):
+            dynamic_batching (bool | Unset):  Default: True.
             instances (int | Unset):  Default: 1.
             labels (ServingConfigLabels | Unset):
             max_queue_delay_us (int | None | Unset):
@@ -36,6 +37,7 @@ class ServingConfig:
     adaptive_queue_delay: bool | Unset = True
     default_priority_level: int | None | Unset = UNSET
     default_timeout_us: int | None | Unset = UNSET
+    dynamic_batching: bool | Unset = True
     instances: int | Unset = 1
     labels: ServingConfigLabels | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
@@ -59,6 +61,8 @@ class ServingConfig:
             default_timeout_us = UNSET
         else:
             default_timeout_us = self.default_timeout_us
+
+        dynamic_batching = self.dynamic_batching
 
         instances = self.instances
 
@@ -95,6 +99,8 @@ class ServingConfig:
             field_dict["default_priority_level"] = default_priority_level
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
+        if dynamic_batching is not UNSET:
+            field_dict["dynamic_batching"] = dynamic_batching
         if instances is not UNSET:
             field_dict["instances"] = instances
         if labels is not UNSET:
@@ -137,6 +143,8 @@ class ServingConfig:
 
         default_timeout_us = _parse_default_timeout_us(d.pop("default_timeout_us", UNSET))
 
+        dynamic_batching = d.pop("dynamic_batching", UNSET)
+
         instances = d.pop("instances", UNSET)
 
         _labels = d.pop("labels", UNSET)
@@ -174,6 +182,7 @@ class ServingConfig:
             adaptive_queue_delay=adaptive_queue_delay,
             default_priority_level=default_priority_level,
             default_timeout_us=default_timeout_us,
+            dynamic_batching=dynamic_batching,
             instances=instances,
             labels=labels,
             max_queue_delay_us=max_queue_delay_us,

@@ -19,13 +19,14 @@ T = TypeVar("T", bound="ServingIn")
 class ServingIn:
     """The serving settings to change. Those left out keep their value; null restores what an
     upload that leaves a setting out gets (the server's default, no limit, [], false for
-    response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
-    for labels).
+    response_cache, true for dynamic_batching and adaptive_queue_delay, 0 for priority_levels, 1
+    for instances, {} for labels).
 
         Attributes:
             adaptive_queue_delay (bool | None | Unset):
             default_priority_level (int | None | Unset):
             default_timeout_us (int | None | Unset):
+            dynamic_batching (bool | None | Unset):
             instances (int | None | Unset):
             labels (None | ServingInLabelsType0 | Unset):
             max_queue_delay_us (int | None | Unset):
@@ -38,6 +39,7 @@ class ServingIn:
     adaptive_queue_delay: bool | None | Unset = UNSET
     default_priority_level: int | None | Unset = UNSET
     default_timeout_us: int | None | Unset = UNSET
+    dynamic_batching: bool | None | Unset = UNSET
     instances: int | None | Unset = UNSET
     labels: None | ServingInLabelsType0 | Unset = UNSET
     max_queue_delay_us: int | None | Unset = UNSET
@@ -67,6 +69,12 @@ class ServingIn:
             default_timeout_us = UNSET
         else:
             default_timeout_us = self.default_timeout_us
+
+        dynamic_batching: bool | None | Unset
+        if isinstance(self.dynamic_batching, Unset):
+            dynamic_batching = UNSET
+        else:
+            dynamic_batching = self.dynamic_batching
 
         instances: int | None | Unset
         if isinstance(self.instances, Unset):
@@ -124,6 +132,8 @@ class ServingIn:
             field_dict["default_priority_level"] = default_priority_level
         if default_timeout_us is not UNSET:
             field_dict["default_timeout_us"] = default_timeout_us
+        if dynamic_batching is not UNSET:
+            field_dict["dynamic_batching"] = dynamic_batching
         if instances is not UNSET:
             field_dict["instances"] = instances
         if labels is not UNSET:
@@ -173,6 +183,15 @@ class ServingIn:
             return cast(int | None | Unset, data)
 
         default_timeout_us = _parse_default_timeout_us(d.pop("default_timeout_us", UNSET))
+
+        def _parse_dynamic_batching(data: object) -> bool | None | Unset:
+            if data is None:
+                return data
+            if isinstance(data, Unset):
+                return data
+            return cast(bool | None | Unset, data)
+
+        dynamic_batching = _parse_dynamic_batching(d.pop("dynamic_batching", UNSET))
 
         def _parse_instances(data: object) -> int | None | Unset:
             if data is None:
@@ -257,6 +276,7 @@ class ServingIn:
             adaptive_queue_delay=adaptive_queue_delay,
             default_priority_level=default_priority_level,
             default_timeout_us=default_timeout_us,
+            dynamic_batching=dynamic_batching,
             instances=instances,
             labels=labels,
             max_queue_delay_us=max_queue_delay_us,

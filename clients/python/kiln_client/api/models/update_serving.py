@@ -98,8 +98,9 @@ def sync_detailed(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
-            for labels).
+            response_cache, true for dynamic_batching and adaptive_queue_delay, 0 for priority_levels,
+            1
+            for instances, {} for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -138,8 +139,9 @@ def sync(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
-            for labels).
+            response_cache, true for dynamic_batching and adaptive_queue_delay, 0 for priority_levels,
+            1
+            for instances, {} for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -173,8 +175,9 @@ async def asyncio_detailed(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
-            for labels).
+            response_cache, true for dynamic_batching and adaptive_queue_delay, 0 for priority_levels,
+            1
+            for instances, {} for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -211,8 +214,9 @@ async def asyncio(
         body (ServingIn): The serving settings to change. Those left out keep their value; null
             restores what an
             upload that leaves a setting out gets (the server's default, no limit, [], false for
-            response_cache, true for adaptive_queue_delay, 0 for priority_levels, 1 for instances, {}
-            for labels).
+            response_cache, true for dynamic_batching and adaptive_queue_delay, 0 for priority_levels,
+            1
+            for instances, {} for labels).
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
