@@ -141,7 +141,8 @@ class Runtime:
         self._refreshing: dict[tuple[str, int | None], Future[Route]] = {}
         # Per model, how many times it was unloaded or rerouted: a refresh started before is stale.
         self._generations: defaultdict[str, int] = defaultdict(int)
-        # Per model, how many times it was unloaded: a runner whose load began before is not kept.
+        # Per model, how many times it was unloaded: a runner whose load began before is not kept
+        # (nor one of a version deleted meanwhile: Stats.deleted).
         self._unloads: defaultdict[str, int] = defaultdict(int)
         self._evictions = 0
         self._closed = False
@@ -369,7 +370,8 @@ class Runtime:
             raise
         if cache_key is not None:
             inserting = time.perf_counter()
-            if self._unloads[name] == unloads:  # else its answers were dropped meanwhile
+            # Else its answers were dropped meanwhile, with the model's runners or the version.
+            if self._unloads[name] == unloads and not self.stats.deleted(name, number):
                 self._responses.put(cache_key, outputs, variant)
             self.stats.cache_miss(name, number, looked_up + time.perf_counter() - inserting)
         done = time.perf_counter()
@@ -469,8 +471,8 @@ class Runtime:
                 return stand_in
             try:
                 loaded = self._load_or_leave_out(route.version, variant)
-            except StoreUnavailableError:
-                raise  # the store's fault, not the variant's
+            except (StoreUnavailableError, DeletedError):
+                raise  # the store's fault, or the version's, not the variant's
             except Exception:
                 if variant.backend == REFERENCE:
                     raise

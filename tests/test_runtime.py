@@ -26,7 +26,7 @@ from compiler.backends import get_backend
 from compiler.errors import CompilerError
 from compiler.runner import Runner
 from compiler.spec import InputSpec
-from service.errors import ConflictError
+from service.errors import ConflictError, DeletedError
 from service.memory import YOUNG_COLLECTION_ALLOCATIONS, collect_young_less_often, freeze_heap, release_memory
 from service.registry import ModelView, Registry
 from service.runtime import Prediction, Runtime
@@ -420,6 +420,19 @@ def test_a_runner_loaded_across_an_unload_is_not_kept(
             warming.result(30)
     assert slow.loads == 1
     assert runtime.loaded_runners == 0
+
+
+def test_a_version_deleted_while_its_runner_loads_fails_its_requests(runtime: Runtime) -> None:
+    """Once this process forgot the version (Stats.forget, as its sweep does when the store lost
+    it), a compiled variant's load fails the request as deleted, rather than being left out for
+    the next variant over and over; and a request not yet loading fails at once."""
+    route = runtime.route("mlp", None)
+    runtime.stats.forget("mlp", held={1}, stored=set())
+    with pytest.raises(DeletedError, match="version 1 of 'mlp' was deleted"):
+        runtime.runner(route, 8, wait=True)  # ONNX Runtime's batch size
+    with pytest.raises(DeletedError):
+        asyncio.run(runtime.predict("mlp", None, {"x": np.ones((1, 64), np.float32)}))
+    assert runtime.loaded_runners == 0 and runtime.stats.doc("mlp") == []
 
 
 def test_serving_settings_changed_on_another_replica_reach_the_batcher(runtime: Runtime) -> None:
