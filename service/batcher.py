@@ -251,19 +251,19 @@ class Batcher(Generic[T]):
         task = self._task
         if task is not None and not task.done():
             task.get_loop().call_soon_threadsafe(self._reconfigured, policy, lanes, peaks)
-        else:
-            if lanes is not None:
-                self.lanes = list(lanes)
-            if peaks is not None:
-                self._peaks = deque([peaks], maxlen=PEAK_CYCLES)
+        else:  # nothing waits, nor runs
+            self._adopt(lanes, peaks)
 
     def _reconfigured(self, policy: BatchPolicy, lanes: Sequence[Executor] | None, peaks: int | None) -> None:
         self._queue.relevel(policy)
+        self._adopt(lanes, peaks)
+        self._freed.set()  # more instances, or lanes, may let the next batch form
+
+    def _adopt(self, lanes: Sequence[Executor] | None, peaks: int | None) -> None:
         if lanes is not None:
             self.lanes = list(lanes)
         if peaks is not None:
             self._peaks = deque([peaks], maxlen=PEAK_CYCLES)
-        self._freed.set()  # more instances, or lanes, may let the next batch form
 
     def _count(self, change: int) -> None:
         self._pending += change
