@@ -89,6 +89,18 @@ class BatchTiming:
     output_s: float  # splitting the outputs back
 
 
+@dataclass(frozen=True)
+class Phases:
+    """When one request's phases began, in time.monotonic(): Triton's trace timestamps. The
+    compute phases are its batch's."""
+
+    queued: float  # it arrived at the queue
+    compute: float  # its batch began: its inputs merged
+    input_end: float  # the model began to run
+    output_start: float  # the model returned
+    compute_end: float  # its outputs were split back
+
+
 @dataclass(eq=False)  # compared by identity: removing one from a queue must not compare arrays
 class _Request(Generic[T]):
     inputs: Arrays
@@ -99,6 +111,7 @@ class _Request(Generic[T]):
     level: int = 0  # its priority level under the batcher's policy: lower levels are batched first
     gone: Gone | None = None
     waiting: _Waiting | None = None
+    on_run: Callable[[Phases], None] | None = None  # told when it ran (a traced request)
     started: bool = field(init=False, default=False)  # its batch began: it is answered
     # Requests merge only when every non-batch dimension agrees.
     signature: tuple[tuple[str, tuple[int, ...], str], ...] = field(init=False)
@@ -206,12 +219,14 @@ class Batcher(Generic[T]):
         deadline: float | None = None,
         priority: int = 0,
         gone: Gone | None = None,
+        on_run: Callable[[Phases], None] | None = None,
     ) -> tuple[Arrays, T]:
         """The request's outputs; a TimeoutExpiredError at `deadline` (time.monotonic()) if it
         has not started to run by then, as Triton's queue policy rejects it: it never runs.
         `priority` is the request's parameter (see BatchPolicy.level). A batched request that
         waited past GONE_CHECK_S and whose client is `gone` then gets a ClientGoneError, and
-        does not run; so does one of a model that cannot batch, once a thread takes it up."""
+        does not run; so does one of a model that cannot batch, once a thread takes it up.
+        `on_run` is told when its phases began, once it ran."""
         limit = self.policy.max_queue_size
         if limit and self._pending >= limit:
             raise QueueFullError(
@@ -222,12 +237,12 @@ class Batcher(Generic[T]):
         waiting = _Waiting(self.on_waiting)
         try:
             if self.policy.max_batch_size == 1:
-                return await self._run_alone(inputs, batch, deadline, waiting, gone)
+                return await self._run_alone(inputs, batch, deadline, waiting, gone, on_run)
             if self._task is None or self._task.done():
                 self._task = asyncio.get_running_loop().create_task(self._loop())
             future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
             level = self.policy.level(priority)
-            request = _Request(inputs, batch, future, deadline, priority, level, gone, waiting)
+            request = _Request(inputs, batch, future, deadline, priority, level, gone, waiting, on_run)
             self._queue.append(request)
             self._arrived.set()
             if deadline is None:
@@ -275,7 +290,13 @@ class Batcher(Generic[T]):
                 log.exception("pending requests callback failed")
 
     async def _run_alone(
-        self, inputs: Arrays, batch: int, deadline: float | None, waiting: _Waiting, gone: Gone | None
+        self,
+        inputs: Arrays,
+        batch: int,
+        deadline: float | None,
+        waiting: _Waiting,
+        gone: Gone | None,
+        on_run: Callable[[Phases], None] | None,
     ) -> tuple[Arrays, T]:
         """A model that cannot batch runs its requests side by side in the executor, as Triton
         runs a model's instances, instead of one at a time behind the queue: every runner is
@@ -286,6 +307,8 @@ class Batcher(Generic[T]):
         else:
             result, began, ended = await self._run_timed_within(inputs, deadline, alone)
         self._report(BatchTiming(batch, [began - alone.arrived], 0.0, ended - began, 0.0))
+        if on_run is not None:
+            on_run(Phases(alone.arrived, began, began, ended, ended))
         return result
 
     async def _run_timed(
@@ -513,6 +536,8 @@ class Batcher(Generic[T]):
             return
         for r, part in zip(requests, parts, strict=True):
             if not r.future.done():
+                if r.on_run is not None:
+                    r.on_run(Phases(r.arrived, started, merged_at, ended, split_at))
                 r.future.set_result((part, tag))
         queued = [began - r.arrived - (merged_at - started) for r in requests]
         size = sum(r.batch for r in requests)

@@ -38,7 +38,8 @@ class LevelSwitch(logging.Filter):
         self.off: frozenset[int] = frozenset()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno not in self.off
+        # A trace (service.traces) is written whatever the levels: the trace settings asked for it.
+        return record.levelno not in self.off or hasattr(record, "trace")
 
 
 LEVELS = LevelSwitch()
@@ -50,7 +51,8 @@ def level_switch() -> LevelSwitch:
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: ts, level, logger, message, and request_id and exc_info when set."""
+    """One JSON object per line: ts, level, logger, message, and request_id, exc_info and a
+    trace's records when set."""
 
     def format(self, record: logging.LogRecord) -> str:
         doc: dict[str, Any] = {
@@ -66,7 +68,20 @@ class JsonFormatter(logging.Formatter):
             doc["exc_info"] = self.formatException(record.exc_info)
         if record.stack_info:
             doc["stack_info"] = self.formatStack(record.stack_info)
+        if hasattr(record, "trace"):
+            doc["trace"] = record.trace
         return json.dumps(doc, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT, a trace's records after the message."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        return f"{line} {json.dumps(record.trace)}" if hasattr(record, "trace") else line
 
 
 def logging_config(fmt: LogFormat, level: str = "INFO") -> dict[str, Any]:
@@ -75,7 +90,7 @@ def logging_config(fmt: LogFormat, level: str = "INFO") -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "filters": {"request_id": {"()": RequestIdFilter}, "levels": {"()": level_switch}},
-        "formatters": {"json": {"()": JsonFormatter}, "text": {"format": TEXT_FORMAT}},
+        "formatters": {"json": {"()": JsonFormatter}, "text": {"()": TextFormatter}},
         "handlers": {
             "default": {
                 "class": "logging.StreamHandler",
@@ -99,4 +114,4 @@ def setup_logging(fmt: LogFormat) -> None:
 
 def formatter(fmt: LogFormat) -> logging.Formatter:
     """The formatter `logging_config` gives `fmt`, for a change of format at runtime."""
-    return JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
+    return JsonFormatter() if fmt == "json" else TextFormatter()

@@ -31,6 +31,7 @@ from compiler.spec import InputSpec
 from service import metrics
 from service.batcher import Arrays, Batcher, BatchPolicy, BatchTiming, Gone
 from service.errors import ConflictError, DeletedError, NotFoundError
+from service.logs import request_id
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
 from service.registry import ARTIFACT_BLOB, MODEL_BLOB, Registry
@@ -47,6 +48,7 @@ from service.router import (
 from service.settings import Settings
 from service.stats import Stats, failure_reason
 from service.store import StoreUnavailableError
+from service.traces import Trace, Traces
 
 log = logging.getLogger("kiln.runtime")
 
@@ -134,6 +136,7 @@ class Runtime:
         self.settings = settings
         self.targets = set(settings.host_targets())
         self.stats = Stats()
+        self.traces = Traces()
         self._routes: dict[tuple[str, int | None], Route] = {}
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
         self._lock = threading.Lock()
@@ -337,13 +340,34 @@ class Runtime:
     ) -> Prediction:
         """`timeout_us` (see effective_timeout) bounds the request's wait from now: past it, a
         TimeoutExpiredError, unless its batch formed before. `priority`: Triton's request
-        parameter (BatchPolicy.level). `gone`: whether its client hung up (Batcher.submit)."""
+        parameter (BatchPolicy.level). `gone`: whether its client hung up (Batcher.submit).
+        Requests sampled by the trace settings (service.traces) are traced once routed."""
+        trace = self.traces.sample(name)
+        try:
+            return await self._predict(name, version, inputs, backend, timeout_us, priority, gone, trace)
+        finally:
+            if trace is not None and trace.version >= 0:
+                trace.end(request_id.get())
+
+    async def _predict(
+        self,
+        name: str,
+        version: int | None,
+        inputs: Mapping[str, object],
+        backend: str | None,
+        timeout_us: int | None,
+        priority: int,
+        gone: Gone | None,
+        trace: Trace | None,
+    ) -> Prediction:
         arrived = time.monotonic()
         begun = time.perf_counter()
         route = await self.aroute(name, version)
         arrays = route.spec.coerce(inputs)
         batch = route.spec.check(arrays)
         number = route.version.version
+        if trace is not None:
+            trace.version = number
         started = time.perf_counter()
         # A pinned backend asks for that backend's answer, which the cache does not know.
         cache_key, looked_up, unloads = None, 0.0, self._unloads[name]
@@ -364,7 +388,8 @@ class Runtime:
             timeout_us = effective_timeout(timeout_us, route.version.config.default_timeout_us)
             deadline = None if timeout_us is None else arrived + timeout_us / 1e6
             batcher = self._batcher(route.version, backend)
-            outputs, variant = await batcher.submit(arrays, batch, deadline, priority, gone)
+            on_run = None if trace is None else trace.ran
+            outputs, variant = await batcher.submit(arrays, batch, deadline, priority, gone, on_run)
         except BaseException as exc:  # a client that hung up (cancelled) is a failed request too
             self.stats.failed(name, number, time.perf_counter() - started, failure_reason(exc))
             raise

@@ -28,6 +28,7 @@ from service.api import (
     repository,
     shared_memory,
     tf_metadata,
+    trace_settings,
     v2,
     variants,
 )
@@ -49,6 +50,7 @@ from service.runtime import Runtime
 from service.settings import Settings, get_settings
 from service.shared_memory import SharedMemory
 from service.store import open_store
+from service.trace_settings import TraceControl
 
 log = logging.getLogger("kiln.api")
 
@@ -124,8 +126,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         shared = SharedMemory(store, settings.shared_memory)
         logs = LogControl(store, settings.log_format, settings.route_ttl_s)
+        traces = TraceControl(store, runtime.traces, settings.route_ttl_s)
         sweep = DeletionSweep(runtime, settings.deletion_sweep_s)
-        app.state.services = Services(settings, registry, queue, runtime, preload, shared, logs)
+        app.state.services = Services(settings, registry, queue, runtime, preload, shared, logs, traces)
         poll_s = settings.model_repository_poll_s
         poller = None if repo is None or not poll_s else RepositoryPoller(repo, app.state.services, poll_s)
         if not api_keys:
@@ -135,7 +138,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             grpc_server = await start_grpc(app.state.services, settings, api_keys, app.version, max_bytes)
             resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
             await run_in_threadpool(logs.run_once)  # the deployment's log settings, from the start
+            await run_in_threadpool(traces.run_once)  # and its trace settings
             logs.start()
+            traces.start()
             sweep.start()
             preload.start()
             if poller is not None:
@@ -149,6 +154,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if poller is not None:  # as long as preload waits; it may wait for the lock, uncut
                 await run_in_threadpool(poller.stop, STOP_WAIT_S)
             await run_in_threadpool(logs.stop)
+            await run_in_threadpool(traces.stop)
             await run_in_threadpool(sweep.stop)
             if grpc_server is not None:
                 await grpc_server.stop(GRPC_GRACE_S)
@@ -175,7 +181,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # on): matching it then tries two routes instead of every route. The repository extension
     # comes before the rest of v2, whose /v2/models/{name} would match /v2/models/stats. The v2
     # catch-all, which answers unknown /v2 paths in the protocol's error shape, comes last.
-    for router in (v2.inference, repository.router, shared_memory.router, log_settings.router, v2.router):
+    extensions = (repository.router, shared_memory.router, log_settings.router, trace_settings.router)
+    for router in (v2.inference, *extensions, v2.router):
         app.include_router(router)
     for module in (predict, kserve_v1, tf_metadata, health, models, variants, jobs, events):
         app.include_router(module.router)

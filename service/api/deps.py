@@ -14,6 +14,7 @@ from service.registry import Registry
 from service.runtime import Runtime
 from service.settings import Settings
 from service.shared_memory import SharedMemory
+from service.trace_settings import TraceControl
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Services:
     preload: Preload
     shared_memory: SharedMemory
     logs: LogControl
+    traces: TraceControl
 
 
 async def services(request: Request) -> Services:

@@ -44,6 +44,7 @@ EXTENSIONS = [
     "model_configuration",
     "model_repository",
     "statistics",
+    "trace",
 ]
 
 

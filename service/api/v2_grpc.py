@@ -6,9 +6,9 @@ proto is a subset of it, so its clients call the same methods. Each method calls
 HTTP route (service.api.v2 and service.api.repository), and an error leaves with the gRPC status
 of its HTTP one; its tensors are coded in service.api.grpc_tensors. System shared memory is
 served as over HTTP (service.shared_memory), log settings as `/v2/logging`
-(service.log_settings), and ModelStreamInfer's streams request by request
-(service.api.grpc_stream); CUDA shared memory and tracing are not offered: they answer
-UNIMPLEMENTED.
+(service.log_settings), trace settings as `/v2/trace/setting` (service.traces), and
+ModelStreamInfer's streams request by request (service.api.grpc_stream); CUDA shared memory is not
+offered: it answers UNIMPLEMENTED.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from service import metrics
-from service.api import protocol, repository, v2
+from service.api import protocol, repository, trace_settings, v2
 from service.api.auth import Scope, authorize, presented_key
 from service.api.deps import Services
 from service.api.grpc_stream import in_order
@@ -43,6 +43,7 @@ from service.log_settings import LogSettingsIn
 from service.logs import request_id
 from service.settings import Settings
 from service.store import StoreUnavailableError
+from service.traces import TraceSettingsIn
 
 log = logging.getLogger("kiln.grpc")
 
@@ -58,7 +59,8 @@ GRPC_STATUS = {
     503: grpc.StatusCode.UNAVAILABLE,
 }
 # The scope each method needs, as its HTTP route does; the health and server metadata are open.
-# LogSettings needs infer here, and checks admin itself for a change, as POST /v2/logging needs.
+# LogSettings and TraceSetting need infer here, and check admin themselves for a change, as their
+# POST routes need.
 SCOPES = {
     "ServerLive": None,
     "ServerReady": None,
@@ -73,7 +75,6 @@ UNOFFERED = [
     "CudaSharedMemoryStatus",
     "CudaSharedMemoryRegister",
     "CudaSharedMemoryUnregister",
-    "TraceSetting",
 ]
 # A log setting's type -> the SettingValue field that carries it.
 SETTING_FIELD = {bool: "bool_param", int: "uint32_param", str: "string_param"}
@@ -332,6 +333,31 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         response = pb.LogSettingsResponse()
         for key, value in current.model_dump().items():
             setattr(response.settings[key], SETTING_FIELD[type(value)], value)
+        return response
+
+    @answered
+    async def TraceSetting(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        """Reads a model's settings or the server's, or changes those it names (an empty value
+        clears one), as tritonclient's `update_trace_settings` sends them."""
+        model = request.model_name or None
+        if model is not None:
+            await run_in_threadpool(self.svc.registry.get_model, model)  # NOT_FOUND for an unknown one
+        fields = {
+            key: None if not value.value else list(value.value) if key == "trace_level" else value.value[0]
+            for key, value in request.settings.items()
+        }
+        if fields:
+            authorize(self.api_keys, presented_key(dict(context.invocation_metadata() or ())), Scope.admin)
+            try:
+                changes = TraceSettingsIn.model_validate(fields)
+            except ValidationError as exc:
+                raise BadRequestError(validation_detail(exc)) from exc
+            current = await trace_settings.updated(self.svc, model, changes)
+        else:
+            current = self.svc.runtime.traces.settings(model)
+        response = pb.TraceSettingResponse()
+        for key, setting in current.model_dump().items():
+            response.settings[key].value.extend(setting if isinstance(setting, list) else [setting])
         return response
 
 

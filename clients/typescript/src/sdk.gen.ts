@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import { type Client, formDataBodySerializer, type Options as Options2, type TDataShape } from './client/index.js';
-import type { AliveData, AliveResponses, CompileVersionData, CompileVersionErrors, CompileVersionResponses, DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, SetDefaultVersionData, SetDefaultVersionErrors, SetDefaultVersionResponses, UpdateServingData, UpdateServingErrors, UpdateServingResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V1ProtocolMetadataData, V1ProtocolMetadataErrors, V1ProtocolMetadataResponses, V1ProtocolPredictData, V1ProtocolPredictErrors, V1ProtocolPredictResponses, V1ProtocolPredictVersionData, V1ProtocolPredictVersionErrors, V1ProtocolPredictVersionResponses, V1ProtocolVersionMetadataData, V1ProtocolVersionMetadataErrors, V1ProtocolVersionMetadataResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2LogSettingsData, V2LogSettingsErrors, V2LogSettingsResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses, V2SharedMemoryRegionStatusData, V2SharedMemoryRegionStatusErrors, V2SharedMemoryRegionStatusResponses, V2SharedMemoryRegisterData, V2SharedMemoryRegisterErrors, V2SharedMemoryRegisterResponses, V2SharedMemoryStatusData, V2SharedMemoryStatusErrors, V2SharedMemoryStatusResponses, V2SharedMemoryUnregisterAllData, V2SharedMemoryUnregisterAllErrors, V2SharedMemoryUnregisterAllResponses, V2SharedMemoryUnregisterData, V2SharedMemoryUnregisterErrors, V2SharedMemoryUnregisterResponses, V2UpdateLogSettingsData, V2UpdateLogSettingsErrors, V2UpdateLogSettingsResponses } from './types.gen.js';
+import type { AliveData, AliveResponses, CompileVersionData, CompileVersionErrors, CompileVersionResponses, DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, SetDefaultVersionData, SetDefaultVersionErrors, SetDefaultVersionResponses, UpdateServingData, UpdateServingErrors, UpdateServingResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V1ProtocolMetadataData, V1ProtocolMetadataErrors, V1ProtocolMetadataResponses, V1ProtocolPredictData, V1ProtocolPredictErrors, V1ProtocolPredictResponses, V1ProtocolPredictVersionData, V1ProtocolPredictVersionErrors, V1ProtocolPredictVersionResponses, V1ProtocolVersionMetadataData, V1ProtocolVersionMetadataErrors, V1ProtocolVersionMetadataResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2LogSettingsData, V2LogSettingsErrors, V2LogSettingsResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelTraceSettingsData, V2ModelTraceSettingsErrors, V2ModelTraceSettingsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses, V2SharedMemoryRegionStatusData, V2SharedMemoryRegionStatusErrors, V2SharedMemoryRegionStatusResponses, V2SharedMemoryRegisterData, V2SharedMemoryRegisterErrors, V2SharedMemoryRegisterResponses, V2SharedMemoryStatusData, V2SharedMemoryStatusErrors, V2SharedMemoryStatusResponses, V2SharedMemoryUnregisterAllData, V2SharedMemoryUnregisterAllErrors, V2SharedMemoryUnregisterAllResponses, V2SharedMemoryUnregisterData, V2SharedMemoryUnregisterErrors, V2SharedMemoryUnregisterResponses, V2TraceSettingsData, V2TraceSettingsErrors, V2TraceSettingsResponses, V2UpdateLogSettingsData, V2UpdateLogSettingsErrors, V2UpdateLogSettingsResponses, V2UpdateModelTraceSettingsData, V2UpdateModelTraceSettingsErrors, V2UpdateModelTraceSettingsResponses, V2UpdateTraceSettingsData, V2UpdateTraceSettingsErrors, V2UpdateTraceSettingsResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -252,6 +252,23 @@ export const v2ModelReady = <ThrowOnError extends boolean = false>(options: Opti
 export const v2ModelStats = <ThrowOnError extends boolean = false>(options: Options<V2ModelStatsData, ThrowOnError>) => (options.client ?? client).get<V2ModelStatsResponses, V2ModelStatsErrors, ThrowOnError>({ url: '/v2/models/{name}/stats', ...options });
 
 /**
+ * The trace settings of a model: its own, the server's for the rest.
+ */
+export const v2ModelTraceSettings = <ThrowOnError extends boolean = false>(options: Options<V2ModelTraceSettingsData, ThrowOnError>) => (options.client ?? client).get<V2ModelTraceSettingsResponses, V2ModelTraceSettingsErrors, ThrowOnError>({ url: '/v2/models/{name}/trace/setting', ...options });
+
+/**
+ * Change a model's own trace settings in every process; null gives one back to the server's.
+ */
+export const v2UpdateModelTraceSettings = <ThrowOnError extends boolean = false>(options: Options<V2UpdateModelTraceSettingsData, ThrowOnError>) => (options.client ?? client).post<V2UpdateModelTraceSettingsResponses, V2UpdateModelTraceSettingsErrors, ThrowOnError>({
+    url: '/v2/models/{name}/trace/setting',
+    ...options,
+    headers: {
+        'Content-Type': 'application/json',
+        ...options.headers
+    }
+});
+
+/**
  * Model Version Metadata
  */
 export const v2ModelVersionMetadata = <ThrowOnError extends boolean = false>(options: Options<V2ModelVersionMetadataData, ThrowOnError>) => (options.client ?? client).get<V2ModelVersionMetadataResponses, V2ModelVersionMetadataErrors, ThrowOnError>({ url: '/v2/models/{name}/versions/{version}', ...options });
@@ -336,3 +353,20 @@ export const v2SharedMemoryStatus = <ThrowOnError extends boolean = false>(optio
  * Unregister every region.
  */
 export const v2SharedMemoryUnregisterAll = <ThrowOnError extends boolean = false>(options?: Options<V2SharedMemoryUnregisterAllData, ThrowOnError>) => (options?.client ?? client).post<V2SharedMemoryUnregisterAllResponses, V2SharedMemoryUnregisterAllErrors, ThrowOnError>({ url: '/v2/systemsharedmemory/unregister', ...options });
+
+/**
+ * The server's trace settings, in this process.
+ */
+export const v2TraceSettings = <ThrowOnError extends boolean = false>(options?: Options<V2TraceSettingsData, ThrowOnError>) => (options?.client ?? client).get<V2TraceSettingsResponses, V2TraceSettingsErrors, ThrowOnError>({ url: '/v2/trace/setting', ...options });
+
+/**
+ * Change the server's trace settings in every process of the deployment; the settings now.
+ */
+export const v2UpdateTraceSettings = <ThrowOnError extends boolean = false>(options: Options<V2UpdateTraceSettingsData, ThrowOnError>) => (options.client ?? client).post<V2UpdateTraceSettingsResponses, V2UpdateTraceSettingsErrors, ThrowOnError>({
+    url: '/v2/trace/setting',
+    ...options,
+    headers: {
+        'Content-Type': 'application/json',
+        ...options.headers
+    }
+});

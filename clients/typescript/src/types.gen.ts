@@ -587,6 +587,40 @@ export type TensorConfig = {
 };
 
 /**
+ * TraceSettingsDoc
+ *
+ * Triton's trace settings response: every value a string, the level a list of them.
+ */
+export type TraceSettingsDoc = {
+    /**
+     * Log Frequency
+     */
+    log_frequency: string;
+    /**
+     * Trace Count
+     *
+     * The traces this process takes yet; -1: no end.
+     */
+    trace_count: string;
+    /**
+     * Trace File
+     */
+    trace_file: string;
+    /**
+     * Trace Level
+     */
+    trace_level: Array<string>;
+    /**
+     * Trace Mode
+     */
+    trace_mode: string;
+    /**
+     * Trace Rate
+     */
+    trace_rate: string;
+};
+
+/**
  * UploadOut
  */
 export type UploadOut = {
@@ -2279,6 +2313,144 @@ export type V2ModelStatsResponses = {
 
 export type V2ModelStatsResponse = V2ModelStatsResponses[keyof V2ModelStatsResponses];
 
+export type V2ModelTraceSettingsData = {
+    body?: never;
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+    };
+    query?: never;
+    url: '/v2/models/{name}/trace/setting';
+};
+
+export type V2ModelTraceSettingsErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: ProtocolError;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: ProtocolError;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: ProtocolError;
+    /**
+     * No such model, version or job.
+     */
+    404: ProtocolError;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: ProtocolError;
+};
+
+export type V2ModelTraceSettingsError = V2ModelTraceSettingsErrors[keyof V2ModelTraceSettingsErrors];
+
+export type V2ModelTraceSettingsResponses = {
+    /**
+     * Successful Response
+     */
+    200: TraceSettingsDoc;
+};
+
+export type V2ModelTraceSettingsResponse = V2ModelTraceSettingsResponses[keyof V2ModelTraceSettingsResponses];
+
+export type V2UpdateModelTraceSettingsData = {
+    /**
+     * TraceSettingsIn
+     *
+     * The settings to change, as Triton takes them: strings (numbers taken too), the level a
+     * string or a list of them; null clears a setting, back to the server's (for a model) or the
+     * default (for the server).
+     */
+    body: {
+        /**
+         * Log Frequency
+         *
+         * Only '0': each trace is written as it ends.
+         */
+        log_frequency?: number | null;
+        /**
+         * Trace Count
+         *
+         * How many more traces to take, in each process; -1: no end.
+         */
+        trace_count?: number | null;
+        /**
+         * Trace File
+         *
+         * Only '': traces go to stderr, in the log.
+         */
+        trace_file?: string | null;
+        /**
+         * Trace Level
+         *
+         * ['OFF'], or ['TIMESTAMPS'] to trace; TENSORS is not offered.
+         */
+        trace_level?: Array<'OFF' | 'TIMESTAMPS'> | null;
+        /**
+         * Trace Mode
+         */
+        trace_mode?: 'triton' | null;
+        /**
+         * Trace Rate
+         *
+         * One request traced in so many.
+         */
+        trace_rate?: number | null;
+    };
+    path: {
+        /**
+         * Name
+         */
+        name: string;
+    };
+    query?: never;
+    url: '/v2/models/{name}/trace/setting';
+};
+
+export type V2UpdateModelTraceSettingsErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: ProtocolError;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: ProtocolError;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: ProtocolError;
+    /**
+     * No such model, version or job.
+     */
+    404: ProtocolError;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: ProtocolError;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: ProtocolError;
+};
+
+export type V2UpdateModelTraceSettingsError = V2UpdateModelTraceSettingsErrors[keyof V2UpdateModelTraceSettingsErrors];
+
+export type V2UpdateModelTraceSettingsResponses = {
+    /**
+     * Successful Response
+     */
+    200: TraceSettingsDoc;
+};
+
+export type V2UpdateModelTraceSettingsResponse = V2UpdateModelTraceSettingsResponses[keyof V2UpdateModelTraceSettingsResponses];
+
 export type V2ModelVersionMetadataData = {
     body?: never;
     path: {
@@ -2956,3 +3128,131 @@ export type V2SharedMemoryUnregisterAllResponses = {
      */
     200: unknown;
 };
+
+export type V2TraceSettingsData = {
+    body?: never;
+    path?: never;
+    query?: never;
+    url: '/v2/trace/setting';
+};
+
+export type V2TraceSettingsErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: ProtocolError;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: ProtocolError;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: ProtocolError;
+    /**
+     * No such model, version or job.
+     */
+    404: ProtocolError;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: ProtocolError;
+};
+
+export type V2TraceSettingsError = V2TraceSettingsErrors[keyof V2TraceSettingsErrors];
+
+export type V2TraceSettingsResponses = {
+    /**
+     * Successful Response
+     */
+    200: TraceSettingsDoc;
+};
+
+export type V2TraceSettingsResponse = V2TraceSettingsResponses[keyof V2TraceSettingsResponses];
+
+export type V2UpdateTraceSettingsData = {
+    /**
+     * TraceSettingsIn
+     *
+     * The settings to change, as Triton takes them: strings (numbers taken too), the level a
+     * string or a list of them; null clears a setting, back to the server's (for a model) or the
+     * default (for the server).
+     */
+    body: {
+        /**
+         * Log Frequency
+         *
+         * Only '0': each trace is written as it ends.
+         */
+        log_frequency?: number | null;
+        /**
+         * Trace Count
+         *
+         * How many more traces to take, in each process; -1: no end.
+         */
+        trace_count?: number | null;
+        /**
+         * Trace File
+         *
+         * Only '': traces go to stderr, in the log.
+         */
+        trace_file?: string | null;
+        /**
+         * Trace Level
+         *
+         * ['OFF'], or ['TIMESTAMPS'] to trace; TENSORS is not offered.
+         */
+        trace_level?: Array<'OFF' | 'TIMESTAMPS'> | null;
+        /**
+         * Trace Mode
+         */
+        trace_mode?: 'triton' | null;
+        /**
+         * Trace Rate
+         *
+         * One request traced in so many.
+         */
+        trace_rate?: number | null;
+    };
+    path?: never;
+    query?: never;
+    url: '/v2/trace/setting';
+};
+
+export type V2UpdateTraceSettingsErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: ProtocolError;
+    /**
+     * No or unknown API key, when KILN_API_KEYS is set.
+     */
+    401: ProtocolError;
+    /**
+     * The API key lacks the scope this needs.
+     */
+    403: ProtocolError;
+    /**
+     * No such model, version or job.
+     */
+    404: ProtocolError;
+    /**
+     * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
+     */
+    503: ProtocolError;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: ProtocolError;
+};
+
+export type V2UpdateTraceSettingsError = V2UpdateTraceSettingsErrors[keyof V2UpdateTraceSettingsErrors];
+
+export type V2UpdateTraceSettingsResponses = {
+    /**
+     * Successful Response
+     */
+    200: TraceSettingsDoc;
+};
+
+export type V2UpdateTraceSettingsResponse = V2UpdateTraceSettingsResponses[keyof V2UpdateTraceSettingsResponses];

@@ -36,6 +36,7 @@ from .skipped_out import SkippedOut
 from .skipped_out_options import SkippedOutOptions
 from .tensor_config import TensorConfig
 from .tensor_config_dtype import TensorConfigDtype
+from .trace_settings_doc import TraceSettingsDoc
 from .upload_out import UploadOut
 from .v1_protocol_metadata_response_v1_protocol_metadata import V1ProtocolMetadataResponseV1ProtocolMetadata
 from .v1_protocol_predict_predict_request import V1ProtocolPredictPredictRequest
@@ -67,6 +68,14 @@ from .v2_server_metadata_response_v2_server_metadata import V2ServerMetadataResp
 from .v2_shared_memory_register_register_in import V2SharedMemoryRegisterRegisterIn
 from .v2_update_log_settings_log_settings_in import V2UpdateLogSettingsLogSettingsIn
 from .v2_update_log_settings_log_settings_in_log_format_type_0 import V2UpdateLogSettingsLogSettingsInLogFormatType0
+from .v2_update_model_trace_settings_trace_settings_in import V2UpdateModelTraceSettingsTraceSettingsIn
+from .v2_update_model_trace_settings_trace_settings_in_trace_level_type_0_item import (
+    V2UpdateModelTraceSettingsTraceSettingsInTraceLevelType0Item,
+)
+from .v2_update_trace_settings_trace_settings_in import V2UpdateTraceSettingsTraceSettingsIn
+from .v2_update_trace_settings_trace_settings_in_trace_level_type_0_item import (
+    V2UpdateTraceSettingsTraceSettingsInTraceLevelType0Item,
+)
 from .variant_out import VariantOut
 from .variant_out_baseline_latency_ms_by_batch import VariantOutBaselineLatencyMsByBatch
 from .variant_out_latency_ms_by_batch import VariantOutLatencyMsByBatch
@@ -112,6 +121,7 @@ __all__ = (
     "SkippedOutOptions",
     "TensorConfig",
     "TensorConfigDtype",
+    "TraceSettingsDoc",
     "UploadOut",
     "V1ProtocolMetadataResponseV1ProtocolMetadata",
     "V1ProtocolPredictPredictRequest",
@@ -135,6 +145,10 @@ __all__ = (
     "V2SharedMemoryRegisterRegisterIn",
     "V2UpdateLogSettingsLogSettingsIn",
     "V2UpdateLogSettingsLogSettingsInLogFormatType0",
+    "V2UpdateModelTraceSettingsTraceSettingsIn",
+    "V2UpdateModelTraceSettingsTraceSettingsInTraceLevelType0Item",
+    "V2UpdateTraceSettingsTraceSettingsIn",
+    "V2UpdateTraceSettingsTraceSettingsInTraceLevelType0Item",
     "VariantOut",
     "VariantOutBaselineLatencyMsByBatch",
     "VariantOutLatencyMsByBatch",
