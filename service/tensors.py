@@ -35,6 +35,7 @@ DATATYPES: dict[str, np.dtype] = {
 }
 _DATATYPE_OF = {dtype: name for name, dtype in DATATYPES.items()}
 MAX_DIMS = 32  # numpy 1.x's limit; numpy raises past its own
+MAX_ARRAY_BYTES = np.iinfo(np.intp).max
 
 # Which kinds of JSON-parsed arrays each dtype kind takes: never a float into an int, nor a
 # number into a bool, so no value is changed silently.
@@ -78,7 +79,11 @@ def _header(doc: object) -> tuple[str, tuple[int, ...], np.dtype]:
         raise BadRequestError(f"tensor {name!r}: `shape` must be a list of non-negative integers")
     if len(shape) > MAX_DIMS:
         raise BadRequestError(f"tensor {name!r}: {len(shape)} dimensions; at most {MAX_DIMS} are supported")
-    return name, tuple(shape), numpy_dtype(doc.get("datatype"), name)
+    dtype = numpy_dtype(doc.get("datatype"), name)
+    # numpy sizes even an empty array by its other dimensions: [0, 2**62] is no array either.
+    if math.prod(d for d in shape if d) * dtype.itemsize > MAX_ARRAY_BYTES:
+        raise BadRequestError(f"tensor {name!r}: shape {shape} is larger than any array can be")
+    return name, tuple(shape), dtype
 
 
 def _parameters(doc: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -338,7 +343,7 @@ class Requested:
 
 
 def _requested(docs: object, binary_output: bool, shared: SharedAccess) -> Requested:
-    if docs is None:
+    if docs is None or docs == []:  # none named: every output, as Triton (and gRPC here) answers
         return Requested()
     if not isinstance(docs, list):
         raise BadRequestError("`outputs` must be a list of {name, parameters}")

@@ -187,6 +187,18 @@ def test_instances_past_max_batch_size_run_in_batches(http: httpx.Client) -> Non
     assert bad.status_code == 400 and "received [5, 5]" in bad.json()["error"]  # checked, not run
 
 
+def test_instances_of_more_batches_than_the_queue_holds(server: KilnServer, http: httpx.Client) -> None:
+    """A request's batches queue a few at a time: 13 of them pass a queue of 4, and leave room
+    in it for other clients."""
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
+        response = upload(admin, MLP, "short-queue", backends=[], max_queue_size=4)
+        assert response.status_code == 202, response.text
+    x = sample(MLP, 100)
+    response = http.post("/v1/models/short-queue:predict", json={"instances": x.tolist()})
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(response.json()["predictions"], expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
 def test_nan_and_infinity_are_null_in_strict_json(http: httpx.Client) -> None:
     response = http.post("/v1/models/log:predict", json={"instances": [[-1.0, 0.0, 1.0]]})
     assert response.status_code == 200, response.text

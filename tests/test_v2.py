@@ -329,6 +329,8 @@ MALFORMED = {
     "unknown output": ({"inputs": [tensor()], "outputs": [{"name": "nope"}]}, "unknown output(s) ['nope']"),
     "over max batch": ({"inputs": [tensor(shape=[9, 64], data=[0.5] * 576)]}, "max_batch_size"),
     "not an object": ([1, 2], "must be a JSON object"),
+    # numpy sizes an empty array by its other dimensions too: no such array exists.
+    "huge empty shape": ({"inputs": [tensor(shape=[0, 2**62], data=[])]}, "larger than any array can be"),
 }
 
 
@@ -378,6 +380,16 @@ def test_malformed_binary_request(
 def test_invalid_json(http: httpx.Client) -> None:
     response = http.post("/v2/models/mlp/infer", content=b'{"inputs": [', headers={"content-type": "x"})
     assert "not valid JSON" in error(response, 400)
+    # A digit to str.isdigit, not to int(): "²".
+    content = json.dumps({"inputs": [tensor()]}).encode()
+    response = http.post("/v2/models/mlp/infer", content=content, headers={v2.HEADER_LENGTH: b"\xb2"})
+    assert "must be an integer" in error(response, 400)
+
+
+def test_no_requested_outputs_is_every_output(http: httpx.Client) -> None:
+    response = post(http, {"inputs": [tensor()], "outputs": []})
+    assert response.status_code == 200, response.text
+    assert [o["name"] for o in response.json()["outputs"]] == ["output0"]
 
 
 def test_unknown_names_and_versions(http: httpx.Client) -> None:

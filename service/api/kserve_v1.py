@@ -135,15 +135,29 @@ def decoded(body: bytes, spec: InputSpec, outputs: list[OutputInfo]) -> tuple[in
 
 
 async def run(svc: Services, name: str, number: int, batches: list[Arrays], gone: Gone) -> Arrays:
-    """The outputs of the batches, run side by side (they batch together again), joined."""
+    """The outputs of the batches, joined. As many are queued at once as threads run a model's
+    batches (KILN_INFERENCE_WORKERS, at least 2: one running and one waiting keep it busy); the
+    rest wait here, not in the queue that max_queue_size bounds for every client. The first to
+    fail fails the request, and those not yet queued do not run."""
     if len(batches) == 1:
         return (await svc.runtime.predict(name, number, batches[0], gone=gone)).outputs
-    done = await asyncio.gather(
-        *(svc.runtime.predict(name, number, arrays, gone=gone) for arrays in batches), return_exceptions=True
-    )
+    window = asyncio.Semaphore(max(2, svc.settings.inference_workers))
+    failed: list[BaseException] = []
+
+    async def one(arrays: Arrays) -> Prediction | None:
+        async with window:
+            if failed:
+                return None
+            try:
+                return await svc.runtime.predict(name, number, arrays, gone=gone)
+            except Exception as exc:
+                failed.append(exc)
+                raise
+
+    done = await asyncio.gather(*(one(arrays) for arrays in batches), return_exceptions=True)
+    if failed:
+        raise failed[0]
     results = [d for d in done if isinstance(d, Prediction)]
-    if len(results) < len(done):
-        raise next(d for d in done if isinstance(d, BaseException))
     return {k: np.concatenate([r.outputs[k] for r in results]) for k in results[0].outputs}
 
 

@@ -167,7 +167,7 @@ def triton_config(text: str, name: str) -> Any:
         if not isinstance(parsed, dict):
             raise BadRequestError("config: a Triton model configuration is a JSON object")
         config = json_format.ParseDict(parsed, config_pb.ModelConfig())
-    except (ValueError, json_format.ParseError) as exc:
+    except (ValueError, RecursionError, json_format.ParseError) as exc:
         raise BadRequestError(f"config: not a Triton model configuration: {exc}") from None
     refused = sorted(set_fields(config) - APPLIED)
     if refused:
@@ -309,7 +309,7 @@ def kiln_config(config: Any, name: str) -> dict[str, Any]:
             continue
         try:
             doc[key] = json.loads(parameter.string_value)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise BadRequestError(
                 f'config: parameters: {key}\'s string_value must be JSON, e.g. "true" or "[\\"tvm\\"]"'
             ) from None

@@ -284,7 +284,10 @@ def decodes_inline(body: bytes, header_length: str | None) -> bool:
 def names_shared_memory(body: bytes, header_length: str | None) -> bool:
     """Whether the JSON header may name a shared-memory region: a scan, not a parse, so it also
     says yes to any \\u escape, which could spell the key."""
-    end = int(header_length) if header_length is not None and header_length.isdigit() else len(body)
+    try:
+        end = len(body) if header_length is None else int(header_length)
+    except ValueError:  # decode_request rejects it
+        end = len(body)
     return body.find(b"shared_memory_", 0, end) != -1 or body.find(b"\\u", 0, end) != -1
 
 
