@@ -70,7 +70,7 @@ def export_program(module: torch.jit.ScriptModule, spec: InputSpec) -> Any:
     # export specialises a dimension traced at size 1, so trace dynamic dims above 1.
     batch = 2 if spec.max_batch_size > 1 else 1
     sample = tuple(
-        torch.from_numpy(np.ones(t.concrete_shape(batch, fill=_TRACE_FILL), DTYPES[t.dtype]))
+        torch.from_numpy(np.ones(t.concrete_shape(batch, fill=TRACE_FILL), DTYPES[t.dtype]))
         for t in spec.inputs
     )
     try:
@@ -94,7 +94,7 @@ def _export_reason(exc: BaseException) -> str:
 
 
 # Size used to trace dynamic non-batch dims (sequence lengths, image sizes).
-_TRACE_FILL = 8
+TRACE_FILL = 8
 
 
 def _dynamic_shapes(spec: InputSpec) -> tuple[dict[int, Any] | None, ...]:

@@ -11,7 +11,8 @@ import numpy as np
 from compiler.backends.torchscript import TorchScriptRunner
 from compiler.backends.torchscript import backend as torchscript
 from compiler.errors import InvalidModelError
-from compiler.spec import InputSpec
+from compiler.frontend import TRACE_FILL
+from compiler.spec import CARRIED, InputSpec
 from compiler.threads import set_threads
 
 
@@ -23,7 +24,9 @@ def inspect_model(
 
     Inputs all named after forward()'s arguments are taken in its order, as Triton's PyTorch
     backend matches them; others in the order given. An output dimension that follows the
-    batch size is reported as -1.
+    batch size is reported as -1, as is one that follows the inputs' other dynamic dimensions
+    (a sequence's length, say: the model runs once more with them at TRACE_FILL). An output
+    of a dtype no protocol carries (complex, say) is an InvalidModelError.
     Meant for a sandboxed child process: a hostile or broken model can only crash the child.
     """
     set_threads(1)
@@ -56,13 +59,38 @@ def inspect_model(
                 f"the model failed on inputs {shapes} at batch {batch}: "
                 f"{type(exc).__name__}: {reason.strip()[:300]}"
             ) from None
+    varied = _varied(runner, spec, rng)
     outputs = []
     for name, first in runs[0].items():
+        if first.dtype not in CARRIED:
+            raise InvalidModelError(
+                f"output {name!r} has dtype {first.dtype}, which no inference protocol carries: "
+                "return real tensors (torch.view_as_real, for a complex one)"
+            )
         shape = list(first.shape)
         if len(runs) > 1 and first.ndim and runs[-1][name].shape[0] == batches[-1] != shape[0]:
             shape[0] = -1
+        if name in varied and len(varied[name]) == len(shape):
+            # The batch's dimension stays as the batch run found it: one that followed another
+            # dimension instead would be split as if it were the batch.
+            free = 1 if spec.batched else 0
+            pairs = zip(shape[free:], varied[name][free:], strict=True)
+            shape[free:] = [-1 if other != d else d for d, other in pairs]
         outputs.append({"name": name, "dtype": first.dtype.name, "shape": shape})
     return {"inputs": spec.names, "outputs": outputs}
+
+
+def _varied(runner: TorchScriptRunner, spec: InputSpec, rng: np.random.Generator) -> dict[str, list[int]]:
+    """The outputs' shapes at batch 1 with the inputs' other dynamic dimensions at TRACE_FILL
+    (none if they have none): where they differ from those at 1, the output follows them. A
+    model that cannot run so shows its outputs' dimensions as they were at 1."""
+    if not any(-1 in t.shape[1 if t.batched else 0 :] for t in spec.inputs):
+        return {}
+    try:
+        outputs = runner.run(spec.random_inputs(1, rng, TRACE_FILL))
+    except Exception:  # as the model's at a size it cannot take: its requests will say so
+        return {}
+    return {name: list(array.shape) for name, array in outputs.items()}
 
 
 def forward_arguments(module: Any) -> list[str]:

@@ -13,6 +13,9 @@ from compiler.errors import InputMismatchError, InvalidSpecError
 
 DType = Literal["float32", "float64", "float16", "int64", "int32", "int16", "int8", "uint8", "bool"]
 DTYPES: dict[str, np.dtype] = {name: np.dtype(name) for name in get_args(DType)}
+# What the inference protocols carry (Triton's BOOL to FP64): an output of another dtype could
+# never be answered.
+CARRIED = frozenset(DTYPES.values()) | {np.dtype(name) for name in ("uint16", "uint32", "uint64")}
 
 _SPEC_RE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*):(?P<dtype>\w+)\[(?P<shape>[-\d,\s]*)\]$")
 
@@ -128,11 +131,12 @@ class InputSpec:
         """The largest batch one call may have."""
         return self.max_batch_size if self.batched else 1
 
-    def random_inputs(self, batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-        """Random inputs for verification and benchmarking. Integers are small: they are often indices."""
+    def random_inputs(self, batch: int, rng: np.random.Generator, fill: int = 1) -> dict[str, np.ndarray]:
+        """Random inputs for verification and benchmarking, other dynamic dims of size `fill`.
+        Integers are small: they are often indices."""
         out: dict[str, np.ndarray] = {}
         for t in self.inputs:
-            shape = t.concrete_shape(batch)
+            shape = t.concrete_shape(batch, fill)
             dtype = DTYPES[t.dtype]
             if dtype.kind == "f":
                 out[t.name] = rng.standard_normal(shape).astype(dtype)

@@ -44,6 +44,21 @@ class TwoHeads(nn.Module):
         return y, y.sum(dim=1) > 0, k * 2 + 1
 
 
+class Sequence(nn.Module):
+    """Outputs that follow an input's length (a dynamic dimension past the batch), and one that
+    does not."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x + 1, x.sum(dim=1)
+
+
+class Complex(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.complex(x, x)
+
+
+SEQUENCE = models.TestModel("sequence", Sequence, [{"name": "x", "dtype": "float32", "shape": [-1, -1, 4]}])
+COMPLEX = models.TestModel("complex", Complex, [{"name": "x", "dtype": "float32", "shape": [-1, 4]}])
 HEADS = models.TestModel(
     "heads",
     TwoHeads,
@@ -310,6 +325,22 @@ def error(response: httpx.Response, status: int) -> str:
 
 def tensor(**fields: object) -> dict[str, object]:
     return {"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [0.5] * 64, **fields}
+
+
+def test_output_dims_that_follow_an_inputs_length(server: KilnServer, http: httpx.Client) -> None:
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
+        assert upload(admin, SEQUENCE, backends=[]).status_code == 202
+        refused = upload(admin, COMPLEX, backends=[])
+        assert refused.status_code == 400 and "complex64, which no inference protocol carries" in refused.text
+    metadata = http.get("/v2/models/sequence").json()
+    assert [o["shape"] for o in metadata["outputs"]] == [[-1, -1, 4], [-1, 4]]
+    config = http.get("/v2/models/sequence/config").json()
+    assert [o["dims"] for o in config["output"]] == [[-1, 4], [4]]
+    x = np.ones((2, 5, 4), np.float32)
+    body = {"inputs": [{"name": "x", "shape": [2, 5, 4], "datatype": "FP32", "data": x.ravel().tolist()}]}
+    outputs = post(http, body, "/v2/models/sequence/infer").json()["outputs"]
+    assert [o["shape"] for o in outputs] == [[2, 5, 4], [2, 4]]
+    assert outputs[1]["data"] == [5.0] * 8
 
 
 def post(http: httpx.Client, body: object, path: str = "/v2/models/mlp/infer") -> httpx.Response:
