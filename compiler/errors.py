@@ -21,6 +21,13 @@ class BackendUnavailableError(CompilerError):
     """The backend cannot run on this host (missing library or hardware)."""
 
 
+def failure(exc: BaseException) -> str:
+    """An exception a model run raised, in a line: TorchScript's end with the real cause after a
+    long interpreter trace."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
+
+
 class ConversionError(CompilerError):
     """The backend failed to convert or build the model."""
 

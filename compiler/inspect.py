@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -10,17 +10,21 @@ import numpy as np
 
 from compiler.backends.torchscript import TorchScriptRunner
 from compiler.backends.torchscript import backend as torchscript
-from compiler.errors import InvalidModelError
+from compiler.errors import InvalidModelError, failure
 from compiler.frontend import TRACE_FILL
 from compiler.spec import CARRIED, InputSpec
 from compiler.threads import set_threads
 
 
 def inspect_model(
-    path: str, spec_doc: dict[str, Any], progress: Callable[[dict[str, Any]], None]
+    path: str,
+    spec_doc: dict[str, Any],
+    samples: Sequence[Mapping[str, Any]],
+    progress: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """Run the model at batch 1 and at its largest batch; return the order of its inputs
-    (`inputs`, their names) and its outputs' name, dtype, shape (`outputs`).
+    """Run the model at batch 1 and at its largest batch, and on the upload's `samples`; return
+    the order of its inputs (`inputs`, their names) and its outputs' name, dtype, shape
+    (`outputs`). A run that fails is an InvalidModelError that says which.
 
     Inputs all named after forward()'s arguments are taken in its order, as Triton's PyTorch
     backend matches them; others in the order given. An output dimension that follows the
@@ -44,21 +48,10 @@ def inspect_model(
         runner = TorchScriptRunner(runner.module, spec)
     rng = np.random.default_rng(0)
     batches = sorted({1, spec.max_batch_size}) if spec.batched else [1]
-    runs: list[dict[str, np.ndarray]] = []
-    for batch in batches:
-        try:
-            runs.append(runner.run(spec.random_inputs(batch, rng)))
-        except InvalidModelError:
-            raise
-        except Exception as exc:
-            # TorchScript errors end with the real cause after a long interpreter trace.
-            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
-            reason = lines[-1] if lines else ""
-            shapes = ", ".join(str(t) for t in spec.inputs)
-            raise InvalidModelError(
-                f"the model failed on inputs {shapes} at batch {batch}: "
-                f"{type(exc).__name__}: {reason.strip()[:300]}"
-            ) from None
+    shapes = ", ".join(str(t) for t in spec.inputs)
+    runs = [_run(runner, spec.random_inputs(b, rng), f"inputs {shapes} at batch {b}") for b in batches]
+    for i, sample in enumerate(samples):  # what verification will run every variant on
+        _run(runner, spec.coerce(sample), f"samples[{i}]")
     varied = _varied(runner, spec, rng)
     outputs = []
     for name, first in runs[0].items():
@@ -78,6 +71,15 @@ def inspect_model(
             shape[free:] = [-1 if other != d else d for d, other in pairs]
         outputs.append({"name": name, "dtype": first.dtype.name, "shape": shape})
     return {"inputs": spec.names, "outputs": outputs}
+
+
+def _run(runner: TorchScriptRunner, inputs: dict[str, np.ndarray], what: str) -> dict[str, np.ndarray]:
+    try:
+        return runner.run(inputs)
+    except InvalidModelError:
+        raise
+    except Exception as exc:
+        raise InvalidModelError(f"the model failed on {what}: {failure(exc)}") from None
 
 
 def _varied(runner: TorchScriptRunner, spec: InputSpec, rng: np.random.Generator) -> dict[str, list[int]]:

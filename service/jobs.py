@@ -13,7 +13,7 @@ from typing import Any
 
 from compiler.artifact import Artifact, artifact_key
 from compiler.backends import REFERENCE, get_backend, reference_target
-from compiler.errors import CompilerError, VerificationError
+from compiler.errors import CompilerError, VerificationError, failure
 from compiler.pipeline import CompileOptions, compile_to_bytes
 from service import metrics, tuning
 from service.errors import NotFoundError
@@ -54,6 +54,8 @@ def variant_key(version: VersionRecord, variant: VariantRecord) -> str:
     options: dict[str, Any] = {"rtol": rtol, "atol": atol}
     if variant.options:  # absent when empty, so the keys of plain variants never change
         options["backend"] = variant.options
+    if version.config.samples:  # verified on them too: an artifact checked without them is another
+        options["samples"] = version.config.samples
     return artifact_key(
         version.sha256,
         variant.backend,
@@ -184,6 +186,11 @@ def _compile(
     except (CompilerError, SandboxError) as exc:
         observe(VariantStatus.failed)
         _settle_failed(registry, job, VariantStatus.failed, f"{job.backend}: {exc}")
+        return False
+    except Exception as exc:  # raised in the child, by a backend or a model run: fails this variant alone
+        log.exception("job %s: the compile raised", job.id)
+        observe(VariantStatus.failed)
+        _settle_failed(registry, job, VariantStatus.failed, f"{job.backend}: {failure(exc)}")
         return False
     observe(VariantStatus.ready)
     record = ArtifactRecord(

@@ -9,7 +9,7 @@ import uuid
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from compiler.backends import MAX_TUNING_TRIALS
 from compiler.runner import output_names
@@ -70,6 +70,8 @@ MAX_OUTPUT_NAMES = 256
 
 
 class TensorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is refused, not dropped
+
     name: TensorName
     dtype: DType
     shape: list[int] = Field(min_length=1, max_length=8)
@@ -93,6 +95,8 @@ def variant_label(backend: str, options: Options) -> str:
 
 class BackendRequest(BaseModel):
     """A backend with options, e.g. {"name": "tensorrt", "options": {"precision": "fp16"}}."""
+
+    model_config = ConfigDict(extra="forbid")
 
     name: str
     options: Options = Field(default_factory=dict, max_length=16)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import io
 import logging
 import sys
 
@@ -20,7 +21,7 @@ import torch
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
 from compiler.backends import openvino as openvino_backend
-from compiler.errors import BackendUnavailableError, ConversionError
+from compiler.errors import BackendUnavailableError, ConversionError, VerificationError
 from compiler.hardware import cpu_target
 from compiler.pipeline import CompileOptions, CompileResult, compile_and_check
 from compiler.runner import Runner
@@ -170,3 +171,15 @@ def test_openvino_loads_a_bf16_variant_only_where_the_cpu_has_bf16(
     monkeypatch.undo()
     if openvino_backend.has_native_bf16():
         assert backend.load(bf16).run({"x": np.ones((2, 64), np.float32)}).keys() == {"output0"}
+
+
+def test_a_run_that_raises_is_a_rejection() -> None:
+    """A sample the model and its compiled variant fail on (an index past an embedding's end)
+    rejects the variant with the reason, as a wrong answer would; it never escapes as itself."""
+    lookup = torch.jit.script(torch.nn.Embedding(10, 4))
+    buffer = io.BytesIO()
+    torch.jit.save(lookup, buffer)
+    spec = InputSpec.from_dicts([{"name": "x", "dtype": "int64", "shape": [-1, 5]}], MAX_BATCH)
+    sample = {"x": np.array([[1, 2, 3, 4, 50]])}
+    with pytest.raises(VerificationError, match=r"verification failed: a run raised .*out of range"):
+        compile_and_check(buffer.getvalue(), spec, "onnxruntime", cpu_target(), OPTIONS, [sample])

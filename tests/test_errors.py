@@ -9,6 +9,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -78,6 +79,39 @@ def test_config_unknown_field_is_named(http: httpx.Client) -> None:
     config = json.dumps(MLP.config(max_queue_delay_ms=20))
     detail = problem(post_upload(http, config, MLP.torchscript()), 422)
     assert detail == "config: max_queue_delay_ms: Extra inputs are not permitted"
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        (MLP.config(backends=[{"name": "tvm", "optons": {}}]), "backends.0.BackendRequest.optons"),
+        ({**MLP.config(), "inputs": [{**MLP.inputs[0], "optional": True}]}, "inputs.0.optional"),
+    ],
+)
+def test_config_unknown_nested_field_is_named(http: httpx.Client, config: dict[str, Any], named: str) -> None:
+    """Inside a backend or an input too: a misspelt `options` would skip the tuning it asked for."""
+    detail = problem(post_upload(http, json.dumps(config), MLP.torchscript()), 422)
+    assert f"{named}: Extra inputs are not permitted" in detail
+
+
+class Lookup(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.Embedding(10, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.embedding(x)
+
+
+def test_a_sample_the_model_fails_on(http: httpx.Client) -> None:
+    """Samples run at upload, as random inputs do: one the model cannot take is refused there,
+    not left to every compile's verification."""
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(Lookup()), buffer)
+    inputs = [{"name": "x", "dtype": "int64", "shape": [-1, 5]}]
+    config = {"name": "lookup", "inputs": inputs, "backends": [], "samples": [{"x": [[1, 2, 3, 4, 50]]}]}
+    detail = problem(post_upload(http, json.dumps(config), buffer.getvalue()), 400)
+    assert "the model failed on samples[0]: RuntimeError" in detail and "index out of range" in detail
 
 
 def test_unknown_backend(http: httpx.Client) -> None:

@@ -291,12 +291,16 @@ def store_version(
         key = MODEL_BLOB.format(sha256=sha256)
         if not store.has_blob(key):
             store.put_blob(key, read_chunks(Path(tmp.name)))
-    created = svc.registry.create_version(
-        cfg,
-        sha256,
-        output_infos,
-        lambda name, number: plan_variants(svc, cfg, name, number),
-    )
+        created = svc.registry.create_version(
+            cfg,
+            sha256,
+            output_infos,
+            lambda name, number: plan_variants(svc, cfg, name, number),
+        )
+        # The deletion of another model of the same bytes may have collected them before this
+        # version referenced them; they are kept from now.
+        if not store.has_blob(key):
+            store.put_blob(key, read_chunks(Path(tmp.name)))
     if cfg.inputs != asked.inputs:  # in forward()'s order: the same config is found again as sent
         svc.registry.record_upload(asked, sha256, created.version.version)
     for job in created.jobs:
@@ -313,7 +317,7 @@ def inspect(svc: Services, path: str, cfg: ModelConfig) -> tuple[ModelConfig, li
     try:
         found = run_in_child(
             inspect_model,
-            (path, cfg.spec().to_dict()),
+            (path, cfg.spec().to_dict(), cfg.samples),
             timeout_s=svc.settings.validate_timeout_s,
             memory_mb=svc.settings.compile_memory_mb,
         )
