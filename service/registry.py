@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -282,7 +283,24 @@ class Registry:
         process: under several workers or replicas, an unload must reach those that did not
         receive it, and it outlives their restarts as it would a deploy."""
         self._versions(name)  # a 404 for unknown names
-        self._update_model(name, {"unloaded": unloaded})
+        fields: dict[str, Any] = {"unloaded": unloaded}
+        if unloaded:  # which unload it was: a load that began before it does not undo it
+            fields["unload_id"] = uuid.uuid4().hex
+        self._update_model(name, fields)
+
+    def last_unload(self, name: str) -> str | None:
+        """The model's last unload (None if none), as a load sees it when it begins."""
+        doc = self.store.get_doc("model", name)
+        return None if doc is None else doc.get("unload_id")
+
+    def serve_again(self, name: str, since: str | None) -> bool:
+        """Put the model back in service, unless an unload came after `since` (last_unload as
+        the load began): it comes last, and wins, as in Triton, which runs a model's load and
+        unload requests in turn."""
+        if self.last_unload(name) != since:
+            return False
+        self.set_unloaded(name, False)
+        return True
 
     def update_serving(self, name: str, number: int, changes: dict[str, Any]) -> VersionRecord:
         """Change some of a version's serving settings (ServingConfig fields, validated), each

@@ -219,3 +219,25 @@ def test_a_polled_repository_deploys_the_model_directories_that_change(tmp_path:
         assert (model["active"]["version"], model["default_version"]) == (2, 2)
         assert versions(http, "mlp") == [1, 2, 3, 4]
     assert "Traceback" not in server.log.read_text()
+
+
+def test_a_model_whose_directory_fails_after_a_restart_is_still_the_repositorys(tmp_path: Path) -> None:
+    """A restart that cannot deploy a model's directory leaves the model as the store has it
+    (other replicas may serve it); the directory's removal still unloads it."""
+    repo, staging = tmp_path / "models", tmp_path / "staging"
+    unlabelled = CONFIG_PBTXT.replace(' label_filename: "labels.txt"', "")
+    served = model_dir(repo, "mlp", unlabelled, {"1": MLP.torchscript()})
+    env = {"KILN_DATA_DIR": str(tmp_path / "data"), "KILN_MODEL_REPOSITORY": str(repo)}
+    first = KilnServer(env, tmp_path / "first.log")
+    with running(first), httpx.Client(base_url=first.url, timeout=60) as http:
+        wait_until(lambda: http.get("/readyz").status_code == 200, 120, "readiness")
+        assert versions(http, "mlp") == [1]
+
+    (served / "config.pbtxt").write_text(unlabelled + "\nsequence_batching {}\n")
+    second = KilnServer({**env, "KILN_MODEL_REPOSITORY_POLL_S": "0.3"}, tmp_path / "second.log")
+    with running(second), httpx.Client(base_url=second.url, timeout=60) as http:
+        wait_until(lambda: http.get("/readyz").status_code == 200, 120, "readiness")
+        assert "sequence_batching" in second.log.read_text()
+        assert http.get("/v2/models/mlp/ready").status_code == 200
+        os.replace(served, staging)
+        wait_until(lambda: http.get("/v2/models/mlp/ready").status_code == 409, 60, "the unload")

@@ -61,6 +61,21 @@ def test_a_default_version_that_outlived_its_version_or_model_does_not_apply(tmp
     assert (view.unloaded, view.default_version, [v.version for v, _ in view.versions]) == (False, None, [2])
 
 
+def test_an_unload_during_a_load_is_not_undone_by_it(tmp_path: Path) -> None:
+    """As Triton, which runs a model's load and unload in turn: the unload came last, and wins."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    mlp = MODELS["mlp"]
+    ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE)
+    registry.set_unloaded(mlp.name, True)
+    since = registry.last_unload(mlp.name)  # a load begins
+    assert registry.serve_again(mlp.name, since) and not registry.is_unloaded(mlp.name)
+
+    since = registry.last_unload(mlp.name)
+    registry.set_unloaded(mlp.name, True)  # while it loads
+    assert not registry.serve_again(mlp.name, since) and registry.is_unloaded(mlp.name)
+    assert registry.serve_again(mlp.name, registry.last_unload(mlp.name))  # a load after it
+
+
 def test_serving_changes_of_different_settings_never_overwrite_each_other(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

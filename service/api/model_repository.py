@@ -80,6 +80,9 @@ class Repository:
                     continue
                 if deploy_model(svc, model_dir, stopping):
                     served.append(model_dir.name)
+                # Served from this repository, or by an earlier deploy of it where this one
+                # failed: either way, the directory's removal unloads it.
+                if svc.registry.version_numbers(model_dir.name):
                     self._served.add(model_dir.name)
                 if not stopping.is_set():
                     self._deployed[model_dir.name] = now
@@ -141,6 +144,7 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
         return False
     name, loaded = loads[0].model, []  # Triton's version numbers
     try:
+        since = svc.registry.last_unload(name)
         existed, inherited = hold(svc, name)
         number = 0  # Kiln's, of the last one loaded
         for i, load in enumerate(loads):
@@ -166,7 +170,7 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
             settle(svc, name, number if len(loaded) == len(loads) else None, inherited)
         if not loaded:
             return False
-        in_service(svc, name)
+        in_service(svc, name, since)
     except NotFoundError as exc:  # deleted through the API meanwhile
         log.warning("model %r was not deployed: %s", name, exc)
         return False

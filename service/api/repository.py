@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from typing import Any
 
 from fastapi import APIRouter, Request, Response
@@ -21,6 +22,8 @@ from service.api.schemas import ProtocolError, error_responses
 from service.api.triton_load import LoadRequest, load_request, load_with
 from service.errors import BadRequestError, NotFoundError, PayloadTooLargeError
 from service.router import serving_version
+
+log = logging.getLogger("kiln.api")
 
 router = APIRouter(
     tags=["v2"],
@@ -82,11 +85,8 @@ async def load_model(name: str, request: Request, svc: ServicesDep) -> Response:
             f"the load request is over {limit} bytes, what a model file of KILN_MAX_UPLOAD_MB "
             f"({svc.settings.max_upload_mb} MB) takes in base64, with its configuration"
         ) from None
-    if body.strip():
-        load = await run_in_threadpool(http_load_request, body)
-        if load.config is not None:
-            await run_in_threadpool(load_with, svc, name, load)
-    await serve_again(name, svc)
+    load = await run_in_threadpool(http_load_request, body) if body.strip() else LoadRequest(None, {})
+    await triton_load(svc, name, load)
     return Response()
 
 
@@ -103,16 +103,24 @@ def http_load_request(body: bytes) -> LoadRequest:
     return load_request({k: v for k, v in parameters.items() if k not in files}, files)
 
 
-async def serve_again(name: str, svc: Services) -> None:
-    """Serve the model again, and load and warm up its serving runners in this process."""
-    await run_in_threadpool(in_service, svc, name)
-    await run_in_threadpool(svc.runtime.warm, name)
+async def triton_load(svc: Services, name: str, load: LoadRequest) -> None:
+    """Triton's load: the configuration and files, if any, then the model back in service, its
+    serving runners loaded and warmed up in this process; unless it was unloaded meanwhile."""
+    since = await run_in_threadpool(svc.registry.last_unload, name)
+    if load.config is not None:
+        await run_in_threadpool(load_with, svc, name, load)
+    if await run_in_threadpool(in_service, svc, name, since):
+        await run_in_threadpool(svc.runtime.warm, name)
 
 
-def in_service(svc: Services, name: str) -> None:
-    """Blocking: the model serves again, on every replica, from this process's next request."""
-    svc.registry.set_unloaded(name, False)
+def in_service(svc: Services, name: str, since: str | None) -> bool:
+    """Blocking: the model serves again, on every replica, from this process's next request;
+    unless it was unloaded after `since` (Registry.serve_again), and stays so."""
+    if not svc.registry.serve_again(name, since):
+        log.info("model %r was unloaded while it loaded: it stays unloaded", name)
+        return False
     svc.runtime.reroute(name)
+    return True
 
 
 @router.post(

@@ -37,7 +37,7 @@ from service.api.grpc_tensors import decode, decodes_inline, encode
 from service.api.health import readiness
 from service.api.middleware import incoming_or_new
 from service.api.problems import validation_detail
-from service.api.triton_load import load_request, load_with
+from service.api.triton_load import load_request
 from service.errors import BadRequestError, ConflictError, KilnError, NotFoundError, NotReadyError
 from service.log_settings import LogSettingsIn
 from service.logs import request_id
@@ -232,9 +232,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         if strings:
             raise BadRequestError(f"{strings}: a file's content is a bytes_param")
         load = load_request({k: v for k, v in given.items() if k not in files}, files)
-        if load.config is not None:
-            await run_in_threadpool(load_with, self.svc, request.model_name, load)
-        await repository.serve_again(request.model_name, self.svc)
+        await repository.triton_load(self.svc, request.model_name, load)
         return pb.RepositoryModelLoadResponse()
 
     @answered
