@@ -197,6 +197,11 @@ def test_each_error_has_its_status(stub: pb_grpc.GRPCInferenceServiceStub) -> No
         code == grpc.StatusCode.INVALID_ARGUMENT
         and "raw_input_contents has 1 entries for 2 inputs" in message
     )
+    both = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 64])
+    both.contents.fp32_contents.extend(x.ravel().tolist())
+    with_raw = pb.ModelInferRequest(model_name="mlp", inputs=[both], raw_input_contents=[bytes(256)])
+    code, message = infer(with_raw)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "has contents, and raw_input_contents" in message
     code, message = infer(pb.ModelInferRequest(model_name="mlp", model_version="x1", inputs=[raw]))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "must be an integer" in message
     unknown_output = pb.ModelInferRequest(

@@ -80,6 +80,10 @@ def decode(request: Any, shared: SharedAccess) -> InferRequest:
                 )
             doc["parameters"] = params
         elif raw:
+            if tensor.HasField("contents"):  # as Triton refuses it: which would be the tensor?
+                raise BadRequestError(
+                    f"tensor {tensor.name!r} has contents, and raw_input_contents are sent; send one"
+                )
             doc["parameters"] = {"binary_data_size": len(next(contents))}
         elif tensor.datatype in CONTENTS_FIELD:
             doc["data"] = np.asarray(getattr(tensor.contents, CONTENTS_FIELD[tensor.datatype]))
