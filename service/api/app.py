@@ -93,6 +93,8 @@ class KilnAPI(FastAPI):
 
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
+        if self.max_body_size is not None:
+            stack = problems.DeclaredTooLarge(stack, self.max_body_size)
         if not self.hot_path:
             return stack
         # The routers' own routes: FastAPI includes a router as a whole, not route by route.

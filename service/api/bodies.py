@@ -17,7 +17,7 @@ from service.api.compression import (
     content_encoding,
     decompress,
 )
-from service.api.problems import validation_detail
+from service.api.problems import too_large, validation_detail
 from service.errors import BadRequestError, PayloadTooLargeError
 from service.settings import Settings
 
@@ -61,10 +61,6 @@ async def bounded_body(request: Request, limit: int) -> bytes:
             raise PayloadTooLargeError(too_large(size, limit))
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def too_large(size: int, limit: int) -> str:
-    return f"the request body is at least {size} bytes; KILN_MAX_UPLOAD_MB allows {limit}"
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -9,8 +9,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from compiler.errors import (
     BackendUnavailableError,
@@ -20,7 +22,7 @@ from compiler.errors import (
 )
 from service.api.middleware import HEADER
 from service.api.schemas import Problem
-from service.errors import KilnError
+from service.errors import KilnError, PayloadTooLargeError
 from service.logs import request_id
 from service.store import StoreUnavailableError
 
@@ -55,6 +57,44 @@ def problem(status: int, title: str, detail: str, headers: dict[str, str] | None
         media_type=PROBLEM_MEDIA_TYPE,
         headers=headers,
     )
+
+
+def too_large(size: int, limit: int) -> str:
+    return f"the request body is at least {size} bytes; KILN_MAX_UPLOAD_MB allows {limit}"
+
+
+class DeclaredTooLarge:
+    """Starlette answers a body whose declared length is past the app's max_body_size with a
+    text/plain 413 of its own, past every exception handler: it goes out as the problem+json
+    that every other error is."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        replaced = False
+
+        async def sending(message: Message) -> None:
+            nonlocal replaced
+            if replaced:
+                return  # the plain text's body
+            if message["type"] == "http.response.start" and message["status"] == 413 and _plain(message):
+                replaced = True
+                declared = int(Headers(scope=scope).get("content-length", "0"))
+                title = PayloadTooLargeError.title
+                await problem(413, title, too_large(declared, self.limit))(scope, receive, send)
+                return
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
+def _plain(start: Message) -> bool:
+    return MutableHeaders(raw=start["headers"]).get("content-type", "").startswith("text/plain")
 
 
 def validation_detail(exc: RequestValidationError | ValidationError) -> str:
