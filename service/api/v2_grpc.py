@@ -17,12 +17,12 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError, Message
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from tritonclient.grpc import model_config_pb2 as config_pb
 from tritonclient.grpc import service_pb2 as pb
@@ -78,6 +78,7 @@ UNOFFERED = [
 ]
 # A log setting's type -> the SettingValue field that carries it.
 SETTING_FIELD = {bool: "bool_param", int: "uint32_param", str: "string_param"}
+Changes = TypeVar("Changes", bound=BaseModel)  # the log or trace settings a request changes
 # gRPC takes a signed 32-bit message size.
 MAX_MESSAGE_BYTES = 2**31 - 1
 
@@ -320,11 +321,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             if (which := value.WhichOneof("parameter_choice")) is not None
         }
         if fields:
-            authorize(self.api_keys, presented_key(dict(context.invocation_metadata() or ())), Scope.admin)
-            try:
-                changes = LogSettingsIn.model_validate(fields)
-            except ValidationError as exc:
-                raise BadRequestError(validation_detail(exc)) from exc
+            changes = self._changes(context, LogSettingsIn, fields)
             current = await run_in_threadpool(self.svc.logs.update, changes)
         else:
             current = self.svc.logs.current
@@ -345,18 +342,25 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             for key, value in request.settings.items()
         }
         if fields:
-            authorize(self.api_keys, presented_key(dict(context.invocation_metadata() or ())), Scope.admin)
-            try:
-                changes = TraceSettingsIn.model_validate(fields)
-            except ValidationError as exc:
-                raise BadRequestError(validation_detail(exc)) from exc
-            current = await trace_settings.updated(self.svc, model, changes)
+            current = await trace_settings.updated(
+                self.svc, model, self._changes(context, TraceSettingsIn, fields)
+            )
         else:
             current = self.svc.runtime.traces.settings(model)
         response = pb.TraceSettingResponse()
         for key, setting in current.model_dump().items():
             response.settings[key].value.extend(setting if isinstance(setting, list) else [setting])
         return response
+
+    def _changes(
+        self, context: grpc.aio.ServicerContext, model: type[Changes], fields: dict[str, Any]
+    ) -> Changes:
+        """Settings to change, as their POST route takes them: with the admin scope, checked."""
+        authorize(self.api_keys, presented_key(dict(context.invocation_metadata() or ())), Scope.admin)
+        try:
+            return model.model_validate(fields)
+        except ValidationError as exc:
+            raise BadRequestError(validation_detail(exc)) from exc
 
 
 def _unoffered(name: str) -> Callable[..., Awaitable[None]]:
