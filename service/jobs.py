@@ -16,7 +16,7 @@ from compiler.backends import REFERENCE, get_backend, reference_target
 from compiler.errors import CompilerError, VerificationError, failure
 from compiler.pipeline import CompileOptions, compile_to_bytes
 from service import metrics, tuning
-from service.errors import NotFoundError
+from service.errors import KilnError, NotFoundError
 from service.races import race_version
 from service.records import (
     SETTLED,
@@ -32,6 +32,7 @@ from service.records import (
 from service.registry import MODEL_BLOB, Registry
 from service.sandbox import SandboxError, run_in_child
 from service.settings import Settings
+from service.store import StoreError
 
 log = logging.getLogger("kiln.jobs")
 
@@ -187,6 +188,8 @@ def _compile(
         observe(VariantStatus.failed)
         _settle_failed(registry, job, VariantStatus.failed, f"{job.backend}: {exc}")
         return False
+    except (StoreError, KilnError):  # here, by the progress callbacks: the store's, for the queue to retry
+        raise
     except Exception as exc:  # raised in the child, by a backend or a model run: fails this variant alone
         log.exception("job %s: the compile raised", job.id)
         observe(VariantStatus.failed)

@@ -341,33 +341,36 @@ class Runtime:
         """`timeout_us` (see effective_timeout) bounds the request's wait from now: past it, a
         TimeoutExpiredError, unless its batch formed before. `priority`: Triton's request
         parameter (BatchPolicy.level). `gone`: whether its client hung up (Batcher.submit).
-        Requests sampled by the trace settings (service.traces) are traced once routed."""
-        trace = self.traces.sample(name)
+        Requests the trace settings sample (service.traces) are traced from their arrival, once
+        routed: one of an unknown model or version is not."""
+        arrived = time.monotonic()
+        begun = time.perf_counter()
+        route = await self.aroute(name, version)
+        trace = self.traces.sample(name, arrived, route.version.version)
+        asked = (name, route, inputs, backend, timeout_us, priority, gone, arrived, begun)
+        if trace is None:
+            return await self._predict(*asked)
         try:
-            return await self._predict(name, version, inputs, backend, timeout_us, priority, gone, trace)
+            return await self._predict(*asked, trace)
         finally:
-            if trace is not None and trace.version >= 0:
-                trace.end(request_id.get())
+            trace.end(request_id.get())
 
     async def _predict(
         self,
         name: str,
-        version: int | None,
+        route: Route,
         inputs: Mapping[str, object],
         backend: str | None,
         timeout_us: int | None,
         priority: int,
         gone: Gone | None,
-        trace: Trace | None,
+        arrived: float,
+        begun: float,
+        trace: Trace | None = None,
     ) -> Prediction:
-        arrived = time.monotonic()
-        begun = time.perf_counter()
-        route = await self.aroute(name, version)
         arrays = route.spec.coerce(inputs)
         batch = route.spec.check(arrays)
         number = route.version.version
-        if trace is not None:
-            trace.version = number
         started = time.perf_counter()
         # A pinned backend asks for that backend's answer, which the cache does not know.
         cache_key, looked_up, unloads = None, 0.0, self._unloads[name]

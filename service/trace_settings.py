@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import uuid
 from typing import Any
 
 from pydantic import ValidationError
@@ -22,7 +23,10 @@ from service.traces import Traces, TraceSettings, TraceSettingsDoc, TraceSetting
 log = logging.getLogger("kiln.trace")
 
 KIND, DOC_ID = "settings", "trace"
-SERVER, MODEL = "server", "model:"  # the document's field of the server's settings; a model's
+# The document holds a field per scope and setting, "server.trace_rate" or "model:<name>.trace_level",
+# so that two processes changing different settings at once both keep theirs; null, one cleared.
+SERVER, MODEL = "server", "model:"
+COUNT_SET = "count_set"  # which setting of a scope's trace_count it traces by (TraceSettings)
 
 
 class TraceControl(Periodic):
@@ -35,7 +39,7 @@ class TraceControl(Periodic):
         super().__init__("kiln-trace-settings", max(interval_s, self.MIN_INTERVAL_S))
         self.store = store
         self.traces = traces
-        self._applied: dict[str, Any] = {}  # the document last applied
+        self._applied: dict[str, dict[str, Any]] = {}  # the settings last applied, by scope
         # Held from a store read or write to its apply, as LogControl's.
         self._lock = threading.Lock()
 
@@ -43,14 +47,16 @@ class TraceControl(Periodic):
         """Record `changes` to the server's settings, or `model`'s, for every process; apply
         them here; the settings now. ValidationError, with nothing changed, for settings that are
         not valid once merged with those stored."""
-        key = SERVER if model is None else MODEL + model
+        named = changes.changes()
+        if "trace_count" in named:  # set again, it counts anew, though its value is the same
+            named[COUNT_SET] = None if named["trace_count"] is None else uuid.uuid4().hex
+        scope = SERVER if model is None else MODEL + model
+        fields = {f"{scope}.{setting}": value for setting, value in named.items()}
         with self._lock:
-            doc = self._read()
-            own = {k: v for k, v in {**doc.get(key, {}), **changes.changes()}.items() if v is not None}
-            doc = scopes({**doc, key: own})
+            doc = scopes({**(self.store.get_doc(KIND, DOC_ID) or {}), **fields})
             settings = resolved(doc)
             self.store.create_doc(KIND, DOC_ID, {"id": DOC_ID})
-            self.store.update_doc(KIND, DOC_ID, {key: own})
+            self.store.update_doc(KIND, DOC_ID, fields)
             self._apply(doc, settings)
         return self.traces.settings(model)
 
@@ -58,7 +64,7 @@ class TraceControl(Periodic):
         """Apply what another process changed."""
         try:
             with self._lock:
-                doc = self._read()
+                doc = scopes(self.store.get_doc(KIND, DOC_ID) or {})
                 if doc != self._applied:
                     self._apply(doc, resolved(doc))
         except StoreUnavailableError as exc:  # the next pass reads it again
@@ -68,22 +74,25 @@ class TraceControl(Periodic):
         except Exception:  # a bug: logged, and the thread lives on
             log.exception("reading the trace settings failed")
 
-    def _read(self) -> dict[str, Any]:
-        return scopes(self.store.get_doc(KIND, DOC_ID) or {})
-
-    def _apply(self, doc: dict[str, Any], settings: dict[str | None, TraceSettings]) -> None:
+    def _apply(self, doc: dict[str, dict[str, Any]], settings: dict[str | None, TraceSettings]) -> None:
         self.traces.apply(settings)
         if doc != self._applied:
-            log.info("trace settings now %s", json.dumps(doc, sort_keys=True))
+            shown = {scope: {k: v for k, v in own.items() if k != COUNT_SET} for scope, own in doc.items()}
+            log.info("trace settings now %s", json.dumps(shown, sort_keys=True))
         self._applied = doc
 
 
-def scopes(doc: dict[str, Any]) -> dict[str, Any]:
-    """The scopes that set any of their settings, by their field."""
-    return {key: own for key, own in doc.items() if (key == SERVER or key.startswith(MODEL)) and own}
+def scopes(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The stored fields by scope: those that set any of their settings."""
+    found: dict[str, dict[str, Any]] = {}
+    for key, value in doc.items():
+        scope, _, setting = key.rpartition(".")  # settings' names have no dot; models' may
+        if value is not None and (scope == SERVER or scope.startswith(MODEL)):
+            found.setdefault(scope, {})[setting] = value
+    return found
 
 
-def resolved(doc: dict[str, Any]) -> dict[str | None, TraceSettings]:
+def resolved(doc: dict[str, dict[str, Any]]) -> dict[str | None, TraceSettings]:
     """The settings each scope traces by: the server's (None), and each model's over them."""
     server = doc.get(SERVER, {})
     settings: dict[str | None, TraceSettings] = {None: TraceSettings.model_validate(server)}

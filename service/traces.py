@@ -57,6 +57,13 @@ class TraceSettings(BaseModel):
     log_frequency: int = 0
     trace_file: str = ""
     trace_mode: Literal["triton"] = "triton"
+    # Which setting of trace_count this is: one named again (its traces spent, say) counts anew.
+    count_set: str = ""
+
+    @property
+    def count(self) -> tuple[int, str]:
+        """Its trace_count, and which setting of it."""
+        return self.trace_count, self.count_set
 
     @property
     def tracing(self) -> bool:
@@ -64,7 +71,7 @@ class TraceSettings(BaseModel):
 
     def doc(self, remaining: int) -> TraceSettingsDoc:
         """As Triton shows them; `remaining`, the traces this process takes yet."""
-        doc: dict[str, object] = {key: str(value) for key, value in self.model_dump().items()}
+        doc: dict[str, object] = {k: str(v) for k, v in self.model_dump(exclude={"count_set"}).items()}
         doc |= {"trace_level": self.trace_level, "trace_count": str(remaining)}
         return TraceSettingsDoc.model_validate(doc)
 
@@ -113,6 +120,11 @@ class TraceSettingsIn(BaseModel):
         """The settings named, None for those cleared; stored as plain JSON."""
         return {key: getattr(self, key) for key in self.model_fields_set}
 
+    @classmethod
+    def cleared(cls) -> TraceSettingsIn:
+        """Every setting given back (a model's, to the server's)."""
+        return cls.model_validate(dict.fromkeys(cls.model_fields))
+
 
 @dataclass
 class Trace:
@@ -120,7 +132,7 @@ class Trace:
 
     model: str
     started: float  # time.monotonic()
-    version: int = -1  # Triton's, until the request is routed to one
+    version: int
     stamps: list[tuple[str, float]] = field(default_factory=list)
 
     def ran(self, phases: Phases) -> None:
@@ -158,11 +170,11 @@ class Traces:
         self._scopes: dict[str | None, _Scope] = {None: _Scope(TraceSettings(), -1)}
         self.on = False  # whether any scope traces: the one check an untraced server makes
 
-    def sample(self, model: str) -> Trace | None:
-        """A trace of this request of `model`, if it is one of those sampled."""
+    def sample(self, model: str, started: float, version: int) -> Trace | None:
+        """A trace of this request of `model`'s `version`, which arrived at `started`
+        (time.monotonic()), if it is one of those sampled."""
         if not self.on:
             return None
-        started = time.monotonic()
         with self._lock:
             scope = self._scopes.get(model) or self._scopes[None]
             if not scope.settings.tracing or scope.remaining == 0:
@@ -172,7 +184,7 @@ class Traces:
                 return None
             if scope.remaining > 0:
                 scope.remaining -= 1
-        return Trace(model, started)
+        return Trace(model, started, version)
 
     def settings(self, model: str | None) -> TraceSettingsDoc:
         with self._lock:
@@ -181,11 +193,14 @@ class Traces:
 
     def apply(self, settings: dict[str | None, TraceSettings]) -> None:
         """Trace by these settings from now: the server's (key None), and those of models that
-        set their own. A scope whose settings are unchanged keeps its counts."""
+        set their own. A scope keeps its count of requests, and of traces left unless its
+        trace_count was set since, as Triton's."""
         with self._lock:
-            old = self._scopes
-            self._scopes = {
-                key: old[key] if key in old and old[key].settings == s else _Scope(s, s.trace_count)
-                for key, s in settings.items()
-            }
+            old, self._scopes = self._scopes, {}
+            for key, new in settings.items():
+                was = old.get(key)
+                if was is not None and was.settings.count == new.count:
+                    self._scopes[key] = _Scope(new, was.remaining, was.seen)
+                else:
+                    self._scopes[key] = _Scope(new, new.trace_count, 0 if was is None else was.seen)
             self.on = any(s.settings.tracing for s in self._scopes.values())

@@ -47,7 +47,7 @@ MLP = models.MODELS["mlp"]
 
 def traced(traces: Traces, model: str, requests: int) -> list[int]:
     """Which of `requests` requests of `model` (numbered from 1) are traced."""
-    return [n for n in range(1, requests + 1) if traces.sample(model) is not None]
+    return [n for n in range(1, requests + 1) if traces.sample(model, 0.0, 1) is not None]
 
 
 def test_rate_count_and_a_models_own_settings() -> None:
@@ -71,6 +71,12 @@ def test_rate_count_and_a_models_own_settings() -> None:
         "trace_rate": "3",
         "trace_count": "0",
     }
+    # trace_count set again counts anew, as in Triton, though its value is the same; another
+    # setting changed leaves the count as it is.
+    traces.apply({None: on.model_copy(update={"trace_rate": 1})})
+    assert traced(traces, "b", 2) == []
+    traces.apply({None: on.model_copy(update={"trace_rate": 1, "count_set": "again"})})
+    assert traced(traces, "b", 5) == [1, 2, 3]
     traces.apply({None: TraceSettings(), "a": TraceSettings(trace_level=["OFF"])})
     assert traced(traces, "a", 3) == traced(traces, "b", 3) == []
     assert not traces.on
@@ -187,6 +193,7 @@ def test_http_traces_sampled_requests_with_tritons_timestamps(
     assert http.get_trace_settings(headers=AS_INFER) == changed
     cleared = http.update_trace_settings("mlp", {"trace_level": None}, headers=AS_ADMIN)
     assert cleared == {**changed, "trace_count": "5"}
+    assert http.update_trace_settings("mlp", {}, headers=AS_ADMIN) == changed  # as Triton: all back
 
     # trace_rate and trace_count count in each process: of 20 requests, one in 5 is traced, up
     # to 1 in each process.

@@ -158,6 +158,8 @@ async def run(svc: Services, name: str, number: int, batches: list[Arrays], gone
     if failed:
         raise failed[0]
     results = [d for d in done if isinstance(d, Prediction)]
+    if len(results) < len(batches):  # one was cancelled
+        raise next(d for d in done if isinstance(d, BaseException))
     return {k: np.concatenate([r.outputs[k] for r in results]) for k in results[0].outputs}
 
 

@@ -84,7 +84,7 @@ class DeclaredTooLarge:
                 return  # the plain text's body
             if message["type"] == "http.response.start" and message["status"] == 413 and _plain(message):
                 replaced = True
-                declared = int(Headers(scope=scope).get("content-length", "0"))
+                declared = int(Headers(scope=scope).get("content-length", str(self.limit + 1)))
                 title = PayloadTooLargeError.title
                 await problem(413, title, too_large(declared, self.limit))(scope, receive, send)
                 return

@@ -62,13 +62,16 @@ async def model_trace_settings(name: str, svc: ServicesDep) -> TraceSettingsDoc:
 @router.post(
     "/models/{name}/trace/setting",
     operation_id="v2_update_model_trace_settings",
-    summary="Change a model's own trace settings in every process; null gives one back to the server's.",
+    summary="Change a model's own trace settings in every process; null gives one back to the server's, "
+    "and a body naming none gives all back, as in Triton.",
     dependencies=admin_scope,
     responses=error_responses(ProtocolError, 503),
     openapi_extra=json_request_body(TraceSettingsIn),
 )
 async def update_model_trace_settings(name: str, request: Request, svc: ServicesDep) -> TraceSettingsDoc:
     changes = await json_body(request, TraceSettingsIn, SHAPE)
+    if not changes.model_fields_set:  # Triton's request to remove the model's own settings
+        changes = TraceSettingsIn.cleared()
     await run_in_threadpool(svc.registry.get_model, name)
     return await updated(svc, name, changes)
 

@@ -257,7 +257,7 @@ export const v2ModelStats = <ThrowOnError extends boolean = false>(options: Opti
 export const v2ModelTraceSettings = <ThrowOnError extends boolean = false>(options: Options<V2ModelTraceSettingsData, ThrowOnError>) => (options.client ?? client).get<V2ModelTraceSettingsResponses, V2ModelTraceSettingsErrors, ThrowOnError>({ url: '/v2/models/{name}/trace/setting', ...options });
 
 /**
- * Change a model's own trace settings in every process; null gives one back to the server's.
+ * Change a model's own trace settings in every process; null gives one back to the server's, and a body naming none gives all back, as in Triton.
  */
 export const v2UpdateModelTraceSettings = <ThrowOnError extends boolean = false>(options: Options<V2UpdateModelTraceSettingsData, ThrowOnError>) => (options.client ?? client).post<V2UpdateModelTraceSettingsResponses, V2UpdateModelTraceSettingsErrors, ThrowOnError>({
     url: '/v2/models/{name}/trace/setting',

@@ -88,7 +88,8 @@ def sync_detailed(
     client: AuthenticatedClient | Client,
     body: V2UpdateModelTraceSettingsTraceSettingsIn,
 ) -> Response[ProtocolError | TraceSettingsDoc]:
-    """Change a model's own trace settings in every process; null gives one back to the server's.
+    """Change a model's own trace settings in every process; null gives one back to the server's, and a
+    body naming none gives all back, as in Triton.
 
     Args:
         name (str):
@@ -123,7 +124,8 @@ def sync(
     client: AuthenticatedClient | Client,
     body: V2UpdateModelTraceSettingsTraceSettingsIn,
 ) -> ProtocolError | TraceSettingsDoc | None:
-    """Change a model's own trace settings in every process; null gives one back to the server's.
+    """Change a model's own trace settings in every process; null gives one back to the server's, and a
+    body naming none gives all back, as in Triton.
 
     Args:
         name (str):
@@ -153,7 +155,8 @@ async def asyncio_detailed(
     client: AuthenticatedClient | Client,
     body: V2UpdateModelTraceSettingsTraceSettingsIn,
 ) -> Response[ProtocolError | TraceSettingsDoc]:
-    """Change a model's own trace settings in every process; null gives one back to the server's.
+    """Change a model's own trace settings in every process; null gives one back to the server's, and a
+    body naming none gives all back, as in Triton.
 
     Args:
         name (str):
@@ -186,7 +189,8 @@ async def asyncio(
     client: AuthenticatedClient | Client,
     body: V2UpdateModelTraceSettingsTraceSettingsIn,
 ) -> ProtocolError | TraceSettingsDoc | None:
-    """Change a model's own trace settings in every process; null gives one back to the server's.
+    """Change a model's own trace settings in every process; null gives one back to the server's, and a
+    body naming none gives all back, as in Triton.
 
     Args:
         name (str):
