@@ -330,6 +330,11 @@ class Registry:
             fields["repository_version"] = repository_version
         self._update_model(name, fields)
 
+    def deployed_from_repository(self, name: str) -> bool:
+        """Whether a model repository's deploy recorded the model (set_repository_state)."""
+        doc = self.store.get_doc("model", name) or {}
+        return doc.get("repository_version") is not None or bool(doc.get("repository_hold"))
+
     def _update_model(self, name: str, fields: dict[str, Any]) -> None:
         # Created if missing (an upload racing a deletion can leave versions without it): an
         # update alone would then do nothing, and the request would answer 200 for nothing.

@@ -81,8 +81,9 @@ class Repository:
                 if deploy_model(svc, model_dir, stopping):
                     served.append(model_dir.name)
                 # Served from this repository, or by an earlier deploy of it where this one
-                # failed: either way, the directory's removal unloads it.
-                if svc.registry.version_numbers(model_dir.name):
+                # failed: either way, the directory's removal unloads it (not a model of the
+                # same name uploaded through the API alone).
+                if svc.registry.deployed_from_repository(model_dir.name):
                     self._served.add(model_dir.name)
                 if not stopping.is_set():
                     self._deployed[model_dir.name] = now
@@ -170,7 +171,8 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
             settle(svc, name, number if len(loaded) == len(loads) else None, inherited)
         if not loaded:
             return False
-        in_service(svc, name, since)
+        if not in_service(svc, name, since):
+            return False
     except NotFoundError as exc:  # deleted through the API meanwhile
         log.warning("model %r was not deployed: %s", name, exc)
         return False
