@@ -39,7 +39,15 @@ def check(response: httpx.Response) -> Any:
     if response.is_error:
         console.print(f"[red]error {response.status_code}:[/red] {error_of(response)}")
         raise typer.Exit(1)
-    return response.json() if response.content else None  # the repository's answers are empty
+    if not response.content:
+        return None  # the repository's answers are empty
+    try:
+        return response.json()
+    except ValueError:
+        console.print(
+            f"[red]not an answer of Kiln's from {response.request.url}:[/red] {response.text[:200]}"
+        )
+        raise typer.Exit(1) from None
 
 
 def error_of(response: httpx.Response) -> str:
@@ -204,13 +212,14 @@ def upload(
     api_key: KeyOption = None,
 ) -> None:
     """Upload a model and watch its variants compile."""
+    from compiler.errors import CompilerError
     from compiler.spec import TensorSpec
 
-    config: dict[str, Any] = {
-        **json_fields(fields),
-        "name": name,
-        "inputs": [TensorSpec.parse(i).to_dict() for i in input],
-    }
+    try:
+        inputs = [TensorSpec.parse(i).to_dict() for i in input]
+    except CompilerError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--input") from None
+    config: dict[str, Any] = {**json_fields(fields), "name": name, "inputs": inputs}
     if max_batch_size is not None:
         config["max_batch_size"] = max_batch_size
     if backend:
@@ -560,7 +569,10 @@ def predict(
     api_key: KeyOption = None,
 ) -> None:
     """Run a prediction and print the JSON response."""
-    text = Path(data[1:]).read_text() if data.startswith("@") else data
+    try:
+        text = Path(data[1:]).read_text() if data.startswith("@") else data
+    except (OSError, UnicodeDecodeError) as exc:
+        raise typer.BadParameter(f"cannot read {data[1:]}: {exc}", param_hint="--data") from None
     try:
         inputs = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -617,6 +629,8 @@ def compile_command(
     from compiler.pipeline import CompileOptions, compile_and_check
     from compiler.spec import InputSpec
 
+    if not output.parent.is_dir():  # found now, not once the compile (and its tuning) is done
+        raise typer.BadParameter(f"{output.parent} is not a directory", param_hint="--output")
     backend_options = {"tuning_trials": tuning_trials} if tuning_trials else {}
     options = CompileOptions(
         rtol=rtol, atol=atol, threads=os.cpu_count() or 1, backend_options=backend_options
@@ -664,7 +678,15 @@ def main() -> None:
             where = str(exc.request.url)
         except RuntimeError:  # raised before it had a request
             where = "its URL"
-        console.print(f"[red]cannot reach Kiln at {where}:[/red] {exc or type(exc).__name__}; is it running?")
+        if isinstance(exc, httpx.ReadTimeout):  # it took the request, and may still carry it out
+            console.print(
+                f"[red]Kiln at {where} did not answer in time:[/red] it may still finish the request; "
+                "see `kiln models`"
+            )
+        else:
+            console.print(
+                f"[red]cannot reach Kiln at {where}:[/red] {exc or type(exc).__name__}; is it running?"
+            )
         sys.exit(1)
 
 

@@ -1,4 +1,5 @@
-"""`kiln compile` works offline: compile, verify, benchmark and write a loadable artifact."""
+"""`kiln compile` works offline: compile, verify, benchmark and write a loadable artifact; and bad
+arguments to any command are named before any work."""
 
 from __future__ import annotations
 
@@ -53,6 +54,28 @@ def test_compile_rejects_a_bad_spec(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "InvalidSpecError" in done.stdout and "unknown dtype 'float33'" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_bad_arguments_are_named_before_any_work(tmp_path: Path) -> None:
+    """Each is one message naming the option, not a traceback, and comes before any request or
+    compile (an output directory that does not exist is not found after an hour of tuning)."""
+    source = tmp_path / "mlp.pt"
+    source.write_bytes(MODELS["mlp"].torchscript())
+    url = "http://127.0.0.1:9"  # nothing listens: none of these may get as far as asking it
+    for args, message in [
+        (
+            ["upload", str(source), "--name", "m", "--input", "bad", "--url", url],
+            "cannot parse input spec 'bad'",
+        ),
+        (["predict", "m", "--data", f"@{tmp_path / 'nope.json'}", "--url", url], "cannot read"),
+        (
+            ["compile", str(source), "--input", "x:float32[-1,64]", "-o", str(tmp_path / "no" / "x.kiln")],
+            "is not a",
+        ),
+    ]:
+        done = kiln(*args)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert message in done.stderr and "Traceback" not in done.stdout + done.stderr
 
 
 def test_compile_with_tuning_writes_a_static_batch_artifact(tmp_path: Path) -> None:

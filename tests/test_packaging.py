@@ -795,9 +795,12 @@ def test_the_kserve_runtime_serves_the_model_repository_kserve_mounts() -> None:
     assert args[args.index("--model-repository") + 1] == "/mnt/models"
     port = int(args[args.index("--port") + 1])
     assert [p["containerPort"] for p in container["ports"]] == [port] == [8080]  # KServe's HTTP port
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert_settings_keys(set(env), "deploy/kserve/serving-runtime.yaml")
     assert env["KILN_GRPC_PORT"] == "9000"  # KServe's grpc-v2 port
+    # Threads follow this container's CPU limit, not the node's cores.
+    cpus = {"resourceFieldRef": {"containerName": "kserve-container", "resource": "limits.cpu"}}
+    assert env["KILN_THREADS"] == cpus
     assert runtime["spec"]["annotations"]["prometheus.kserve.io/port"] == str(port)
     assert set(runtime["spec"]["protocolVersions"]) == {"v1", "v2", "grpc-v2"}
     (api,) = containers(find(render_kustomize(), "Deployment", "kiln-api"))
