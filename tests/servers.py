@@ -128,7 +128,10 @@ class KilnProcess:
 
     def __init__(self, args: list[str], env: Mapping[str, str], log: Path) -> None:
         self.args = args
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+        # None of the caller's KILN_* settings: an exported KILN_REDIS_URL would have a test
+        # server write into the caller's Redis, and KILN_API_KEYS lock the test's client out.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+        self.env = {**inherited, "PYTHONUNBUFFERED": "1", **env}
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
 
