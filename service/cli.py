@@ -28,6 +28,7 @@ UrlOption = Annotated[str, typer.Option(envvar="KILN_URL", help="Kiln server URL
 KeyOption = Annotated[str | None, typer.Option(envvar="KILN_API_KEY", help="API key.")]
 SETTLED = {"ready", "failed", "rejected"}
 STAGES = ["queued", "compiling", "verifying", "benchmarking", "ready"]
+SLOW_S = 900  # a request that checks a model by running it, or loads and warms one up
 
 
 def client(url: str, api_key: str | None) -> httpx.Client:
@@ -229,9 +230,9 @@ def upload(
     if labels:
         config["labels"] = label_files(labels)
     with client(url, api_key) as http:
-        body = check(
-            http.post("/v1/models", files={"file": file.read_bytes()}, data={"config": json.dumps(config)})
-        )
+        # The server checks the model by running it (up to KILN_VALIDATE_TIMEOUT_S) before it answers.
+        files, data = {"file": file.read_bytes()}, {"config": json.dumps(config)}
+        body = check(http.post("/v1/models", files=files, data=data, timeout=SLOW_S))
         console.print(
             f"{body['name']} version {body['version']} ({body['sha256'][:12]})"
             + (" [dim]already uploaded[/dim]" if body["deduplicated"] else "")
@@ -442,7 +443,7 @@ def unload(name: str, url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOpti
 def load(name: str, url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) -> None:
     """Put an unloaded model back in service, loaded and warmed up on the replica that gets it."""
     with client(url, api_key) as http:
-        check(http.post(f"/v2/repository/models/{name}/load"))
+        check(http.post(f"/v2/repository/models/{name}/load", timeout=SLOW_S))  # it warms up the model
     console.print(f"{name}: loaded")
 
 
@@ -508,7 +509,7 @@ def import_model(http: httpx.Client, model_dir: Path, table: Table) -> bool:
         try:
             # A load checks the model by running it (up to KILN_VALIDATE_TIMEOUT_S), then warms it up.
             body, sha256 = load.request()
-            answer(http.post(f"/v2/repository/models/{path}/load", json=body, timeout=900))
+            answer(http.post(f"/v2/repository/models/{path}/load", json=body, timeout=SLOW_S))
             versions = answer(http.get(f"/v1/models/{path}"))["versions"]
             made = max(v["version"] for v in versions if v["sha256"] == sha256)
         except (RepositoryError, httpx.TransportError) as exc:
@@ -628,12 +629,13 @@ def compile_command(
     from compiler.hardware import cpu_target
     from compiler.pipeline import CompileOptions, compile_and_check
     from compiler.spec import InputSpec
+    from service.settings import get_settings
 
     if not output.parent.is_dir():  # found now, not once the compile (and its tuning) is done
         raise typer.BadParameter(f"{output.parent} is not a directory", param_hint="--output")
     backend_options = {"tuning_trials": tuning_trials} if tuning_trials else {}
-    options = CompileOptions(
-        rtol=rtol, atol=atol, threads=os.cpu_count() or 1, backend_options=backend_options
+    options = CompileOptions(  # KILN_THREADS, as `kiln serve` and `kiln worker` run
+        rtol=rtol, atol=atol, threads=get_settings().threads, backend_options=backend_options
     )
     try:
         spec = InputSpec.parse(input, max_batch_size)
