@@ -449,6 +449,23 @@ def test_base_has_in_cluster_redis_and_both_worker_classes() -> None:
     assert redis["args"][redis["args"].index("--appendonly") + 1] == "yes"
 
 
+def test_every_kiln_pod_announces_where_its_metrics_are() -> None:
+    """The API's /metrics on its HTTP port, and each worker's on KILN_WORKER_METRICS_PORT, for a
+    Prometheus that finds its targets by annotation."""
+    docs = render_kustomize()
+    worker = Settings.model_fields["worker_metrics_port"].default
+    for name, port in [("kiln-api", 8000), ("kiln-worker-cpu", worker), ("kiln-worker-gpu", worker)]:
+        deployment = find(docs, "Deployment", name)
+        annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+        assert annotations == {
+            "prometheus.io/scrape": "true",
+            "prometheus.io/port": str(port),
+            "prometheus.io/path": "/metrics",
+        }
+        (container,) = containers(deployment)
+        assert port in [p["containerPort"] for p in container["ports"]]
+
+
 def test_cpu_only_overlay_drops_only_the_gpu_worker() -> None:
     base = names(render_kustomize())
     cpu_only = render_kustomize(ROOT / "deploy" / "overlays" / "cpu-only")
