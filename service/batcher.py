@@ -308,7 +308,7 @@ class Batcher(Generic[T]):
             result, began, ended = await self._run_timed_within(inputs, deadline, alone)
         self._report(BatchTiming(batch, [began - alone.arrived], 0.0, ended - began, 0.0))
         if on_run is not None:
-            on_run(Phases(alone.arrived, began, began, ended, ended))
+            _tell(on_run, Phases(alone.arrived, began, began, ended, ended))
         return result
 
     async def _run_timed(
@@ -537,7 +537,7 @@ class Batcher(Generic[T]):
         for r, part in zip(requests, parts, strict=True):
             if not r.future.done():
                 if r.on_run is not None:
-                    r.on_run(Phases(r.arrived, started, merged_at, ended, split_at))
+                    _tell(r.on_run, Phases(r.arrived, started, merged_at, ended, split_at))
                 r.future.set_result((part, tag))
         queued = [began - r.arrived - (merged_at - started) for r in requests]
         size = sum(r.batch for r in requests)
@@ -549,6 +549,14 @@ class Batcher(Generic[T]):
                 self.on_batch(timing)
             except Exception:
                 log.exception("batch statistics callback failed")
+
+
+def _tell(on_run: Callable[[Phases], None], phases: Phases) -> None:
+    """A request's phases, to whoever traces it: a bug there must not keep it unanswered."""
+    try:
+        on_run(phases)
+    except Exception:
+        log.exception("a request's phases callback failed")
 
 
 def _live(requests: list[_Request[T]]) -> int:
