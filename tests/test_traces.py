@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
 
@@ -17,7 +18,9 @@ import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from service.traces import Traces, TraceSettings
+from service.store.local import LocalStore
+from service.trace_settings import TraceControl
+from service.traces import Traces, TraceSettings, TraceSettingsIn
 from tests import models
 from tests.client import expected, sample, upload
 from tests.servers import KilnServer, running, wait_until
@@ -80,6 +83,24 @@ def test_rate_count_and_a_models_own_settings() -> None:
     traces.apply({None: TraceSettings(), "a": TraceSettings(trace_level=["OFF"])})
     assert traced(traces, "a", 3) == traced(traces, "b", 3) == []
     assert not traces.on
+
+
+def test_processes_share_the_settings_through_the_store(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    a, b = (TraceControl(store, Traces(), 1) for _ in range(2))
+    a.update(None, TraceSettingsIn(trace_level=["TIMESTAMPS"], trace_rate=1, trace_count=1))
+    b.run_once()
+    assert traced(b.traces, "m", 3) == [1]
+    b.update(None, TraceSettingsIn(trace_rate=1))  # another setting named: the count left stays
+    assert traced(b.traces, "m", 2) == []
+    a.update(None, TraceSettingsIn(trace_count=1))  # the count set again: it counts anew, everywhere
+    b.run_once()
+    assert traced(b.traces, "m", 3) == [1]
+    # Two settings of one model changed through two processes: both kept.
+    a.update("m", TraceSettingsIn(trace_rate=2))
+    b.update("m", TraceSettingsIn(trace_level=["OFF"]))
+    a.run_once()
+    assert (a.traces.settings("m").trace_rate, a.traces.settings("m").trace_level) == ("2", ["OFF"])
 
 
 @pytest.fixture(scope="module")
