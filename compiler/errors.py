@@ -1,5 +1,10 @@
 """Typed compiler errors; the service maps each to an HTTP status in one place."""
 
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class CompilerError(Exception):
     """Base class for errors raised by the compiler package."""
@@ -26,6 +31,18 @@ def failure(exc: BaseException) -> str:
     long interpreter trace."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
+
+
+@contextmanager
+def raised_as(error: type[CompilerError], what: str) -> Iterator[None]:
+    """What a model run inside raises, as `error`: "`what` <its failure>"; compiler errors as
+    themselves."""
+    try:
+        yield
+    except CompilerError:
+        raise
+    except Exception as exc:
+        raise error(f"{what} {failure(exc)}") from None
 
 
 class ConversionError(CompilerError):

@@ -10,7 +10,7 @@ import numpy as np
 
 from compiler.backends.torchscript import TorchScriptRunner
 from compiler.backends.torchscript import backend as torchscript
-from compiler.errors import InvalidModelError, failure
+from compiler.errors import InvalidModelError, raised_as
 from compiler.frontend import TRACE_FILL
 from compiler.spec import CARRIED, InputSpec
 from compiler.threads import set_threads
@@ -74,12 +74,8 @@ def inspect_model(
 
 
 def _run(runner: TorchScriptRunner, inputs: dict[str, np.ndarray], what: str) -> dict[str, np.ndarray]:
-    try:
+    with raised_as(InvalidModelError, f"the model failed on {what}:"):
         return runner.run(inputs)
-    except InvalidModelError:
-        raise
-    except Exception as exc:
-        raise InvalidModelError(f"the model failed on {what}: {failure(exc)}") from None
 
 
 def _varied(runner: TorchScriptRunner, spec: InputSpec, rng: np.random.Generator) -> dict[str, list[int]]:

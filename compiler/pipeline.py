@@ -12,13 +12,7 @@ import numpy as np
 from compiler.artifact import Artifact
 from compiler.backends import ANY_TARGET, REFERENCE, get_backend, reference_target
 from compiler.benchmark import benchmark
-from compiler.errors import (
-    BackendUnavailableError,
-    CompilerError,
-    ConversionError,
-    VerificationError,
-    failure,
-)
+from compiler.errors import BackendUnavailableError, ConversionError, VerificationError, raised_as
 from compiler.spec import InputSpec
 from compiler.threads import set_threads
 from compiler.verify import verify
@@ -93,23 +87,15 @@ def compile_and_check(
     candidate = backend.load(Artifact.unpack(artifact.pack()))
 
     report({"stage": "verifying"})
-    try:
+    with raised_as(VerificationError, "verification failed: a run raised"):  # the variant's, or the upload's
         checked = verify(candidate, reference, spec, options.rtol, options.atol, samples)
-    except CompilerError:
-        raise
-    except Exception as exc:  # the variant, or the upload itself, failed on an input
-        raise VerificationError(f"verification failed: a run raised {failure(exc)}") from None
     if not checked.passed:
         raise VerificationError(f"verification failed: {checked.reason}")
 
     report({"stage": "benchmarking"})
-    try:
+    with raised_as(ConversionError, "benchmarking failed: a run raised"):
         latency = benchmark(candidate, spec).latency_ms
         baseline = benchmark(on_target, spec).latency_ms
-    except CompilerError:
-        raise
-    except Exception as exc:
-        raise ConversionError(f"benchmarking failed: a run raised {failure(exc)}") from None
     artifact.meta["report"] = {
         "max_abs_error": checked.max_abs_error,
         "latency_ms": latency,
