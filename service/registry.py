@@ -278,6 +278,11 @@ class Registry:
         """The numbers of a model's versions; none for an unknown name."""
         return {int(doc["version"]) for doc in self.store.list_docs("version", prefix=f"{name}/")}
 
+    def check_model(self, name: str) -> None:
+        """NotFoundError (a 404) for an unknown name; its versions are not read."""
+        if not self.version_numbers(name):
+            raise NotFoundError(f"no model named {name!r}")
+
     def set_unloaded(self, name: str, unloaded: bool) -> None:
         """Take a model out of service on every replica, or put it back. In the store, not in a
         process: under several workers or replicas, an unload must reach those that did not

@@ -36,16 +36,15 @@ def _listed(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
 
-def _no_file(value: object) -> object:
-    if value not in ("", None):
-        raise ValueError("Kiln writes each trace to stderr, in its log, as it ends; send ''")
-    return value
+def _only(*taken: object) -> BeforeValidator:
+    """A setting of a trace file, which Kiln does not write: only its value that means none."""
 
+    def check(value: object) -> object:
+        if value is not None and value not in taken:
+            raise ValueError(f"Kiln writes each trace to stderr, in its log, as it ends; send {taken[-1]!r}")
+        return value
 
-def _no_frequency(value: object) -> object:
-    if value not in (0, "0", None):
-        raise ValueError("Kiln writes each trace to stderr, in its log, as it ends; send '0'")
-    return value
+    return BeforeValidator(check)
 
 
 class TraceSettings(BaseModel):
@@ -101,10 +100,10 @@ class TraceSettingsIn(BaseModel):
     trace_count: int | None = Field(
         default=None, ge=-1, description="How many more traces to take, in each process; -1: no end."
     )
-    log_frequency: Annotated[int | None, BeforeValidator(_no_frequency)] = Field(
+    log_frequency: Annotated[int | None, _only(0, "0")] = Field(
         default=None, description="Only '0': each trace is written as it ends."
     )
-    trace_file: Annotated[str | None, BeforeValidator(_no_file)] = Field(
+    trace_file: Annotated[str | None, _only("")] = Field(
         default=None, description="Only '': traces go to stderr, in the log."
     )
     trace_mode: Literal["triton"] | None = None
@@ -176,7 +175,7 @@ class Traces:
         if not self.on:
             return None
         with self._lock:
-            scope = self._scopes.get(model) or self._scopes[None]
+            scope = self._scope(model)
             if not scope.settings.tracing or scope.remaining == 0:
                 return None
             scope.seen += 1
@@ -188,8 +187,12 @@ class Traces:
 
     def settings(self, model: str | None) -> TraceSettingsDoc:
         with self._lock:
-            scope = self._scopes.get(model) or self._scopes[None]
+            scope = self._scope(model)
             return scope.settings.doc(scope.remaining)
+
+    def _scope(self, model: str | None) -> _Scope:
+        """The model's own settings, or the server's. Under the lock."""
+        return self._scopes.get(model) or self._scopes[None]
 
     def apply(self, settings: dict[str | None, TraceSettings]) -> None:
         """Trace by these settings from now: the server's (key None), and those of models that

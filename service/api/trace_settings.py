@@ -55,7 +55,7 @@ async def update_trace_settings(request: Request, svc: ServicesDep) -> TraceSett
     dependencies=infer_scope,
 )
 async def model_trace_settings(name: str, svc: ServicesDep) -> TraceSettingsDoc:
-    await run_in_threadpool(svc.registry.get_model, name)  # a 404 for an unknown model
+    await run_in_threadpool(svc.registry.check_model, name)
     return svc.runtime.traces.settings(name)
 
 
@@ -72,7 +72,7 @@ async def update_model_trace_settings(name: str, request: Request, svc: Services
     changes = await json_body(request, TraceSettingsIn, SHAPE)
     if not changes.model_fields_set:  # Triton's request to remove the model's own settings
         changes = TraceSettingsIn.cleared()
-    await run_in_threadpool(svc.registry.get_model, name)
+    await run_in_threadpool(svc.registry.check_model, name)
     return await updated(svc, name, changes)
 
 

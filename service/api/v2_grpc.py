@@ -336,7 +336,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         clears one), as tritonclient's `update_trace_settings` sends them."""
         model = request.model_name or None
         if model is not None:
-            await run_in_threadpool(self.svc.registry.get_model, model)  # NOT_FOUND for an unknown one
+            await run_in_threadpool(self.svc.registry.check_model, model)
         fields = {
             key: None if not value.value else list(value.value) if key == "trace_level" else value.value[0]
             for key, value in request.settings.items()
