@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -28,6 +29,10 @@ UrlOption = Annotated[str, typer.Option(envvar="KILN_URL", help="Kiln server URL
 KeyOption = Annotated[str | None, typer.Option(envvar="KILN_API_KEY", help="API key.")]
 SETTLED = {"ready", "failed", "rejected"}
 STAGES = ["queued", "compiling", "verifying", "benchmarking", "ready"]
+# A job's events stream that ends before the job, or cannot connect, as its server shuts down, is
+# opened again, as often as this, a second apart: behind a load balancer another replica answers;
+# a lone server may restart.
+REFOLLOWS = 30
 SLOW_S = 900  # a request that checks a model by running it, or loads and warms one up
 
 
@@ -118,6 +123,7 @@ def serve(
             workers=workers,
             log_config=log_config,
             access_log=settings.access_log,
+            timeout_graceful_shutdown=settings.shutdown_timeout_s,
         )
 
 
@@ -332,28 +338,43 @@ def follow(http: httpx.Client, variants: list[dict[str, Any]]) -> None:
 
 
 def stream_job(http: httpx.Client, job_id: str, progress: Progress, task: TaskID) -> None:
-    """Follow one job to its `end` event. The final statuses are read again once every stream
-    ends, so a stream that fails only stops its own bar."""
-    try:
-        with connect_sse(http, "GET", f"/v1/jobs/{job_id}/events") as source:
-            if source.response.is_error:
-                progress.update(task, stage=f"no progress (HTTP {source.response.status_code})")
+    """Follow one job to its `end` event, through its server's shutdowns. The final statuses
+    are read again once every stream ends, so a stream that fails only stops its own bar."""
+    why = "its server shut down"
+    for _ in range(REFOLLOWS + 1):
+        try:
+            if follow_job(http, job_id, progress, task):
                 return
-            for event in source.iter_sse():
-                if event.event == "end":
-                    return
-                if event.event == "stage":
-                    data = event.json()
-                    stage = data["stage"]
-                    # A failure fills the bar too: the job is over either way.
-                    done = STAGES.index(stage) if stage in STAGES else len(STAGES) - 1
-                    detail = f": {data['error']}" if data["error"] else ""
-                    tuning = data.get("tuning")
-                    if tuning and stage == "compiling":
-                        detail = f", tuning {tuning['trials_done']}/{tuning['trials_total']} trials"
-                    progress.update(task, completed=done, stage=f"{stage}{detail}")
-    except (httpx.HTTPError, SSEError) as exc:
-        progress.update(task, stage=f"no progress ({type(exc).__name__}: {exc})")
+        except httpx.TransportError as exc:  # a server going or gone: another may answer
+            why = f"{type(exc).__name__}: {exc}"
+        except (httpx.HTTPError, SSEError) as exc:
+            progress.update(task, stage=f"no progress ({type(exc).__name__}: {exc})")
+            return
+        time.sleep(1)
+    progress.update(task, stage=f"no progress ({why})")
+
+
+def follow_job(http: httpx.Client, job_id: str, progress: Progress, task: TaskID) -> bool:
+    """One stream of the job's events: False if it ended before the job did, as its server
+    shut down."""
+    with connect_sse(http, "GET", f"/v1/jobs/{job_id}/events") as source:
+        if source.response.is_error:
+            progress.update(task, stage=f"no progress (HTTP {source.response.status_code})")
+            return True
+        for event in source.iter_sse():
+            data = event.json()
+            if event.event == "end":
+                return bool(data["reason"] != "shutdown")
+            if event.event == "stage":
+                stage = data["stage"]
+                # A failure fills the bar too: the job is over either way.
+                done = STAGES.index(stage) if stage in STAGES else len(STAGES) - 1
+                detail = f": {data['error']}" if data["error"] else ""
+                tuning = data.get("tuning")
+                if tuning and stage == "compiling":
+                    detail = f", tuning {tuning['trials_done']}/{tuning['trials_total']} trials"
+                progress.update(task, completed=done, stage=f"{stage}{detail}")
+    return False
 
 
 @app.command()

@@ -124,6 +124,10 @@ class Settings(BaseSettings):
     # requests a second it took about a tenth of the serving process's CPU, and /metrics already
     # counts every request and error.
     access_log: bool = False
+    # Told to stop (SIGTERM, Ctrl+C), the API takes no new connections and gives the requests in
+    # flight this long to finish, then cancels those still running: a stalled client (a body that
+    # never ends) would otherwise hold the shutdown until something kills the process.
+    shutdown_timeout_s: int = Field(default=30, ge=1)
     # `kiln worker` serves Prometheus metrics here (its compiles happen in its process); 0: off.
     worker_metrics_port: int = 9100
 

@@ -38,6 +38,7 @@ from service.api.hot_path import InferenceFirst
 from service.api.middleware import RequestContext
 from service.api.model_repository import Repository, RepositoryPoller
 from service.api.protocol import InferRoute
+from service.api.shutdown import Shutdown
 from service.api.v2_grpc import start_grpc
 from service.deletions import DeletionSweep
 from service.log_settings import LogControl
@@ -130,7 +131,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         logs = LogControl(store, settings.log_format, settings.route_ttl_s)
         traces = TraceControl(store, runtime.traces, settings.route_ttl_s)
         sweep = DeletionSweep(runtime, settings.deletion_sweep_s)
-        app.state.services = Services(settings, registry, queue, runtime, preload, shared, logs, traces)
+        shutdown = Shutdown()
+        app.state.services = Services(
+            settings, registry, queue, runtime, preload, shared, logs, traces, shutdown
+        )
         poll_s = settings.model_repository_poll_s
         poller = None if repo is None or not poll_s else RepositoryPoller(repo, app.state.services, poll_s)
         if not api_keys:
@@ -147,11 +151,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             preload.start()
             if poller is not None:
                 poller.start()
+            shutdown.watch()
             freeze_heap()  # what startup imported stays out of every later full collection
             collect_young_less_often()
             log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
             yield
         finally:
+            shutdown.unwatch()
             await run_in_threadpool(preload.stop)  # waits for a load in progress
             if poller is not None:  # as long as preload waits; it may wait for the lock, uncut
                 await run_in_threadpool(poller.stop, STOP_WAIT_S)

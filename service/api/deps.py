@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from service.api.shutdown import Shutdown
 from service.log_settings import LogControl
 from service.preload import Preload
 from service.queue import JobQueue
@@ -27,6 +28,7 @@ class Services:
     shared_memory: SharedMemory
     logs: LogControl
     traces: TraceControl
+    shutdown: Shutdown
 
 
 async def services(request: Request) -> Services:

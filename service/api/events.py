@@ -6,7 +6,6 @@ instead of listening to the compile itself.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterable
 from typing import Annotated, Any, Literal
 
@@ -30,6 +29,7 @@ router = APIRouter(
 
 POLL_S = 0.25
 SETTLED_JOBS = {JobStatus.succeeded, JobStatus.failed}
+SHUTDOWN = "this server is shutting down; the job goes on: open its events again to follow it"
 
 DESCRIPTION = """\
 A `text/event-stream`. The first event comes at once with the job's current state, then one
@@ -43,7 +43,9 @@ A tuned variant's `tuning` counts its trials as they run: `{"trials_done": 32, "
 ...}` (see the job's `tuning`).
 
 The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
-"status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+"status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
+when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
+again by opening the stream again (another replica's, or this server's once it is back).
 Comment lines (`: ping`) keep idle connections open.
 """
 
@@ -73,7 +75,7 @@ class JobState(BaseModel):
 class JobEnd(BaseModel):
     """The data of the final `end` event."""
 
-    reason: Literal["settled", "deleted"]
+    reason: Literal["settled", "deleted", "shutdown"]
     status: JobStatus | None = None
     detail: str | None = None
 
@@ -96,7 +98,9 @@ async def job_events(
     state = JobState.of(job)
     yield ServerSentEvent(event="stage", data=state)
     while job.status not in SETTLED_JOBS:
-        await asyncio.sleep(POLL_S)
+        if await svc.shutdown.wait(POLL_S):
+            yield ServerSentEvent(event="end", data=JobEnd(reason="shutdown", detail=SHUTDOWN))
+            return
         try:
             job = await run_in_threadpool(svc.registry.get_job, job.id)
         except NotFoundError as exc:

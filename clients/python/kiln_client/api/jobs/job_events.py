@@ -86,7 +86,9 @@ def sync_detailed(
     ...}` (see the job's `tuning`).
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
-    "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+    "status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
+    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
+    again by opening the stream again (another replica's, or this server's once it is back).
     Comment lines (`: ping`) keep idle connections open.
 
     Args:
@@ -130,7 +132,9 @@ def sync(
     ...}` (see the job's `tuning`).
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
-    "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+    "status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
+    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
+    again by opening the stream again (another replica's, or this server's once it is back).
     Comment lines (`: ping`) keep idle connections open.
 
     Args:
@@ -169,7 +173,9 @@ async def asyncio_detailed(
     ...}` (see the job's `tuning`).
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
-    "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+    "status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
+    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
+    again by opening the stream again (another replica's, or this server's once it is back).
     Comment lines (`: ping`) keep idle connections open.
 
     Args:
@@ -211,7 +217,9 @@ async def asyncio(
     ...}` (see the job's `tuning`).
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
-    "status": "succeeded"}`) or is deleted with its model (`{"reason": "deleted", "detail": ...}`).
+    "status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
+    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
+    again by opening the stream again (another replica's, or this server's once it is back).
     Comment lines (`: ping`) keep idle connections open.
 
     Args:
