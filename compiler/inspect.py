@@ -22,9 +22,10 @@ def inspect_model(
     samples: Sequence[Mapping[str, Any]],
     progress: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """Run the model at batch 1 and at its largest batch, and on the upload's `samples`; return
-    the order of its inputs (`inputs`, their names) and its outputs' name, dtype, shape
-    (`outputs`). A run that fails is an InvalidModelError that says which.
+    """Run the model at batch 1 and at its largest batch (2 if that is 1, and the model takes
+    it), and on the upload's `samples`; return the order of its inputs (`inputs`, their names)
+    and its outputs' name, dtype, shape (`outputs`). A run that fails is an InvalidModelError
+    that says which.
 
     Inputs all named after forward()'s arguments are taken in its order, as Triton's PyTorch
     backend matches them; others in the order given. An output dimension that follows the
@@ -50,6 +51,12 @@ def inspect_model(
     batches = sorted({1, spec.max_batch_size}) if spec.batched else [1]
     shapes = ", ".join(str(t) for t in spec.inputs)
     runs = [_run(runner, spec.random_inputs(b, rng), f"inputs {shapes} at batch {b}") for b in batches]
+    if batches == [1] and spec.batched:  # batch 2 shows which dims follow the batch, if the model takes it
+        try:
+            runs.append(runner.run(spec.random_inputs(2, rng)))
+            batches.append(2)
+        except Exception:  # as it would at a size it cannot take: its outputs' dims stay as at 1
+            pass
     for i, sample in enumerate(samples):  # what verification will run every variant on
         _run(runner, spec.coerce(sample), f"samples[{i}]")
     varied = _varied(runner, spec, rng)

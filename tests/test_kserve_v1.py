@@ -70,6 +70,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
             (HEADS, {}),
             (LOG, {}),
             (TOTAL, {"max_batch_size": 1}),
+            (MLP, {"name": "single", "max_batch_size": 1}),
             (FIXED, {}),
             (SUMS, {}),
         ):
@@ -185,6 +186,17 @@ def test_instances_past_max_batch_size_run_in_batches(http: httpx.Client) -> Non
     np.testing.assert_allclose(response.json()["predictions"], expected(MLP, x), rtol=1e-5, atol=1e-6)
     bad = http.post("/v1/models/mlp:predict", json={"instances": [ROW] * 8 + [ROW[:5]] * 5})
     assert bad.status_code == 400 and "received [5, 5]" in bad.json()["error"]  # checked, not run
+
+
+def test_instances_of_a_model_that_takes_one_at_a_time(http: httpx.Client) -> None:
+    """max_batch_size 1: each instance runs alone, and its outputs' rows come back; the
+    metadata shows their first dimension as the batch's, which the upload found at batch 2."""
+    x = sample(MLP, 3)
+    response = http.post("/v1/models/single:predict", json={"instances": x.tolist()})
+    assert response.status_code == 200, response.text
+    np.testing.assert_allclose(response.json()["predictions"], expected(MLP, x), rtol=1e-5, atol=1e-6)
+    [output] = http.get("/v2/models/single").json()["outputs"]
+    assert output["shape"] == [-1, 10]
 
 
 def test_instances_of_more_batches_than_the_queue_holds(server: KilnServer, http: httpx.Client) -> None:
