@@ -245,7 +245,7 @@ def upload(
         )
         variants = body["variants"]
         if wait:
-            variants = settled(http, body["name"], body["version"], variants)
+            variants = settled(http, body["name"], body["version"], variants, body["unserved_targets"])
     show(variants)
 
 
@@ -284,15 +284,21 @@ def add_variants(
             console.print(f"{name} version {version}: nothing to compile")
         elif wait:
             queued = {v["id"] for v in variants}
-            variants = [v for v in settled(http, name, version, variants) if v["id"] in queued]
+            unserved = body["unserved_targets"]
+            variants = [v for v in settled(http, name, version, variants, unserved) if v["id"] in queued]
     show(variants)
 
 
 def settled(
-    http: httpx.Client, name: str, version: int, variants: list[dict[str, Any]]
+    http: httpx.Client, name: str, version: int, variants: list[dict[str, Any]], unserved: list[str]
 ) -> list[dict[str, Any]]:
-    """Follow the variants' jobs to the end, then read the version's variants again."""
-    follow(http, variants)
+    """Follow the variants' jobs to the end, then read the version's variants again. Those for
+    targets that no worker serves would wait for one: they are named, not followed."""
+    for target in unserved:
+        console.print(
+            f"[yellow]no live `kiln worker` for {target}: its variants stay queued until one starts[/yellow]"
+        )
+    follow(http, [v for v in variants if v["target"] not in unserved])
     return list(check(http.get(f"/v1/models/{name}/versions/{version}"))["variants"])
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 import subprocess
@@ -357,6 +358,7 @@ def test_jobs_reach_only_workers_of_their_target(redis_url: str, tmp_path: Path)
             planned = {v["target"]: v for v in response.json()["variants"] if v["backend"] == "tvm"}
             assert set(planned) == {cpu_target(), "cuda-sm90"}
             assert all(v["status"] == "queued" for v in planned.values())  # the workers decide
+            assert response.json()["unserved_targets"] == []
             variants = wait_settled(http, "routed", response.json()["version"], timeout=600)
             settled = {v["target"]: v for v in variants if v["backend"] == "tvm"}
             jobs = {t: http.get(f"/v1/jobs/{v['job_id']}").json() for t, v in settled.items()}
@@ -371,6 +373,25 @@ def test_jobs_reach_only_workers_of_their_target(redis_url: str, tmp_path: Path)
 
         gpu.stop()  # a clean stop withdraws the announcement at once
         assert registry.live_targets(3600) == {cpu_target()}
+        # With no worker for its target, a compile waits queued: the API and the CLI say so, and
+        # the CLI does not wait for it.
+        retry = ["add-variants", "routed", "1", "--target", "cuda-sm90", "--retry-failed", "--url", api.url]
+        added = subprocess.run(
+            [sys.executable, "-m", "service.cli", *retry],
+            cwd=ROOT,
+            env={**os.environ, "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert added.returncode == 0, added.stdout + added.stderr
+        assert "no live `kiln worker` for cuda-sm90: its variants stay queued" in added.stdout
+        assert re.search(r"^tvm\s+cuda-sm90\s+queued", added.stdout, re.M), added.stdout
+        with httpx.Client(base_url=api.url, timeout=120) as http:
+            body = {"targets": ["cuda-sm90"], "backends": ["tensorrt"]}
+            more = http.post("/v1/models/routed/versions/1/variants", json=body)
+            assert more.status_code == 202, more.text
+            assert more.json()["unserved_targets"] == ["cuda-sm90"]
     except BaseException:
         for proc in (api, cpu, gpu):
             print(f"--- {proc.log.name}\n{proc.tail(30)}")

@@ -6,7 +6,7 @@ import hashlib
 import json
 import logging
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any, BinaryIO
 
@@ -177,8 +177,22 @@ def plan_targets(svc: Services, wanted: list[str] | None) -> list[str]:
     if AUTO in wanted:
         targets |= host
         if not svc.settings.embedded:
-            targets |= svc.registry.live_targets(LIVE_BEATS * svc.settings.worker_heartbeat_s)
+            targets |= live_targets(svc)
     return sorted(targets)
+
+
+def live_targets(svc: Services) -> set[str]:
+    return svc.registry.live_targets(LIVE_BEATS * svc.settings.worker_heartbeat_s)
+
+
+def unserved_targets(svc: Services, variants: Iterable[VariantRecord]) -> list[str]:
+    """Targets of queued variants that no live worker announced: their jobs wait in their
+    target's queue until a `kiln worker` there starts. Embedded mode compiles here whatever
+    it plans."""
+    waiting = {v.target for v in variants if v.status == VariantStatus.queued}
+    if svc.settings.embedded or not waiting:
+        return []
+    return sorted(waiting - live_targets(svc))
 
 
 def unavailable(svc: Services, request: BackendRequest, target: str) -> str | None:
@@ -260,6 +274,7 @@ def upload_model(
         sha256=sha256,
         deduplicated=created.deduplicated,
         variants=[VariantOut.of(v) for v in created.variants],
+        unserved_targets=unserved_targets(svc, created.variants),
     )
     return JSONResponse(body.model_dump(mode="json"), status_code=200 if created.deduplicated else 202)
 

@@ -148,6 +148,12 @@ class ModelList(BaseModel):
     models: list[ModelOut]
 
 
+UNSERVED = Field(
+    description="Targets of queued variants that no live `kiln worker` has announced (Redis mode): "
+    "their jobs wait in the target's queue until a worker there starts.",
+)
+
+
 class UploadOut(BaseModel):
     name: str
     version: int
@@ -156,6 +162,7 @@ class UploadOut(BaseModel):
         description="True when these bytes and config were already uploaded: nothing new is compiled."
     )
     variants: list[VariantOut]
+    unserved_targets: list[str] = UNSERVED
 
 
 class CompileIn(BaseModel):
@@ -213,6 +220,7 @@ class CompileOut(BaseModel):
         description="Variants queued to compile, new or retried, with their jobs."
     )
     skipped: list[SkippedOut]
+    unserved_targets: list[str] = UNSERVED
 
 
 class JobOut(BaseModel):

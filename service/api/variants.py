@@ -10,7 +10,14 @@ from fastapi.responses import JSONResponse
 
 from service.api.auth import admin_scope
 from service.api.deps import Services, services
-from service.api.models import check_backends, check_targets, plan_targets, planned, unavailable
+from service.api.models import (
+    check_backends,
+    check_targets,
+    plan_targets,
+    planned,
+    unavailable,
+    unserved_targets,
+)
 from service.api.schemas import CompileIn, CompileOut, Problem, SkippedOut, VariantOut, error_responses
 from service.records import Options, VariantRecord, VariantStatus, options_key
 from service.router import REFERENCE
@@ -78,6 +85,10 @@ def compile_version(
         if identity(*asked) not in taken:
             skipped.append(skip(asked, "already queued by another request"))
     out = CompileOut(
-        name=name, version=version, queued=[VariantOut.of(v) for v, _ in queued], skipped=skipped
+        name=name,
+        version=version,
+        queued=[VariantOut.of(v) for v, _ in queued],
+        skipped=skipped,
+        unserved_targets=unserved_targets(svc, (v for v, _ in queued)),
     )
     return JSONResponse(out.model_dump(mode="json"), status_code=202 if queued else 200)

@@ -114,6 +114,12 @@ export type CompileOut = {
      */
     skipped: Array<SkippedOut>;
     /**
+     * Unserved Targets
+     *
+     * Targets of queued variants that no live `kiln worker` has announced (Redis mode): their jobs wait in the target's queue until a worker there starts.
+     */
+    unserved_targets: Array<string>;
+    /**
      * Version
      */
     version: number;
@@ -638,6 +644,12 @@ export type UploadOut = {
      * Sha256
      */
     sha256: string;
+    /**
+     * Unserved Targets
+     *
+     * Targets of queued variants that no live `kiln worker` has announced (Redis mode): their jobs wait in the target's queue until a worker there starts.
+     */
+    unserved_targets: Array<string>;
     /**
      * Variants
      */

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
@@ -21,12 +21,15 @@ class CompileOut:
         name (str):
         queued (list[VariantOut]): Variants queued to compile, new or retried, with their jobs.
         skipped (list[SkippedOut]):
+        unserved_targets (list[str]): Targets of queued variants that no live `kiln worker` has announced (Redis mode):
+            their jobs wait in the target's queue until a worker there starts.
         version (int):
     """
 
     name: str
     queued: list[VariantOut]
     skipped: list[SkippedOut]
+    unserved_targets: list[str]
     version: int
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
@@ -43,6 +46,8 @@ class CompileOut:
             skipped_item = skipped_item_data.to_dict()
             skipped.append(skipped_item)
 
+        unserved_targets = self.unserved_targets
+
         version = self.version
 
         field_dict: dict[str, Any] = {}
@@ -52,6 +57,7 @@ class CompileOut:
                 "name": name,
                 "queued": queued,
                 "skipped": skipped,
+                "unserved_targets": unserved_targets,
                 "version": version,
             }
         )
@@ -80,12 +86,15 @@ class CompileOut:
 
             skipped.append(skipped_item)
 
+        unserved_targets = cast(list[str], d.pop("unserved_targets"))
+
         version = d.pop("version")
 
         compile_out = cls(
             name=name,
             queued=queued,
             skipped=skipped,
+            unserved_targets=unserved_targets,
             version=version,
         )
 

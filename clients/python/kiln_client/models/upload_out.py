@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
@@ -20,6 +20,8 @@ class UploadOut:
         deduplicated (bool): True when these bytes and config were already uploaded: nothing new is compiled.
         name (str):
         sha256 (str):
+        unserved_targets (list[str]): Targets of queued variants that no live `kiln worker` has announced (Redis mode):
+            their jobs wait in the target's queue until a worker there starts.
         variants (list[VariantOut]):
         version (int):
     """
@@ -27,6 +29,7 @@ class UploadOut:
     deduplicated: bool
     name: str
     sha256: str
+    unserved_targets: list[str]
     variants: list[VariantOut]
     version: int
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
@@ -37,6 +40,8 @@ class UploadOut:
         name = self.name
 
         sha256 = self.sha256
+
+        unserved_targets = self.unserved_targets
 
         variants = []
         for variants_item_data in self.variants:
@@ -52,6 +57,7 @@ class UploadOut:
                 "deduplicated": deduplicated,
                 "name": name,
                 "sha256": sha256,
+                "unserved_targets": unserved_targets,
                 "variants": variants,
                 "version": version,
             }
@@ -70,6 +76,8 @@ class UploadOut:
 
         sha256 = d.pop("sha256")
 
+        unserved_targets = cast(list[str], d.pop("unserved_targets"))
+
         variants = []
         _variants = d.pop("variants")
         for variants_item_data in _variants:
@@ -83,6 +91,7 @@ class UploadOut:
             deduplicated=deduplicated,
             name=name,
             sha256=sha256,
+            unserved_targets=unserved_targets,
             variants=variants,
             version=version,
         )
