@@ -404,6 +404,34 @@ def test_redis_outage_is_reported_and_then_recovered(tmp_path: Path) -> None:
         server.stop()
 
 
+def test_a_redis_that_cannot_take_writes_is_unavailable(tmp_path: Path) -> None:
+    """Out of memory (maxmemory, noeviction) or a read-only replica after a failover: the
+    store's callers answer 503, as for an outage, and reads still work."""
+    server = RedisServer(tmp_path)
+    server.start()
+    store = RedisStore(server.url, chunk_size=CHUNK)
+    admin = redis.Redis(port=server.port)
+    try:
+        store.put_doc("models", "m", {"v": 1})
+        admin.config_set("maxmemory", "1")
+        for write in (
+            lambda: store.put_doc("models", "n", {"v": 2}),
+            lambda: store.create_doc("models", "o", {"v": 3}),
+            lambda: store.put_blob("b", [b"y" * (CHUNK * 2)]),
+        ):
+            with pytest.raises(StoreUnavailableError, match=r"cannot take writes now: .*maxmemory"):
+                write()
+        admin.config_set("maxmemory", "0")
+        admin.replicaof("127.0.0.1", free_port())  # a master that is not there: read-only
+        with pytest.raises(StoreUnavailableError, match=r"cannot take writes now: .*read only replica"):
+            store.put_doc("models", "n", {"v": 2})
+        assert store.get_doc("models", "m") == {"v": 1}
+    finally:
+        admin.close()
+        store.close()
+        server.stop()
+
+
 def test_redis_chunks_are_cleaned_up(redis_url: str) -> None:
     store = RedisStore(redis_url, chunk_size=CHUNK)
     raw = redis.Redis.from_url(redis_url)

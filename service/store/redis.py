@@ -92,6 +92,14 @@ def _guarded(
     return wrapper
 
 
+# Error codes of a Redis that is up but cannot take writes for now: out of memory under a
+# noeviction policy, a replica that a failover left read-only, a failed disk save, a master lost
+# or too few replicas, a transaction discarded for one of those. An outage for clients (503).
+# redis-py has classes for some; the others are plain ResponseErrors that begin with their code.
+UNWRITABLE = (redis.OutOfMemoryError, redis.ReadOnlyError, redis.exceptions.ExecAbortError)
+UNWRITABLE_CODES = ("MISCONF", "MASTERDOWN", "NOREPLICAS")
+
+
 class RedisStore:
     def __init__(self, url: str, namespace: str = "kiln", *, chunk_size: int = 1 << 20) -> None:
         # Short timeouts so an outage answers 503 within seconds instead of hanging requests.
@@ -115,11 +123,16 @@ class RedisStore:
 
     @contextmanager
     def _reachable(self) -> Iterator[None]:
-        """The one place where redis-py's connection errors become StoreUnavailableError."""
+        """The one place where redis-py's connection errors, and the replies of a Redis that
+        cannot take writes now, become StoreUnavailableError."""
         try:
             yield
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"redis at {self._address} is unreachable: {exc}") from exc
+        except redis.ResponseError as exc:
+            if not isinstance(exc, UNWRITABLE) and not str(exc).startswith(UNWRITABLE_CODES):
+                raise
+            raise StoreUnavailableError(f"redis at {self._address} cannot take writes now: {exc}") from exc
 
     @_guarded
     def ping(self) -> None:
