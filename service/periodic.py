@@ -1,8 +1,12 @@
-"""A worker's background duties that repeat on an interval (heartbeat, redelivery)."""
+"""Background duties that repeat on an interval: a worker's heartbeat and redelivery, and the
+API's sweeps and settings reads."""
 
 from __future__ import annotations
 
+import logging
 import threading
+
+log = logging.getLogger("kiln.periodic")
 
 
 class Periodic:
@@ -21,7 +25,10 @@ class Periodic:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.run_once()
+            try:
+                self.run_once()
+            except Exception:  # a bug, or an error no subclass foresaw: the next turn still comes
+                log.exception("%s failed; it runs again in %g s", self._thread.name, self.interval_s)
 
     def stop(self, wait_s: float | None = None) -> None:
         """Waits for a turn in progress, up to `wait_s` (the thread is a daemon: one that cannot

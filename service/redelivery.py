@@ -88,5 +88,3 @@ class Redelivery(Periodic):
                 requeue_lost(self.registry, self.queue, self.interval_s)
         except (StoreUnavailableError, redis.RedisError) as exc:  # the next pass tries again
             log.warning("lost jobs not looked for: %s", exc)
-        except Exception:  # a bug: logged, and the thread lives on
-            log.exception("looking for lost jobs failed")
