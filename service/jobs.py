@@ -78,6 +78,7 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
         return
     variant = unsettled_variant(registry, job)
     if variant is None:
+        settle_behind(registry, job)
         return
     if give_up(registry, job):
         return
@@ -115,6 +116,24 @@ def unsettled_variant(registry: Registry, job: JobRecord) -> VariantRecord | Non
     if variant is None or variant.status in SETTLED or variant.job_id != job.id:
         return None
     return variant
+
+
+def settle_behind(registry: Registry, job: JobRecord) -> bool:
+    """A job whose variant settled while the job did not (the store failed between the two
+    writes, and the retry found its variant settled) takes the variant's outcome, or its events
+    stream, and `kiln upload` following it, would never end; whether it did."""
+    if job.status in (JobStatus.succeeded, JobStatus.failed):
+        return False
+    variant = registry.get_variant(job.variant_id)
+    if variant is None or variant.job_id != job.id or variant.status not in SETTLED:
+        return False
+    log.warning("job %s: its variant %s settled %s before the job did", job.id, variant.id, variant.status)
+    if variant.status == VariantStatus.ready:
+        fields: dict[str, object] = {"status": JobStatus.succeeded, "cache_hit": variant.cache_hit}
+    else:
+        fields = {"status": JobStatus.failed, "error": variant.error}
+    registry.update_job(job.id, stage=variant.status, finished_at=now(), **fields)
+    return True
 
 
 def give_up(registry: Registry, job: JobRecord) -> bool:

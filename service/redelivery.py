@@ -14,7 +14,7 @@ import logging
 import redis
 from pydantic import ValidationError
 
-from service.jobs import give_up, this_worker, unsettled_variant
+from service.jobs import give_up, settle_behind, this_worker, unsettled_variant
 from service.periodic import Periodic
 from service.queue import DramatiqQueue
 from service.records import JobRecord, JobStatus, now
@@ -30,13 +30,16 @@ def requeue_lost(registry: Registry, queue: DramatiqQueue, older_than_s: float) 
     """Enqueue every unsettled job older than `older_than_s` that the broker does not hold; the
     ids of those enqueued. The age leaves alone a job whose API is still on its way to enqueue it.
     Each time counts as one of the job's attempts, so that one whose message keeps going missing
-    fails its variant after MAX_ATTEMPTS, as one that keeps killing its worker does."""
+    fails its variant after MAX_ATTEMPTS, as one that keeps killing its worker does. An old job
+    whose variant settled without it takes the variant's outcome (`settle_behind`)."""
     lost = []
     for doc in registry.store.list_docs("job"):
         try:
             job = JobRecord.model_validate(doc)
             if _is_lost(registry, job, older_than_s):
                 lost.append(job)
+            elif _is_old(job, older_than_s):
+                settle_behind(registry, job)
         except ValidationError as exc:  # one record that no longer loads must not stop the pass
             log.warning("job %s is not looked at: a record does not load: %s", doc.get("id"), exc)
     # Read after the store, which is slower: a message enqueued meanwhile is seen.
@@ -63,11 +66,15 @@ def _is_lost(registry: Registry, job: JobRecord, older_than_s: float) -> bool:
     claimed it died before its last write, and the next request for the variant takes it over
     (an upload that died leaves no version, and nothing to compile)."""
     return (
-        job.status in (JobStatus.queued, JobStatus.running)
-        and now() - job.created_at >= older_than_s
+        _is_old(job, older_than_s)
         and registry.lists_variant(job)
         and unsettled_variant(registry, job) is not None
     )
+
+
+def _is_old(job: JobRecord, older_than_s: float) -> bool:
+    """Unfinished, and old enough that the request that made it is done with it."""
+    return job.status in (JobStatus.queued, JobStatus.running) and now() - job.created_at >= older_than_s
 
 
 class Redelivery(Periodic):

@@ -78,6 +78,39 @@ def one_lost_job(registry: Registry) -> JobRecord:
     return job
 
 
+def test_a_job_whose_variant_settled_without_it_takes_the_variants_outcome(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """The store failed between the variant's write and the job's: the queue's retry of the job,
+    or else a redelivery pass, settles the job as its variant did."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    job = one_lost_job(registry)
+    registry.update_variant(job.variant_id, status=VariantStatus.ready, cache_hit=True)
+    registry.update_job(job.id, status=JobStatus.running, attempts=1)
+    run_compile_job(registry, Settings(data_dir=tmp_path / "data"), job.id)
+    done = registry.get_job(job.id)
+    assert (done.status, done.stage, done.cache_hit, done.attempts) == (
+        JobStatus.succeeded,
+        VariantStatus.ready,
+        True,
+        1,
+    )
+    assert done.finished_at is not None
+
+    registry = Registry(RedisStore(redis_url))
+    job = one_lost_job(registry)
+    registry.update_variant(job.variant_id, status=VariantStatus.rejected, error="max abs error 3.0")
+    queue = DramatiqQueue(Settings(redis_url=redis_url))
+    assert requeue_lost(registry, queue, older_than_s=60) == []
+    assert registry.get_job(job.id).status == JobStatus.queued  # its request may still be at it
+    assert requeue_lost(registry, queue, older_than_s=0) == []
+    done = registry.get_job(job.id)
+    assert (done.status, done.stage) == (JobStatus.failed, VariantStatus.rejected)
+    assert done.error == "max abs error 3.0"
+    assert queue.held([HOST]) == set()
+    queue.close()
+
+
 def test_a_message_waiting_for_its_retry_is_held(redis_url: str) -> None:
     registry = Registry(RedisStore(redis_url))
     job = one_lost_job(registry)
