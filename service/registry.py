@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -34,6 +34,10 @@ R = TypeVar("R", bound=BaseModel)
 
 MODEL_BLOB = "models/{sha256}"
 ARTIFACT_BLOB = "artifacts/{key}"
+# Held by a deletion while it reads which model bytes versions reference and deletes the others,
+# and by an upload while it puts back bytes that one collected: the two never interleave.
+MODEL_BLOBS_LOCK = "model-blobs"
+MODEL_BLOBS_LOCK_S = 30.0
 
 
 def version_id(name: str, version: int) -> str:
@@ -449,15 +453,24 @@ class Registry:
             self.store.delete_doc("model", name)
         self._collect_garbage(deleted)
 
+    def keep_model_blob(self, sha256: str, chunks: Callable[[], Iterable[bytes]]) -> None:
+        """Put back the model bytes of a version just recorded, if a deletion of another model of
+        the same bytes collected them before the version referenced them. Under the lock that
+        the collection holds: one that comes later sees the version and spares them."""
+        key = MODEL_BLOB.format(sha256=sha256)
+        with self.store.lock(MODEL_BLOBS_LOCK, MODEL_BLOBS_LOCK_S):
+            if not self.store.has_blob(key):
+                self.store.put_blob(key, chunks())
+
     def _collect_garbage(self, deleted: ModelView) -> None:
         """Only the deleted model's own blobs are candidates: any other unreferenced blob may
         belong to work in flight (an upload between its blob and its version record, a compile
         between its artifact and its variant's update), and deleting it would break that work."""
-        versions = [VersionRecord.model_validate(d) for d in self.store.list_docs("version")]
-        live_models = {v.sha256 for v in versions}
+        with self.store.lock(MODEL_BLOBS_LOCK, MODEL_BLOBS_LOCK_S):
+            live_models = {VersionRecord.model_validate(d).sha256 for d in self.store.list_docs("version")}
+            for sha256 in {version.sha256 for version, _ in deleted.versions} - live_models:
+                self.store.delete_blob(MODEL_BLOB.format(sha256=sha256))
         live_artifacts = {d["artifact_key"] for d in self.store.list_docs("variant") if d.get("artifact_key")}
-        for sha256 in {version.sha256 for version, _ in deleted.versions} - live_models:
-            self.store.delete_blob(MODEL_BLOB.format(sha256=sha256))
         own = {v.artifact_key for _, variants in deleted.versions for v in variants if v.artifact_key}
         for key in own - live_artifacts:
             self.store.delete_blob(ARTIFACT_BLOB.format(key=key))

@@ -4,6 +4,7 @@ changes and variants added to a version by requests on several replicas at once.
 from __future__ import annotations
 
 import hashlib
+import threading
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,15 @@ import pytest
 from service.errors import NotFoundError
 from service.jobs import _record_baseline, run_compile_job
 from service.records import ArtifactRecord, JobRecord, ModelConfig, VariantRecord, VariantStatus
-from service.registry import ARTIFACT_BLOB, CLAIM_S, MODEL_BLOB, Registry, version_id
+from service.registry import (
+    ARTIFACT_BLOB,
+    CLAIM_S,
+    MODEL_BLOB,
+    MODEL_BLOBS_LOCK,
+    MODEL_BLOBS_LOCK_S,
+    Registry,
+    version_id,
+)
 from service.settings import Settings
 from service.store.local import LocalStore
 from tests.models import MODELS
@@ -41,6 +50,28 @@ def test_deleting_a_model_removes_its_blobs_and_spares_work_in_flight(tmp_path: 
 
     assert not store.has_blob(own_model) and not store.has_blob(own_artifact)
     assert store.has_blob(uploading) and store.has_blob(compiled)
+
+
+def test_a_deletion_spares_the_bytes_of_a_version_recorded_while_it_collects(tmp_path: Path) -> None:
+    """An upload of the same bytes under another name records its version while the deletion
+    waits for the lock that an upload putting its bytes back holds: the deletion reads what
+    versions reference once it holds the lock, and spares them."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    mlp = MODELS["mlp"]
+    ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE)
+    blob = MODEL_BLOB.format(sha256=hashlib.sha256(mlp.torchscript()).hexdigest())
+    with registry.store.lock(MODEL_BLOBS_LOCK, MODEL_BLOBS_LOCK_S):
+        deleting = threading.Thread(target=registry.delete_model, args=(mlp.name,))
+        deleting.start()
+        deleting.join(0.5)
+        assert deleting.is_alive(), "the deletion collected without the lock"
+        ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE, name="copy")
+    deleting.join(10)
+    assert not deleting.is_alive()
+    assert registry.store.has_blob(blob)
+    assert [v.sha256 for v, _ in registry.get_model("copy").versions] == [blob.split("/")[1]]
+    registry.delete_model("copy")
+    assert not registry.store.has_blob(blob)
 
 
 def test_a_default_version_that_outlived_its_version_or_model_does_not_apply(tmp_path: Path) -> None:

@@ -312,10 +312,7 @@ def store_version(
             output_infos,
             lambda name, number: plan_variants(svc, cfg, name, number),
         )
-        # The deletion of another model of the same bytes may have collected them before this
-        # version referenced them; they are kept from now.
-        if not store.has_blob(key):
-            store.put_blob(key, read_chunks(Path(tmp.name)))
+        svc.registry.keep_model_blob(sha256, lambda: read_chunks(Path(tmp.name)))
     if cfg.inputs != asked.inputs:  # in forward()'s order: the same config is found again as sent
         svc.registry.record_upload(asked, sha256, created.version.version)
     for job in created.jobs:
