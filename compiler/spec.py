@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -130,6 +131,10 @@ class InputSpec:
     def largest_batch(self) -> int:
         """The largest batch one call may have."""
         return self.max_batch_size if self.batched else 1
+
+    def nbytes(self, batch: int, fill: int = 1) -> int:
+        """The bytes of its inputs at `batch`, other dynamic dims of size `fill`."""
+        return sum(math.prod(t.concrete_shape(batch, fill)) * DTYPES[t.dtype].itemsize for t in self.inputs)
 
     def random_inputs(self, batch: int, rng: np.random.Generator, fill: int = 1) -> dict[str, np.ndarray]:
         """Random inputs for verification and benchmarking, other dynamic dims of size `fill`.

@@ -167,6 +167,21 @@ def test_spec_that_does_not_fit_the_model(http: httpx.Client) -> None:
     assert "failed on inputs x:float32[-1,3]" in detail
 
 
+@pytest.mark.parametrize(
+    ("shape", "batch"),
+    [
+        ([-1, 99999999999], 8),  # numpy's MemoryError in the check, a 500, before
+        ([-1, 4611686018427387904], 8),  # numpy's "array is too big", a 500
+        ([4, 100000, 100000], 1),  # no batch dimension
+    ],
+)
+def test_inputs_too_big_to_check_the_model_on(http: httpx.Client, shape: list[int], batch: int) -> None:
+    config = {"name": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": shape}]}
+    detail = problem(post_upload(http, json.dumps(config), MLP.torchscript()), 422)
+    assert detail.startswith(f"config.inputs: at batch {batch}, with their other dynamic dims at 8, they")
+    assert "MB (KILN_COMPILE_MEMORY_MB) that checking the model may use" in detail
+
+
 def test_upload_over_limit(http: httpx.Client) -> None:
     big = b"\0" * (2 * 1024 * 1024)
     response = post_upload(http, json.dumps(MLP.config()), big)

@@ -17,7 +17,9 @@ from pydantic import ConfigDict, ValidationError, field_validator
 from compiler.backends import REGISTRY as BACKENDS
 from compiler.backends import family_reason, get_backend, option_problems, options_reason, reference_target
 from compiler.errors import CompilerError, InvalidModelError
+from compiler.frontend import TRACE_FILL
 from compiler.inspect import inspect_model
+from compiler.spec import InputSpec
 from service.api.auth import admin_scope, infer_scope
 from service.api.deps import Services, services
 from service.api.problems import validation_detail
@@ -148,7 +150,21 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
     except CompilerError as exc:
         raise InvalidConfigError(f"config.inputs: {exc}") from None
     check_backends(config.backend_requests(), "config.backends", spec.largest_batch)
+    check_input_bytes(spec, svc.settings.compile_memory_mb)
     return config
+
+
+def check_input_bytes(spec: InputSpec, memory_mb: int) -> None:
+    """Inputs that alone pass the memory the upload's check of the model (and each compile)
+    may use can never be checked: refused before the check, which would only run out."""
+    largest = spec.largest_batch
+    need = max(spec.nbytes(largest), spec.nbytes(1, TRACE_FILL))
+    if need > memory_mb << 20:
+        raise InvalidConfigError(
+            f"config.inputs: at batch {largest}, with their other dynamic dims at {TRACE_FILL}, they "
+            f"take {need / 2**20:.0f} MB, more than the {memory_mb} MB (KILN_COMPILE_MEMORY_MB) that "
+            "checking the model may use; give smaller dims, or a smaller max_batch_size"
+        )
 
 
 def spool(upload: BinaryIO, into: IO[bytes]) -> str:
