@@ -378,3 +378,15 @@ class WorkerRecord(BaseModel):
     # target -> backend -> None when available there, else why not
     backends: dict[str, dict[str, str | None]]
     last_seen: float = Field(default_factory=now)
+
+
+class Deletion(BaseModel):
+    """A deletion of versions, recorded before any of its steps, until all of them are done."""
+
+    id: str
+    name: str
+    versions: list[int]
+    # The blobs that the versions referenced: collected unless something else does.
+    model_blobs: list[str]
+    artifacts: list[str]
+    at: float = Field(default_factory=now)

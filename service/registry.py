@@ -16,6 +16,7 @@ from service.records import (
     ADDED_VARIANT,
     SERVING_FIELD,
     ArtifactRecord,
+    Deletion,
     JobRecord,
     ModelConfig,
     Options,
@@ -25,6 +26,7 @@ from service.records import (
     VariantStatus,
     VersionRecord,
     WorkerRecord,
+    new_id,
     now,
     options_key,
 )
@@ -436,10 +438,36 @@ class Registry:
         return deleted
 
     def _delete(self, deleted: ModelView) -> None:
-        name = deleted.name
-        numbers = {version.version for version, _ in deleted.versions}
-        for version, _ in deleted.versions:
-            self.store.delete_doc("version", version_id(name, version.version))
+        """Recorded first, then done: a deletion that the store's outage or the process's death
+        cuts short is finished by `finish_deletions`, as the retry of its request, finding no
+        versions left, would answer 404 and finish nothing."""
+        pending = Deletion(
+            id=new_id(),
+            name=deleted.name,
+            versions=sorted(version.version for version, _ in deleted.versions),
+            model_blobs=sorted({version.sha256 for version, _ in deleted.versions}),
+            artifacts=sorted({v.artifact_key for _, vs in deleted.versions for v in vs if v.artifact_key}),
+        )
+        self._put("deletion", pending.id, pending)
+        self._finish(pending)
+
+    def finish_deletions(self, older_than_s: float) -> list[str]:
+        """Finish the deletions recorded at least `older_than_s` ago and not done (a deletion
+        still under way is left to its request); the names of their models. Each step of one
+        may be done twice: version numbers are never given again, so its documents are only
+        ever its own."""
+        finished = []
+        for doc in self.store.list_docs("deletion"):
+            pending = Deletion.model_validate(doc)
+            if now() - pending.at >= older_than_s:
+                self._finish(pending)
+                finished.append(pending.name)
+        return finished
+
+    def _finish(self, deletion: Deletion) -> None:
+        name, numbers = deletion.name, set(deletion.versions)
+        for number in deletion.versions:
+            self.store.delete_doc("version", version_id(name, number))
         # By their model and version, not the versions' lists: the earlier jobs of variants
         # compiled again, and whatever a request racing this one added, go too.
         for kind in ("job", "variant"):
@@ -451,7 +479,8 @@ class Registry:
                 self.store.delete_doc("upload", doc["id"])
         if not self.store.list_docs("version", prefix=f"{name}/"):
             self.store.delete_doc("model", name)
-        self._collect_garbage(deleted)
+        self._collect_garbage(deletion)
+        self.store.delete_doc("deletion", deletion.id)
 
     def keep_model_blob(self, sha256: str, chunks: Callable[[], Iterable[bytes]]) -> None:
         """Put back the model bytes of a version just recorded, if a deletion of another model of
@@ -462,17 +491,16 @@ class Registry:
             if not self.store.has_blob(key):
                 self.store.put_blob(key, chunks())
 
-    def _collect_garbage(self, deleted: ModelView) -> None:
-        """Only the deleted model's own blobs are candidates: any other unreferenced blob may
+    def _collect_garbage(self, deletion: Deletion) -> None:
+        """Only the deleted versions' own blobs are candidates: any other unreferenced blob may
         belong to work in flight (an upload between its blob and its version record, a compile
         between its artifact and its variant's update), and deleting it would break that work."""
         with self.store.lock(MODEL_BLOBS_LOCK, MODEL_BLOBS_LOCK_S):
             live_models = {VersionRecord.model_validate(d).sha256 for d in self.store.list_docs("version")}
-            for sha256 in {version.sha256 for version, _ in deleted.versions} - live_models:
+            for sha256 in set(deletion.model_blobs) - live_models:
                 self.store.delete_blob(MODEL_BLOB.format(sha256=sha256))
         live_artifacts = {d["artifact_key"] for d in self.store.list_docs("variant") if d.get("artifact_key")}
-        own = {v.artifact_key for _, variants in deleted.versions for v in variants if v.artifact_key}
-        for key in own - live_artifacts:
+        for key in set(deletion.artifacts) - live_artifacts:
             self.store.delete_blob(ARTIFACT_BLOB.format(key=key))
             self.store.delete_doc("artifact", key)
 

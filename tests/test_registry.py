@@ -22,6 +22,7 @@ from service.registry import (
     version_id,
 )
 from service.settings import Settings
+from service.store import StoreUnavailableError
 from service.store.local import LocalStore
 from tests.models import MODELS
 from tests.registries import ready_version, reference, rejected_tvm
@@ -72,6 +73,43 @@ def test_a_deletion_spares_the_bytes_of_a_version_recorded_while_it_collects(tmp
     assert [v.sha256 for v, _ in registry.get_model("copy").versions] == [blob.split("/")[1]]
     registry.delete_model("copy")
     assert not registry.store.has_blob(blob)
+
+
+def test_a_deletion_cut_short_is_finished_later(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store went away after the first of a deletion's steps: the retry finds no versions
+    (404), and what the deletion had still to remove is removed by the next sweep."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    store = registry.store
+    mlp = MODELS["mlp"]
+    ready_version(
+        registry, mlp, {"torchscript": reference(BASELINE), "tvm": (HOST, b"packed", BASELINE)}, BASELINE
+    )
+    registry.add_variants(registry.get_version(mlp.name, 1), [("onnxruntime", {}, HOST)], [])
+    own_model = MODEL_BLOB.format(sha256=hashlib.sha256(mlp.torchscript()).hexdigest())
+    own_artifact = ARTIFACT_BLOB.format(key="tvm")
+    delete_doc, deleted = store.delete_doc, []
+
+    def outage_after_one(kind: str, doc_id: str) -> None:
+        if deleted:
+            raise StoreUnavailableError("redis at 127.0.0.1:6379 is unreachable (simulated)")
+        delete_doc(kind, doc_id)
+        deleted.append(kind)
+
+    monkeypatch.setattr(store, "delete_doc", outage_after_one)
+    with pytest.raises(StoreUnavailableError):
+        registry.delete_model(mlp.name)
+    monkeypatch.undo()
+    assert deleted == ["version"]
+    with pytest.raises(NotFoundError):
+        registry.delete_model(mlp.name)
+    assert store.list_docs("variant") and store.list_docs("job") and store.has_blob(own_model)
+
+    assert registry.finish_deletions(older_than_s=60) == []  # its request may still be at it
+    assert registry.finish_deletions(older_than_s=0) == [mlp.name]
+    for kind in ("version", "variant", "job", "upload", "model", "deletion"):
+        assert store.list_docs(kind) == [], kind
+    assert not store.has_blob(own_model) and not store.has_blob(own_artifact)
+    assert registry.finish_deletions(older_than_s=0) == []
 
 
 def test_a_default_version_that_outlived_its_version_or_model_does_not_apply(tmp_path: Path) -> None:
