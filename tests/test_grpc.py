@@ -329,3 +329,20 @@ def test_a_malformed_stream_message_is_the_clients_error(server: KilnServer) -> 
             list(stream(iter([b"\xff\xff\xff"]), metadata=tuple(INFER_KEY.items())))
     code, message = status_of(caught.value)
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in message, message
+
+
+@pytest.mark.parametrize("method", ["ModelInfer", "ModelMetadata", "SystemSharedMemoryRegister"])
+def test_a_malformed_unary_message_is_the_clients_error(server: KilnServer, method: str) -> None:
+    """Not gRPC's UNKNOWN, with a traceback in the server's log as if Kiln had failed."""
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        call = channel.unary_unary(
+            f"/inference.GRPCInferenceService/{method}",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            call(b"\x0a\xff\xff\xff\xff", metadata=tuple(ADMIN_KEY.items()))
+    code, message = status_of(caught.value)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, message
+    assert message.startswith("the request message is malformed: "), message
+    assert "Unexpected" not in server.tail(200)

@@ -133,7 +133,7 @@ def answered(method: Method) -> Method:
 
 class KeyCheck(grpc.aio.ServerInterceptor):
     """The API key, checked before the request message is parsed, as HTTP checks it before
-    reading the body."""
+    reading the body. A unary call's message is then parsed inside the call (`parsed_inside`)."""
 
     def __init__(self, api_keys: Mapping[str, Scope]) -> None:
         self.api_keys = api_keys
@@ -157,7 +157,25 @@ class KeyCheck(grpc.aio.ServerInterceptor):
                 if method == "ModelStreamInfer":  # the handler's kind must match the method's
                     return grpc.stream_stream_rpc_method_handler(refuse)
                 return grpc.unary_unary_rpc_method_handler(refuse)
-        return await continuation(details)
+        return parsed_inside(await continuation(details), method)
+
+
+def parsed_inside(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+    """A unary method's handler that parses its request message itself: gRPC's own parse
+    answers a malformed one UNKNOWN, and logs it as the server's error. A stream's messages
+    are parsed as its handler reads them, and it answers those (`ModelStreamInfer`)."""
+    behavior, parse = handler.unary_unary, handler.request_deserializer
+    if behavior is None or parse is None:
+        return handler
+
+    async def call(raw: bytes, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            request = parse(raw)
+        except DecodeError as exc:
+            await abort(context, method, BadRequestError(f"the request message is malformed: {exc}"))
+        return await behavior(request, context)
+
+    return grpc.unary_unary_rpc_method_handler(call, response_serializer=handler.response_serializer)
 
 
 class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
