@@ -193,7 +193,7 @@ BY_MODEL: tuple[Gauge | Histogram | Counter, ...] = (
 )
 QUEUE_DEPTH_HELP = (
     "Compile jobs queued or running and not yet settled, per target queue of this host; read "
-    "at scrape time from the in-process pool (embedded) or from Redis (cluster-wide)."
+    "at scrape time from the job records (embedded) or the queue's messages (Redis)."
 )
 
 

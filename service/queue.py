@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -21,7 +20,7 @@ from dramatiq.message import Message
 
 from service.jobs import compile_limit_s, run_compile_job
 from service.races import RACE_TIMEOUT_S
-from service.records import JobRecord
+from service.records import JobRecord, JobStatus
 from service.registry import Registry
 from service.settings import Settings
 from service.store import StoreUnavailableError
@@ -55,26 +54,25 @@ class EmbeddedQueue:
         self.registry = registry
         self.settings = settings
         self.pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="kiln-compile")
-        self._pending: Counter[str] = Counter()
-        self._lock = threading.Lock()
 
     def enqueue(self, job: JobRecord) -> None:
-        with self._lock:
-            self._pending[job.target] += 1
-        self.pool.submit(self._run, job.id, job.target)
+        self.pool.submit(self._run, job.id)
 
-    def _run(self, job_id: str, target: str) -> None:
+    def _run(self, job_id: str) -> None:
         try:
             run_compile_job(self.registry, self.settings, job_id)
         except Exception:
             log.exception("job %s failed unexpectedly", job_id)
-        finally:
-            with self._lock:
-                self._pending[target] -= 1
 
     def depth(self) -> dict[str, int]:
-        with self._lock:
-            return {queue_name(t): self._pending[t] for t in self.settings.host_targets()}
+        """Counted in the store: each process of `kiln serve --workers N` compiles its own
+        uploads' jobs, and a scrape that any one of them answers counts them all."""
+        unsettled = Counter(
+            doc["target"]
+            for doc in self.registry.store.list_docs("job")
+            if doc.get("status") in (JobStatus.queued, JobStatus.running)
+        )
+        return {queue_name(t): unsettled[t] for t in self.settings.host_targets()}
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

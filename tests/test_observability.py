@@ -383,6 +383,29 @@ def test_redis_queue_depth_counts_unsettled_messages(redis_url: str) -> None:
         queue.close()
 
 
+def test_embedded_queue_depth_is_every_processs(tmp_path: Path) -> None:
+    """`kiln serve --workers 2` in embedded mode: each process compiles its own uploads' jobs,
+    and either one answers a scrape with the jobs of both, from the store they share."""
+    from service.queue import EmbeddedQueue, queue_name
+    from service.registry import Registry
+    from service.settings import Settings
+    from service.store.local import LocalStore
+
+    target = "cpu-x86_64-test-avx2"
+    settings = Settings(data_dir=tmp_path / "data", targets=[target])
+    one, other = (EmbeddedQueue(Registry(LocalStore(tmp_path / "store")), settings) for _ in range(2))
+    try:
+        store = one.registry.store
+        for job_id, status in (("a", "queued"), ("b", "running"), ("c", "succeeded"), ("d", "failed")):
+            job = compile_job(job_id, target).model_dump(mode="json")
+            store.put_doc("job", job_id, {**job, "status": status})
+        store.put_doc("job", "elsewhere", compile_job("elsewhere", "cuda-sm90").model_dump(mode="json"))
+        assert one.depth() == other.depth() == {queue_name(target): 2}
+    finally:
+        one.close()
+        other.close()
+
+
 def test_a_tuned_job_gets_time_for_its_trials(redis_url: str) -> None:
     """Dramatiq's time limit interrupts a job: a tuned compile's message must allow what its
     compile child is allowed, or a long tuning run would be cut off and retried."""
