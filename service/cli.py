@@ -33,6 +33,7 @@ STAGES = ["queued", "compiling", "verifying", "benchmarking", "ready"]
 # opened again, as often as this, a second apart: behind a load balancer another replica answers;
 # a lone server may restart.
 REFOLLOWS = 30
+GATEWAY_ERRORS = {502, 503, 504}
 SLOW_S = 900  # a request that checks a model by running it, or loads and warms one up
 
 
@@ -245,7 +246,8 @@ def upload(
         )
         variants = body["variants"]
         if wait:
-            variants = settled(http, body["name"], body["version"], variants, body["unserved_targets"])
+            unserved = body.get("unserved_targets", [])  # an older server says nothing
+            variants = settled(http, body["name"], body["version"], variants, unserved)
     show(variants)
 
 
@@ -284,7 +286,7 @@ def add_variants(
             console.print(f"{name} version {version}: nothing to compile")
         elif wait:
             queued = {v["id"] for v in variants}
-            unserved = body["unserved_targets"]
+            unserved = body.get("unserved_targets", [])  # an older server says nothing
             variants = [v for v in settled(http, name, version, variants, unserved) if v["id"] in queued]
     show(variants)
 
@@ -364,6 +366,8 @@ def follow_job(http: httpx.Client, job_id: str, progress: Progress, task: TaskID
     """One stream of the job's events: False if it ended before the job did, as its server
     shut down."""
     with connect_sse(http, "GET", f"/v1/jobs/{job_id}/events") as source:
+        if source.response.status_code in GATEWAY_ERRORS:  # a load balancer's, while none is up
+            return False
         if source.response.is_error:
             progress.update(task, stage=f"no progress (HTTP {source.response.status_code})")
             return True

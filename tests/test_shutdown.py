@@ -1,6 +1,6 @@
 """Shutdown of a live `kiln serve`: job event streams end at once, with `end` `shutdown`, so that
 a watching client does not hold the server; `kiln upload` follows its job through the restart;
-and a request that never finishes is cancelled after KILN_SHUTDOWN_TIMEOUT_S."""
+gRPC stops at once; and a request that never finishes is cancelled after KILN_SHUTDOWN_TIMEOUT_S."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import pytest
 from httpx_sse import connect_sse
+from tritonclient.grpc.service_pb2 import ServerLiveRequest
+from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
 from service.api.events import SHUTDOWN
 from tests.client import by_backend
@@ -99,15 +102,26 @@ def test_shutdown_ends_job_streams_and_the_cli_follows_its_job_across_a_restart(
 
 
 def test_a_request_that_never_finishes_is_cancelled_at_the_shutdown_timeout(tmp_path: Path) -> None:
+    """And gRPC stops at once, beside HTTP's drain: its clients' channels go elsewhere."""
     with (
-        embedded_server(tmp_path, KILN_SHUTDOWN_TIMEOUT_S="2") as server,
+        embedded_server(tmp_path, KILN_SHUTDOWN_TIMEOUT_S="3") as server,
         socket.create_connection(("127.0.0.1", server.port)) as stalled,
+        grpc.insecure_channel(server.grpc_address) as channel,
     ):
+        live = GRPCInferenceServiceStub(channel).ServerLive
+        assert live(ServerLiveRequest(), timeout=10).live
         # An upload whose body stops short: its handler waits on the rest for ever.
         stalled.sendall(
             b"POST /v1/models HTTP/1.1\r\nHost: kiln\r\nContent-Length: 100000\r\n"
             b"Content-Type: multipart/form-data; boundary=b\r\n\r\n--b\r\n"
         )
         time.sleep(1)  # for uvicorn to hand the request to the app
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(1)
+        with pytest.raises(grpc.RpcError) as refused:
+            live(ServerLiveRequest(), timeout=1)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert server.proc.poll() is None, "the stalled request held HTTP's drain"
         assert terminate(server, 20) < 15
     assert "Cancel 1 running task(s), timeout graceful shutdown exceeded" in server.log.read_text()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import logging
 from collections.abc import AsyncIterator
@@ -55,7 +56,9 @@ from service.trace_settings import TraceControl
 
 log = logging.getLogger("kiln.api")
 
-# Seconds that calls in flight get to finish at shutdown, as uvicorn gives HTTP requests theirs.
+# Seconds that gRPC calls in flight get to finish once shutdown begins (they are then cancelled):
+# the server stops at once, beside HTTP's drain, so that its clients' channels, which a load
+# balancer does not move, go elsewhere.
 GRPC_GRACE_S = 5.0
 RESUME_LOCK = "resume.lock"
 
@@ -139,7 +142,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         poller = None if repo is None or not poll_s else RepositoryPoller(repo, app.state.services, poll_s)
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
-        grpc_server, resuming = None, None
+        grpc_server, grpc_drain, resuming = None, None, None
         try:  # a port that is taken fails the start, with everything opened so far closed
             grpc_server = await start_grpc(app.state.services, settings, api_keys, app.version, max_bytes)
             resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
@@ -152,6 +155,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if poller is not None:
                 poller.start()
             shutdown.watch()
+            if grpc_server is not None:  # its clients move on while HTTP drains, not after
+                grpc_drain = asyncio.create_task(shutdown.then(grpc_server.stop, GRPC_GRACE_S))
             freeze_heap()  # what startup imported stays out of every later full collection
             collect_young_less_often()
             log.info("kiln ready (%s mode)", "embedded" if settings.embedded else "redis")
@@ -164,8 +169,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await run_in_threadpool(logs.stop)
             await run_in_threadpool(traces.stop)
             await run_in_threadpool(sweep.stop)
-            if grpc_server is not None:
+            if grpc_server is not None:  # awaits a drain under way
                 await grpc_server.stop(GRPC_GRACE_S)
+            if grpc_drain is not None:  # still waiting, when the app stops with no signal
+                grpc_drain.cancel()
             runtime.close()
             queue.close()
             store.close()

@@ -29,7 +29,7 @@ router = APIRouter(
 
 POLL_S = 0.25
 SETTLED_JOBS = {JobStatus.succeeded, JobStatus.failed}
-SHUTDOWN = "this server is shutting down; the job goes on: open its events again to follow it"
+SHUTDOWN = "this server is shutting down; open the job's events again to follow it"
 
 DESCRIPTION = """\
 A `text/event-stream`. The first event comes at once with the job's current state, then one
@@ -44,8 +44,9 @@ A tuned variant's `tuning` counts its trials as they run: `{"trials_done": 32, "
 
 The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
 "status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
-when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
-again by opening the stream again (another replica's, or this server's once it is back).
+when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on (a worker's in
+Redis mode; in embedded mode, once this server is back), and is followed by opening the stream
+again, on another replica or on this server once it is back.
 Comment lines (`: ping`) keep idle connections open.
 """
 

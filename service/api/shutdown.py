@@ -10,9 +10,10 @@ stops on, and the streams end as soon as one comes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from types import FrameType
 from typing import Any
 
@@ -25,7 +26,8 @@ Handler = Callable[[int, FrameType | None], Any]
 class Shutdown:
     def __init__(self) -> None:
         self.begun = asyncio.Event()
-        self._chained: dict[signal.Signals, Handler] = {}
+        # Each signal's handler before ours, and ours.
+        self._chained: dict[signal.Signals, tuple[Handler, Handler]] = {}
 
     def watch(self) -> None:
         """Chain onto the handlers in place now: uvicorn's, while it serves the app. Only the
@@ -40,16 +42,26 @@ class Shutdown:
                 continue
 
             def chained(signum: int, frame: FrameType | None, previous: Handler = previous) -> None:
-                loop.call_soon_threadsafe(self.begun.set)
+                with contextlib.suppress(RuntimeError):  # the loop is closed: nothing waits
+                    loop.call_soon_threadsafe(self.begun.set)
                 previous(signum, frame)
 
-            self._chained[sig] = previous
+            self._chained[sig] = (previous, chained)
             signal.signal(sig, chained)
 
     def unwatch(self) -> None:
-        for sig, previous in self._chained.items():
-            signal.signal(sig, previous)
+        """Give back the handlers ours chained onto, unless another replaced ours since: uvicorn
+        restores its own first when a second Ctrl+C cuts the shutdown short, and the handler
+        ours chained onto would then be a finished server's, which ignores signals."""
+        for sig, (previous, chained) in self._chained.items():
+            if signal.getsignal(sig) is chained:
+                signal.signal(sig, previous)
         self._chained.clear()
+
+    async def then(self, stop: Callable[[float], Awaitable[object]], grace_s: float) -> None:
+        """Once shutdown begins, `stop(grace_s)`."""
+        await self.begun.wait()
+        await stop(grace_s)
 
     async def wait(self, timeout: float) -> bool:
         """Sleep up to `timeout` seconds: True at once when shutdown has begun."""
