@@ -346,3 +346,16 @@ def test_a_malformed_unary_message_is_the_clients_error(server: KilnServer, meth
     assert code == grpc.StatusCode.INVALID_ARGUMENT, message
     assert message.startswith("the request message is malformed: "), message
     assert "Unexpected" not in server.tail(200)
+
+
+def test_an_unknown_method_is_unimplemented(server: KilnServer) -> None:
+    """As gRPC answers it: health probes and reflection clients fall back on UNIMPLEMENTED."""
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        call = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=lambda raw: raw,
+            response_deserializer=lambda raw: raw,
+        )
+        with pytest.raises(grpc.RpcError) as caught:
+            call(b"", metadata=tuple(ADMIN_KEY.items()))
+    assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED, caught.value

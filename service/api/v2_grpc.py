@@ -160,10 +160,12 @@ class KeyCheck(grpc.aio.ServerInterceptor):
         return parsed_inside(await continuation(details), method)
 
 
-def parsed_inside(handler: grpc.RpcMethodHandler, method: str) -> grpc.RpcMethodHandler:
+def parsed_inside(handler: grpc.RpcMethodHandler | None, method: str) -> grpc.RpcMethodHandler | None:
     """A unary method's handler that parses its request message itself: gRPC's own parse
     answers a malformed one UNKNOWN, and logs it as the server's error. A stream's messages
     are parsed as its handler reads them, and it answers those (`ModelStreamInfer`)."""
+    if handler is None:  # no such method: gRPC answers UNIMPLEMENTED
+        return None
     behavior, parse = handler.unary_unary, handler.request_deserializer
     if behavior is None or parse is None:
         return handler
