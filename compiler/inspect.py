@@ -22,10 +22,9 @@ def inspect_model(
     samples: Sequence[Mapping[str, Any]],
     progress: Callable[[dict[str, Any]], None],
 ) -> dict[str, Any]:
-    """Run the model at batch 1 and at its largest batch (2 if that is 1, and the model takes
-    it), and on the upload's `samples`; return the order of its inputs (`inputs`, their names)
-    and its outputs' name, dtype, shape (`outputs`). A run that fails is an InvalidModelError
-    that says which.
+    """Run the model at batch 1 and at its largest batch, and on the upload's `samples`; return
+    the order of its inputs (`inputs`, their names) and its outputs' name, dtype, shape
+    (`outputs`). A run that fails is an InvalidModelError that says which.
 
     Inputs all named after forward()'s arguments are taken in its order, as Triton's PyTorch
     backend matches them; others in the order given. An output dimension that follows the
@@ -51,12 +50,6 @@ def inspect_model(
     batches = sorted({1, spec.max_batch_size}) if spec.batched else [1]
     shapes = ", ".join(str(t) for t in spec.inputs)
     runs = [_run(runner, spec.random_inputs(b, rng), f"inputs {shapes} at batch {b}") for b in batches]
-    if batches == [1] and spec.batched:  # batch 2 shows which dims follow the batch, if the model takes it
-        try:
-            runs.append(runner.run(spec.random_inputs(2, rng)))
-            batches.append(2)
-        except Exception:  # as it would at a size it cannot take: its outputs' dims stay as at 1
-            pass
     for i, sample in enumerate(samples):  # what verification will run every variant on
         _run(runner, spec.coerce(sample), f"samples[{i}]")
     varied = _varied(runner, spec, rng)
@@ -69,6 +62,10 @@ def inspect_model(
             )
         shape = list(first.shape)
         if len(runs) > 1 and first.ndim and runs[-1][name].shape[0] == batches[-1] != shape[0]:
+            shape[0] = -1
+        elif spec.batched and len(runs) == 1 and first.ndim and shape[0] == 1:
+            # max_batch_size 1: every run is of batch 1, and a leading 1 is the batch's, as
+            # Triton has every output of a batching model lead with it.
             shape[0] = -1
         if name in varied and len(varied[name]) == len(shape):
             # The batch's dimension stays as the batch run found it: one that followed another

@@ -190,7 +190,7 @@ def test_instances_past_max_batch_size_run_in_batches(http: httpx.Client) -> Non
 
 def test_instances_of_a_model_that_takes_one_at_a_time(http: httpx.Client) -> None:
     """max_batch_size 1: each instance runs alone, and its outputs' rows come back; the
-    metadata shows their first dimension as the batch's, which the upload found at batch 2."""
+    metadata shows their leading 1 as the batch's dimension, as Triton does."""
     x = sample(MLP, 3)
     response = http.post("/v1/models/single:predict", json={"instances": x.tolist()})
     assert response.status_code == 200, response.text
