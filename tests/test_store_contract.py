@@ -426,6 +426,13 @@ def test_a_redis_that_cannot_take_writes_is_unavailable(tmp_path: Path) -> None:
         with pytest.raises(StoreUnavailableError, match=r"cannot take writes now: .*read only replica"):
             store.put_doc("models", "n", {"v": 2})
         assert store.get_doc("models", "m") == {"v": 1}
+        # Replies redis-py parses into classes of their own, and strips of their codes.
+        master_down = redis.exceptions.MasterDownError("Link with MASTER is down and replica-serve-stale...")
+        with (
+            pytest.raises(StoreUnavailableError, match="cannot take writes now: Link with MASTER"),
+            store._reachable(),
+        ):
+            raise master_down
     finally:
         admin.close()
         store.close()

@@ -96,8 +96,13 @@ def _guarded(
 # noeviction policy, a replica that a failover left read-only, a failed disk save, a master lost
 # or too few replicas, a transaction discarded for one of those. An outage for clients (503).
 # redis-py has classes for some; the others are plain ResponseErrors that begin with their code.
-UNWRITABLE = (redis.OutOfMemoryError, redis.ReadOnlyError, redis.exceptions.ExecAbortError)
-UNWRITABLE_CODES = ("MISCONF", "MASTERDOWN", "NOREPLICAS")
+UNWRITABLE = (
+    redis.OutOfMemoryError,
+    redis.ReadOnlyError,
+    redis.exceptions.MasterDownError,
+    redis.exceptions.ExecAbortError,
+)
+UNWRITABLE_CODES = ("MISCONF", "NOREPLICAS")
 
 
 class RedisStore:
