@@ -40,7 +40,6 @@ class DeletionSweep(Periodic):
                 log.warning("finished a deletion of versions of %s that was cut short", name)
         except StoreUnavailableError as exc:  # the next pass looks again
             log.debug("unfinished deletions not looked for: %s", exc)
-            return
         for name in sorted(self.runtime.stats.models()):
             try:
                 forget_deleted(self.runtime, name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -30,7 +31,9 @@ from service.records import (
     now,
     options_key,
 )
-from service.store import Store
+from service.store import Store, StoreUnavailableError
+
+log = logging.getLogger("kiln.registry")
 
 R = TypeVar("R", bound=BaseModel)
 
@@ -458,10 +461,15 @@ class Registry:
         ever its own."""
         finished = []
         for doc in self.store.list_docs("deletion"):
-            pending = Deletion.model_validate(doc)
-            if now() - pending.at >= older_than_s:
-                self._finish(pending)
-                finished.append(pending.name)
+            try:
+                pending = Deletion.model_validate(doc)
+                if now() - pending.at >= older_than_s:
+                    self._finish(pending)
+                    finished.append(pending.name)
+            except StoreUnavailableError:
+                raise
+            except Exception:  # one that cannot be finished must not keep the others from it
+                log.exception("the deletion %s could not be finished", doc.get("id"))
         return finished
 
     def _finish(self, deletion: Deletion) -> None:
@@ -477,7 +485,10 @@ class Registry:
         for doc in self.store.list_docs("upload"):
             if doc["name"] == name and doc["version"] in numbers:
                 self.store.delete_doc("upload", doc["id"])
-        if not self.store.list_docs("version", prefix=f"{name}/"):
+        model = self.store.get_doc("model", name)
+        # Not that of the name's next upload, which a late finish may meet before its version.
+        ours = model is not None and model.get("created_at", 0) <= deletion.at
+        if ours and not self.store.list_docs("version", prefix=f"{name}/"):
             self.store.delete_doc("model", name)
         self._collect_garbage(deletion)
         self.store.delete_doc("deletion", deletion.id)

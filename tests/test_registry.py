@@ -11,7 +11,15 @@ import pytest
 
 from service.errors import NotFoundError
 from service.jobs import _record_baseline, run_compile_job
-from service.records import ArtifactRecord, JobRecord, ModelConfig, VariantRecord, VariantStatus
+from service.records import (
+    ArtifactRecord,
+    Deletion,
+    JobRecord,
+    ModelConfig,
+    VariantRecord,
+    VariantStatus,
+    now,
+)
 from service.registry import (
     ARTIFACT_BLOB,
     CLAIM_S,
@@ -105,11 +113,27 @@ def test_a_deletion_cut_short_is_finished_later(tmp_path: Path, monkeypatch: pyt
     assert store.list_docs("variant") and store.list_docs("job") and store.has_blob(own_model)
 
     assert registry.finish_deletions(older_than_s=60) == []  # its request may still be at it
-    assert registry.finish_deletions(older_than_s=0) == [mlp.name]
-    for kind in ("version", "variant", "job", "upload", "model", "deletion"):
+    store.put_doc("deletion", "0-unreadable", {"id": "0-unreadable", "from": "a newer Kiln"})
+    assert registry.finish_deletions(older_than_s=0) == [mlp.name]  # that one did not stop it
+    for kind in ("version", "variant", "job", "upload", "model"):
         assert store.list_docs(kind) == [], kind
+    assert [d["id"] for d in store.list_docs("deletion")] == ["0-unreadable"]
     assert not store.has_blob(own_model) and not store.has_blob(own_artifact)
     assert registry.finish_deletions(older_than_s=0) == []
+
+
+def test_a_late_deletion_spares_the_model_of_the_names_next_upload(tmp_path: Path) -> None:
+    """The sweep finishes a deletion of the whole model just as a new upload of its name has
+    recorded the model and not yet its version: the new model stays."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    mlp = MODELS["mlp"]
+    ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE)
+    registry.delete_model(mlp.name)
+    late = Deletion(id="late", name=mlp.name, versions=[1], model_blobs=[], artifacts=[], at=now() - 60)
+    registry.store.put_doc("deletion", late.id, late.model_dump(mode="json"))
+    registry.store.put_doc("model", mlp.name, {"name": mlp.name, "created_at": now()})
+    assert registry.finish_deletions(older_than_s=30) == [mlp.name]
+    assert registry.store.get_doc("model", mlp.name) is not None
 
 
 def test_a_default_version_that_outlived_its_version_or_model_does_not_apply(tmp_path: Path) -> None:
