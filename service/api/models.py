@@ -157,13 +157,16 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
 def check_input_bytes(spec: InputSpec, memory_mb: int) -> None:
     """Inputs that alone pass the memory the upload's check of the model (and each compile)
     may use can never be checked: refused before the check, which would only run out."""
-    largest = spec.largest_batch
-    need = max(spec.nbytes(largest), spec.nbytes(1, TRACE_FILL))
+    runs = {
+        f"at batch {spec.largest_batch}": spec.nbytes(spec.largest_batch),
+        f"at batch 1 with their other dynamic dims at {TRACE_FILL}": spec.nbytes(1, TRACE_FILL),
+    }
+    where, need = max(runs.items(), key=lambda run: run[1])
     if need > memory_mb << 20:
         raise InvalidConfigError(
-            f"config.inputs: at batch {largest}, with their other dynamic dims at {TRACE_FILL}, they "
-            f"take {need / 2**20:.0f} MB, more than the {memory_mb} MB (KILN_COMPILE_MEMORY_MB) that "
-            "checking the model may use; give smaller dims, or a smaller max_batch_size"
+            f"config.inputs: {where} they take {need / 2**20:.0f} MB, more than the {memory_mb} MB "
+            "(KILN_COMPILE_MEMORY_MB) that checking the model may use; give smaller dims, or a "
+            "smaller max_batch_size"
         )
 
 
