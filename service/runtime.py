@@ -46,8 +46,8 @@ from service.router import (
     serving_version,
 )
 from service.settings import Settings
-from service.stats import Stats, failure_reason
-from service.store import StoreUnavailableError
+from service.stats import Stats, deleted_error, failure_reason
+from service.store import BlobNotFoundError, StoreUnavailableError
 from service.traces import Trace, Traces
 
 log = logging.getLogger("kiln.runtime")
@@ -658,11 +658,18 @@ class Runtime:
     def _load(self, version: VersionRecord, variant: VariantRecord) -> Loaded:
         started = time.perf_counter()
         store = self.registry.store
-        if variant.artifact_key is None:
-            payload = store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
-            artifact = Artifact(variant.backend, ANY_TARGET, version.spec(), payload)
-        else:
-            artifact = Artifact.unpack(store.get_blob(ARTIFACT_BLOB.format(key=variant.artifact_key)))
+        try:
+            if variant.artifact_key is None:
+                payload = store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
+                artifact = Artifact(variant.backend, ANY_TARGET, version.spec(), payload)
+            else:
+                artifact = Artifact.unpack(store.get_blob(ARTIFACT_BLOB.format(key=variant.artifact_key)))
+        except BlobNotFoundError:
+            # Routed before its version's deletion (by another process, within KILN_ROUTE_TTL_S),
+            # which collected its bytes: a 404, as for any request that a deletion overtakes.
+            if version.version not in self.registry.version_numbers(version.name):
+                raise deleted_error(version.name, version.version) from None
+            raise
         runner = get_backend(variant.backend).load(artifact)
         if version.config.output_names:
             runner = Renamed(runner, version.config.output_names)

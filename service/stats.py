@@ -139,7 +139,7 @@ class ModelStats:
         )
 
 
-def _deleted(name: str, version: int) -> DeletedError:
+def deleted_error(name: str, version: int) -> DeletedError:
     return DeletedError(f"version {version} of {name!r} was deleted")
 
 
@@ -160,7 +160,7 @@ class Stats:
         for a deleted one."""
         with self._lock:
             if self._of(name, version) is None:
-                raise _deleted(name, version)
+                raise deleted_error(name, version)
 
     def deleted(self, name: str, version: int) -> bool:
         with self._lock:
@@ -181,7 +181,7 @@ class Stats:
         keeps moving. DeletedError for a deleted version: its request fails as if routed after."""
         with self._lock:
             if (name, version) in self._deleted:
-                raise _deleted(name, version)
+                raise deleted_error(name, version)
             self._seen.add(name)
             return metric.labels(name, str(version)) if per_version else metric.labels(name)
 

@@ -435,6 +435,16 @@ def test_a_version_deleted_while_its_runner_loads_fails_its_requests(runtime: Ru
     assert runtime.loaded_runners == 0 and runtime.stats.doc("mlp") == []
 
 
+def test_a_version_deleted_by_another_process_after_routing_is_a_404(runtime: Runtime) -> None:
+    """Another process deleted the version, and collected its bytes, within this process's
+    KILN_ROUTE_TTL_S: the load finds no bytes, and the request is answered as deleted (404),
+    not with the store's BlobNotFoundError (500)."""
+    route = runtime.route("mlp", None)
+    runtime.registry.delete_model("mlp")  # as another process does: this one is not told
+    with pytest.raises(DeletedError, match="version 1 of 'mlp' was deleted"):
+        runtime.runner(route, 1, wait=True)
+
+
 def test_serving_settings_changed_on_another_replica_reach_the_batcher(runtime: Runtime) -> None:
     """A PATCH on another replica changes the version in the store; this process's batcher takes
     the new policy when the route is next read, with no request lost or rerouted."""
