@@ -276,6 +276,12 @@ class OutputInfo(BaseModel):
     name: str
     dtype: str
     shape: list[int]
+    rows_apart: bool = Field(
+        default=True,
+        description="Each row depends on the request's own rows alone (checked at upload: a row "
+        "of the largest batch against that row run alone). False: requests are never merged into "
+        "one batch, which would give clients each other's data.",
+    )
 
 
 class VersionRecord(BaseModel):

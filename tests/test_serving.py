@@ -51,6 +51,16 @@ class Slow(nn.Module):
 
 SLOW = TestModel("slow", Slow, [{"name": "x", "dtype": "float32", "shape": [-1, 256]}])
 
+
+class Centered(nn.Module):
+    """Each row less the batch's mean row: a row's answer depends on the batch's other rows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(dim=0, keepdim=True)
+
+
+CENTERED = TestModel("centered", Centered, [{"name": "x", "dtype": "float32", "shape": [-1, 4]}])
+
 WIDE = [
     TestModel(f"wide{i}", Wide, [{"name": "x", "dtype": "float32", "shape": [-1, 2048]}]) for i in range(2)
 ]
@@ -112,6 +122,32 @@ def test_concurrent_requests_are_batched_and_split_back_exactly(
         assert r.status_code == 200, r.text
         # Equal to the model run alone at batch 1, up to float summation order.
         np.testing.assert_allclose(r.json()["outputs"]["output0"], expected(MLP, x), rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_whose_rows_depend_on_each_other_is_never_batched(
+    http: httpx.Client, server: KilnServer
+) -> None:
+    """Merged, its requests would get each other's data: the upload finds its rows are not
+    apart, and each request runs alone, though batching is on by default."""
+    response = upload(http, CENTERED, max_queue_delay_us=20_000, backends=[])
+    assert response.status_code == 202, response.text
+    [output] = http.get("/v1/models/centered/versions/1").json()["outputs"]
+    assert (output["shape"], output["rows_apart"]) == ([-1, 4], False)
+    assert http.get("/v2/models/centered/config").json()["max_batch_size"] == 0
+    xs = [np.full((1, 4), i, np.float32) for i in range(16)]
+    responses = asyncio.run(burst(server.url, "centered", xs))
+    for r in responses:
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"]["output0"] == [[0.0] * 4]  # its own mean: never another's
+    assert [b["batch_size"] for b in stats(http, "centered")["batch_stats"]] == [1]  # type: ignore[attr-defined]
+    # KServe V1's instances, which Kiln runs as batches of up to max_batch_size: here each alone.
+    instances = http.post("/v1/models/centered:predict", json={"instances": [[1.0] * 4, [3.0] * 4]})
+    assert instances.status_code == 200, instances.text
+    assert instances.json()["predictions"] == [[0.0] * 4, [0.0] * 4]
+    # The MLP's rows are its own.
+    assert upload(http, MLP, name="rows-apart", backends=[]).status_code == 202
+    [mlp] = http.get("/v1/models/rows-apart/versions/1").json()["outputs"]
+    assert mlp["rows_apart"] is True
 
 
 def test_unbatched_requests_run_alone_and_are_counted(http: httpx.Client, server: KilnServer) -> None:

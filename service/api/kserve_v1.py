@@ -130,7 +130,8 @@ def decoded(body: bytes, spec: InputSpec, outputs: list[OutputInfo]) -> tuple[in
         return None, [spec.coerce(named(spec, request.inputs, '"inputs"'))]
     values = columns(spec, request.instances)
     check_rows(outputs)
-    rows, size = len(request.instances), spec.largest_batch
+    rows = len(request.instances)
+    size = spec.largest_batch if all(o.rows_apart for o in outputs) else 1  # else each alone
     return rows, [spec.coerce({n: v[i : i + size] for n, v in values.items()}) for i in range(0, rows, size)]
 
 

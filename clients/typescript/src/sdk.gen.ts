@@ -53,8 +53,9 @@ export const getJob = <ThrowOnError extends boolean = false>(options: Options<Ge
  *
  * The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
  * "status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
- * when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
- * again by opening the stream again (another replica's, or this server's once it is back).
+ * when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on (a worker's in
+ * Redis mode; in embedded mode, once this server is back), and is followed by opening the stream
+ * again, on another replica or on this server once it is back.
  * Comment lines (`: ping`) keep idle connections open.
  */
 export const jobEvents = <ThrowOnError extends boolean = false>(options: Options<JobEventsData, ThrowOnError, unknown>) => (options.client ?? client).sse.get<JobEventsResponses, JobEventsErrors, ThrowOnError>({ url: '/v1/jobs/{job_id}/events', ...options });

@@ -319,6 +319,12 @@ export type OutputInfo = {
      */
     name: string;
     /**
+     * Rows Apart
+     *
+     * Each row depends on the request's own rows alone (checked at upload: a row of the largest batch against that row run alone). False: requests are never merged into one batch, which would give clients each other's data.
+     */
+    rows_apart?: boolean;
+    /**
      * Shape
      */
     shape: Array<number>;

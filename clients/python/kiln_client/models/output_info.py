@@ -6,6 +6,8 @@ from typing import Any, TypeVar, cast
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
+from ..types import UNSET, Unset
+
 T = TypeVar("T", bound="OutputInfo")
 
 
@@ -16,11 +18,15 @@ class OutputInfo:
         dtype (str):
         name (str):
         shape (list[int]):
+        rows_apart (bool | Unset): Each row depends on the request's own rows alone (checked at upload: a row of the
+            largest batch against that row run alone). False: requests are never merged into one batch, which would give
+            clients each other's data. Default: True.
     """
 
     dtype: str
     name: str
     shape: list[int]
+    rows_apart: bool | Unset = True
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -29,6 +35,8 @@ class OutputInfo:
         name = self.name
 
         shape = self.shape
+
+        rows_apart = self.rows_apart
 
         field_dict: dict[str, Any] = {}
         field_dict.update(self.additional_properties)
@@ -39,6 +47,8 @@ class OutputInfo:
                 "shape": shape,
             }
         )
+        if rows_apart is not UNSET:
+            field_dict["rows_apart"] = rows_apart
 
         return field_dict
 
@@ -51,10 +61,13 @@ class OutputInfo:
 
         shape = cast(list[int], d.pop("shape"))
 
+        rows_apart = d.pop("rows_apart", UNSET)
+
         output_info = cls(
             dtype=dtype,
             name=name,
             shape=shape,
+            rows_apart=rows_apart,
         )
 
         output_info.additional_properties = d

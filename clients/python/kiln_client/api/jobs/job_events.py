@@ -87,8 +87,9 @@ def sync_detailed(
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
     "status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
-    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
-    again by opening the stream again (another replica's, or this server's once it is back).
+    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on (a worker's in
+    Redis mode; in embedded mode, once this server is back), and is followed by opening the stream
+    again, on another replica or on this server once it is back.
     Comment lines (`: ping`) keep idle connections open.
 
     Args:
@@ -133,8 +134,9 @@ def sync(
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
     "status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
-    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
-    again by opening the stream again (another replica's, or this server's once it is back).
+    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on (a worker's in
+    Redis mode; in embedded mode, once this server is back), and is followed by opening the stream
+    again, on another replica or on this server once it is back.
     Comment lines (`: ping`) keep idle connections open.
 
     Args:
@@ -174,8 +176,9 @@ async def asyncio_detailed(
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
     "status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
-    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
-    again by opening the stream again (another replica's, or this server's once it is back).
+    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on (a worker's in
+    Redis mode; in embedded mode, once this server is back), and is followed by opening the stream
+    again, on another replica or on this server once it is back.
     Comment lines (`: ping`) keep idle connections open.
 
     Args:
@@ -218,8 +221,9 @@ async def asyncio(
 
     The stream closes after `event: end`, sent when the job settles (`{"reason": "settled",
     "status": "succeeded"}`), is deleted with its model (`{"reason": "deleted", "detail": ...}`), or
-    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on, and is followed
-    again by opening the stream again (another replica's, or this server's once it is back).
+    when this server shuts down (`{"reason": "shutdown", ...}`): the job goes on (a worker's in
+    Redis mode; in embedded mode, once this server is back), and is followed by opening the stream
+    again, on another replica or on this server once it is back.
     Comment lines (`: ping`) keep idle connections open.
 
     Args:
