@@ -4,18 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from compiler.backends import ANY_TARGET, REFERENCE, reference_target
+from compiler.backends import ANY_TARGET, REFERENCE, pads_batches, reference_target
 from service.errors import NotFoundError
 from service.records import VariantRecord, VariantStatus, VersionRecord
 from service.registry import ModelView
 
 
-def latency_at(table: Mapping[int, float], batch: int) -> float | None:
-    """Latency measured at the smallest batch >= `batch`, else at the largest measured."""
+def latency_at(table: Mapping[int, float], batch: int, padded: bool = False) -> float | None:
+    """Latency at `batch`, from those measured (at batch 1 and the largest): between two, on the
+    line joining them, as a batch costs more with each row; a `padded` variant's, that of the
+    larger, which it runs (compiler.backends.pads_batches). Past the largest, the largest's."""
     if not table:
         return None
-    at_or_above = [b for b in table if b >= batch]
-    return table[min(at_or_above) if at_or_above else max(table)]
+    above = [b for b in table if b >= batch]
+    below = [b for b in table if b <= batch]
+    if not above:
+        return table[max(table)]
+    high = min(above)
+    if padded or not below or high == batch:
+        return table[high]
+    low = max(below)
+    return table[low] + (table[high] - table[low]) * (batch - low) / (high - low)
 
 
 def servable(variants: Iterable[VariantRecord], targets: set[str]) -> list[VariantRecord]:
@@ -53,7 +62,7 @@ def choose_variant(
         pinned = [v for v in ready if v.backend == backend]
         if not pinned:
             raise NotFoundError(f"no ready {backend!r} variant for this host's targets")
-        return min(pinned, key=lambda v: latency_at(v.latency_ms_by_batch, batch) or 0.0)
+        return min(pinned, key=lambda v: variant_latency(v, batch) or 0.0)
     group = serving_group(ready)
     reference = [v for v in group if v.backend == REFERENCE]
     if not reference:
@@ -71,9 +80,13 @@ def cost_ratio(variant: VariantRecord, batch: int) -> float | None:
     itself, None when not measured."""
     if variant.backend == REFERENCE:
         return 1.0
-    ms = latency_at(variant.latency_ms_by_batch, batch)
+    ms = variant_latency(variant, batch)
     base = latency_at(variant.baseline_latency_ms_by_batch, batch)
     return None if ms is None or not base else ms / base
+
+
+def variant_latency(variant: VariantRecord, batch: int) -> float | None:
+    return latency_at(variant.latency_ms_by_batch, batch, pads_batches(variant.backend, variant.options))
 
 
 def serving_version(view: ModelView, targets: set[str]) -> tuple[VersionRecord, list[VariantRecord]]:

@@ -19,6 +19,7 @@ def variant(
     ms: dict[int, float] | None = None,
     base: dict[int, float] | None = None,
     target: str | None = None,
+    options: dict[str, str | int | float | bool] | None = None,
 ) -> VariantRecord:
     """`target` by default: TorchScript's on the CPU (`any`) for torchscript, else HOST."""
     target = target or (ANY_TARGET if backend == "torchscript" else HOST)
@@ -31,16 +32,28 @@ def variant(
         status=status,
         latency_ms_by_batch=ms or {},
         baseline_latency_ms_by_batch=base or {},
+        options=options or {},
     )
 
 
-def test_latency_at_picks_the_covering_batch() -> None:
-    table = {1: 1.0, 8: 5.0}
-    assert latency_at(table, 1) == 1.0
-    assert latency_at(table, 3) == 5.0
-    assert latency_at(table, 8) == 5.0
-    assert latency_at(table, 32) == 5.0
+def test_latency_between_the_timed_batches() -> None:
+    """On the line between the timed sizes; a padded variant's, the larger size's."""
+    table = {1: 1.0, 8: 8.0}
+    assert [latency_at(table, b) for b in (1, 3, 8, 32)] == [1.0, 3.0, 8.0, 8.0]
+    assert [latency_at(table, b, padded=True) for b in (1, 3, 8)] == [1.0, 8.0, 8.0]
     assert latency_at({}, 1) is None
+
+
+def test_a_padded_variant_serves_only_the_sizes_it_is_faster_at() -> None:
+    """A tuned tvm build pads a batch of 8 up to its static batch of 64, and costs what 64 does:
+    faster than TorchScript at 1 and at 64, 3 times slower at 8. An untuned build of the same
+    ratios at both timed sizes runs each batch at its own size, and is faster at every one."""
+    ts = variant("torchscript")
+    base = {1: 0.096, 64: 1.864}
+    tuned = variant("tvm", ms={1: 0.077, 64: 1.261}, base=base, options={"tuning_trials": 64})
+    assert [choose_variant([ts, tuned], {HOST}, b) for b in (1, 8, 48, 64)] == [tuned, ts, tuned, tuned]
+    untuned = variant("tvm", ms={1: 0.077, 64: 1.261}, base=base)
+    assert {choose_variant([ts, untuned], {HOST}, b).backend for b in (1, 8, 48, 64)} == {"tvm"}
 
 
 def test_torchscript_serves_until_a_faster_variant_is_ready() -> None:

@@ -106,6 +106,12 @@ def options_reason(name: str, options: Mapping[str, object], target: str) -> str
     return None
 
 
+def pads_batches(name: str, options: Mapping[str, object]) -> bool:
+    """Whether a variant runs a batch padded up to the next size it was built for (a tuned tvm
+    build's static functions): at any batch between two sizes, it costs what the larger does."""
+    return name == "tvm" and bool(options.get("tuning_trials"))
+
+
 def availability(target: str) -> dict[str, str | None]:
     """Every registered backend -> None when it can build for `target` on this host, else why not."""
     found: dict[str, str | None] = {}
