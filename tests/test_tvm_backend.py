@@ -395,6 +395,18 @@ def test_max_batch_size_one_compiles_a_static_batch() -> None:
     assert_matches(model, compile_packed(model, InputSpec.from_dicts(MODELS["mlp"].inputs, 1)), (1,))
 
 
+def test_a_tuned_build_of_fixed_shapes_runs_them_as_they_are() -> None:
+    """Inputs with no batch dimension (Triton's max_batch_size 0): the one static function
+    takes them whole, unpadded; a tuned build of them used to fail every verification."""
+    linear = torch.jit.script(nn.Linear(4, 3).eval())
+    buffer = io.BytesIO()
+    torch.jit.save(linear, buffer)
+    spec = InputSpec.parse(["x:float32[3,4]"])
+    options = CompileOptions(threads=1, backend_options={"tuning_trials": 4})
+    result = compile_and_check(buffer.getvalue(), spec, "tvm", cpu_target(), options)
+    assert result.max_abs_error < 1e-5 and list(result.latency_ms) == [1]
+
+
 @pytest.mark.parametrize("model", ["mlp", "encoder", "cnn"])
 def test_static_batch_functions_lower_and_run(model: str) -> None:
     """What a tuned build compiles before MetaSchedule applies its schedules: one function per

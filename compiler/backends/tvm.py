@@ -47,8 +47,10 @@ class TVMRunner:
 
         arrays = [inputs[n] for n in self.spec.names]
         function, batch = self._main, 0
-        if function is None:
-            batch = self.spec.check(inputs) if self.spec.batched else 1
+        if function is None and not self.spec.batched:  # one function, of the inputs' fixed shapes
+            [(_, function)] = self._functions
+        elif function is None:
+            batch = self.spec.check(inputs)
             size, function = next((s, f) for s, f in self._functions if s >= batch)
             arrays = [_pad(a, size) for a in arrays]
         if self._device is None:
