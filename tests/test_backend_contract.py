@@ -173,6 +173,25 @@ def test_openvino_loads_a_bf16_variant_only_where_the_cpu_has_bf16(
         assert backend.load(bf16).run({"x": np.ones((2, 64), np.float32)}).keys() == {"output0"}
 
 
+class Ids(torch.nn.Module):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids * 3 + 1
+
+
+def test_openvino_refuses_int64_tensors_it_would_truncate() -> None:
+    """Its CPU plugin computes int64 in int32: ids past 2**31 came back wrong, and verification's
+    small random integers passed them."""
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(Ids()), buffer)
+    spec = InputSpec.from_dicts([{"name": "ids", "dtype": "int64", "shape": [-1, 4]}], MAX_BATCH)
+    with pytest.raises(ConversionError, match=r"tensors \['ids', 'output0'\] are int64"):
+        compile_and_check(buffer.getvalue(), spec, "openvino", cpu_target(), OPTIONS)
+    exact = compile_and_check(buffer.getvalue(), spec, "onnxruntime", cpu_target(), OPTIONS)
+    big = np.array([[2**40, 2**33 + 5, -(2**35), 7]], np.int64)
+    runner = get_backend("onnxruntime").load(exact.artifact)
+    assert runner.run({"ids": big})["output0"].tolist() == (big * 3 + 1).tolist()
+
+
 def test_a_run_that_raises_is_a_rejection() -> None:
     """A sample the model and its compiled variant fail on (an index past an embedding's end)
     rejects the variant with the reason, as a wrong answer would; it never escapes as itself."""

@@ -145,6 +145,14 @@ def _to_ir(program: Any, spec: InputSpec) -> tuple[bytes, bytes]:
     model = _converted(_without_whole_slices(program))
     if len(model.inputs) != len(spec.inputs):
         raise ConversionError(f"the converted model takes {len(model.inputs)} inputs, not {len(spec.inputs)}")
+    names = [*spec.names, *(f"output{i}" for i in range(len(model.outputs)))]
+    ports = [*model.inputs, *model.outputs]
+    wide = [n for n, port in zip(names, ports, strict=True) if port.get_element_type() == ov.Type.i64]
+    if wide:  # verification's small random integers could not tell
+        raise ConversionError(
+            f"tensors {wide} are int64, which the CPU plugin computes in int32: values past 2**31 "
+            "would come back wrong"
+        )
     # The frontend leaves every dimension dynamic; only the batch is.
     shapes = [ov.PartialShape([-1, *t.shape[1:]]) for t in spec.inputs]
     model.reshape(dict(zip(model.inputs, shapes, strict=True)))
