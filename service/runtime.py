@@ -295,15 +295,18 @@ class Runtime:
             self._unloaded_at.pop(name, None)
             self._routes.pop((name, None), None)
 
-    def reconfigure(self, name: str) -> None:
-        """Serving settings of the model changed: this process reads its routes afresh at their
-        next request, which applies them; until then a batch runs on the route it has, without
-        asking the store on an inference thread."""
+    def reconfigure(self, name: str, version: VersionRecord) -> None:
+        """Serving settings of the model changed here, to `version`'s: its batchers take them at
+        once, as the requests that come before its route's next read would not; that read (at
+        their next request) applies the rest. Until then a batch runs on the route it has,
+        without asking the store on an inference thread."""
         with self._lock:
             self._new_generation(name)
             for key, route in list(self._routes.items()):
                 if key[0] == name:
                     self._routes[key] = replace(route, fetched_at=-math.inf)
+            before = self._routes.get((name, version.version))
+        self._apply_serving(before, version)
 
     def _new_generation(self, name: str) -> None:
         """Under the lock: refreshes of the model in flight, which may have read it as it was,

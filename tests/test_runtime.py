@@ -445,6 +445,16 @@ def test_a_version_deleted_by_another_process_after_routing_is_a_404(runtime: Ru
         runtime.runner(route, 1, wait=True)
 
 
+def test_serving_settings_changed_here_reach_the_batcher_at_once(runtime: Runtime) -> None:
+    """A PATCH this process answers: the requests that come before its route's next read, which
+    the first of them starts and the others do not wait for, already queue under the new policy."""
+    asyncio.run(runtime.predict("mlp", None, {"x": np.ones((1, 64), np.float32)}))
+    [batcher] = runtime._batchers.values()
+    record = runtime.registry.update_serving("mlp", 1, {"max_queue_size": 3})
+    runtime.reconfigure("mlp", record)
+    assert batcher.policy.max_queue_size == 3
+
+
 def test_serving_settings_changed_on_another_replica_reach_the_batcher(runtime: Runtime) -> None:
     """A PATCH on another replica changes the version in the store; this process's batcher takes
     the new policy when the route is next read, with no request lost or rerouted."""

@@ -337,7 +337,7 @@ def store_version(
     for job in created.jobs:
         svc.queue.enqueue(job)
     if created.deduplicated:  # it may have taken the upload's serving settings
-        svc.runtime.reconfigure(created.version.name)
+        svc.runtime.reconfigure(created.version.name, created.version)
     return created, sha256
 
 
@@ -464,7 +464,7 @@ def apply_serving(svc: Services, current: VersionRecord, changes: dict[str, Any]
     check_priorities(current.config.serving().model_copy(update=changes), "")
     check_labels(changes.get("labels", {}), current.outputs, current.config.inputs, "labels")
     record = svc.registry.update_serving(current.name, current.version, changes)
-    svc.runtime.reconfigure(current.name)
+    svc.runtime.reconfigure(current.name, record)
     return record
 
 
