@@ -302,10 +302,11 @@ class Runtime:
         without asking the store on an inference thread."""
         with self._lock:
             self._new_generation(name)
-            for key, route in list(self._routes.items()):
-                if key[0] == name:
-                    self._routes[key] = replace(route, fetched_at=-math.inf)
             before = self._routes.get((name, version.version))
+            for key, route in list(self._routes.items()):
+                if key[0] == name:  # a batcher made meanwhile takes the new settings too
+                    current = version if route.version.version == version.version else route.version
+                    self._routes[key] = replace(route, version=current, fetched_at=-math.inf)
         self._apply_serving(before, version)
 
     def _new_generation(self, name: str) -> None:
