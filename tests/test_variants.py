@@ -70,6 +70,7 @@ def test_a_version_compiles_another_backend_and_its_failures_again(
         "skipped": [
             {"backend": "onnxruntime", "options": {}, "target": cpu_target(), "reason": "already ready"}
         ],
+        "unserved_targets": [],
     }
 
     added = add(http, "more", 1, backends=["tvm", "tensorrt"])
