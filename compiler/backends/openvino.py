@@ -140,7 +140,7 @@ def _check_wide_ints(model: bytes, spec: InputSpec, runner: OpenVINORunner) -> N
         not (
             np.array_equal(got[n], w)
             if w.dtype.kind in "biu"
-            else np.allclose(got[n], w, rtol=1e-4, atol=1e-5)
+            else np.allclose(got[n], w, rtol=1e-4, atol=1e-5, equal_nan=True)
         )
         for n, w in want.items()
     ):
