@@ -20,6 +20,7 @@ from service.errors import KilnError, NotFoundError
 from service.races import race_version
 from service.records import (
     SETTLED,
+    SETTLED_JOBS,
     TUNING_TRIALS,
     ArtifactRecord,
     JobRecord,
@@ -122,7 +123,7 @@ def settle_behind(registry: Registry, job: JobRecord) -> bool:
     """A job whose variant settled while the job did not (the store failed between the two
     writes, and the retry found its variant settled) takes the variant's outcome, or its events
     stream, and `kiln upload` following it, would never end; whether it did."""
-    if job.status in (JobStatus.succeeded, JobStatus.failed):
+    if job.status in SETTLED_JOBS:
         return False
     variant = registry.get_variant(job.variant_id)
     if variant is None or variant.job_id != job.id or variant.status not in SETTLED:

@@ -20,7 +20,7 @@ from dramatiq.message import Message
 
 from service.jobs import compile_limit_s, run_compile_job
 from service.races import RACE_TIMEOUT_S
-from service.records import JobRecord, JobStatus
+from service.records import SETTLED_JOBS, JobRecord
 from service.registry import Registry
 from service.settings import Settings
 from service.store import StoreUnavailableError
@@ -70,7 +70,7 @@ class EmbeddedQueue:
         unsettled = Counter(
             doc["target"]
             for doc in self.registry.store.list_docs("job")
-            if doc.get("status") in (JobStatus.queued, JobStatus.running)
+            if doc.get("status") not in SETTLED_JOBS
         )
         return {queue_name(t): unsettled[t] for t in self.settings.host_targets()}
 

@@ -37,6 +37,9 @@ class JobStatus(StrEnum):
     failed = "failed"
 
 
+SETTLED_JOBS = {JobStatus.succeeded, JobStatus.failed}
+
+
 def now() -> float:
     return time.time()
 

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from service.jobs import give_up, settle_behind, this_worker, unsettled_variant
 from service.periodic import Periodic
 from service.queue import DramatiqQueue
-from service.records import JobRecord, JobStatus, now
+from service.records import SETTLED_JOBS, JobRecord, now
 from service.registry import Registry
 from service.store import StoreUnavailableError
 
@@ -74,7 +74,7 @@ def _is_lost(registry: Registry, job: JobRecord, older_than_s: float) -> bool:
 
 def _is_old(job: JobRecord, older_than_s: float) -> bool:
     """Unfinished, and old enough that the request that made it is done with it."""
-    return job.status in (JobStatus.queued, JobStatus.running) and now() - job.created_at >= older_than_s
+    return job.status not in SETTLED_JOBS and now() - job.created_at >= older_than_s
 
 
 class Redelivery(Periodic):

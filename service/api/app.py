@@ -46,7 +46,7 @@ from service.log_settings import LogControl
 from service.memory import collect_young_less_often, freeze_heap
 from service.preload import STOP_WAIT_S, Preload
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
-from service.records import JobRecord, JobStatus
+from service.records import SETTLED_JOBS, JobRecord
 from service.registry import Registry
 from service.runtime import Runtime
 from service.settings import Settings, get_settings
@@ -78,7 +78,7 @@ def resume_unfinished(registry: Registry, queue: JobQueue, data_dir: Path) -> IO
         return None
     for doc in registry.store.list_docs("job"):
         job = JobRecord.model_validate(doc)
-        if job.status in (JobStatus.queued, JobStatus.running):
+        if job.status not in SETTLED_JOBS:
             queue.enqueue(job)
     return lock
 

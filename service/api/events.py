@@ -18,7 +18,7 @@ from service.api.auth import infer_scope
 from service.api.deps import Services, services
 from service.api.schemas import Problem, error_responses
 from service.errors import NotFoundError
-from service.records import JobRecord, JobStatus, VariantStatus
+from service.records import SETTLED_JOBS, JobRecord, JobStatus, VariantStatus
 from service.store import StoreUnavailableError
 
 router = APIRouter(
@@ -28,7 +28,6 @@ router = APIRouter(
 )
 
 POLL_S = 0.25
-SETTLED_JOBS = {JobStatus.succeeded, JobStatus.failed}
 SHUTDOWN = "this server is shutting down; open the job's events again to follow it"
 
 DESCRIPTION = """\
