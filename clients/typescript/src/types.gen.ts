@@ -321,7 +321,7 @@ export type OutputInfo = {
     /**
      * Rows Apart
      *
-     * Each row depends on the request's own rows alone (checked at upload: a row of the largest batch against that row run alone). False: requests are never merged into one batch, which would give clients each other's data.
+     * Each row depends on the request's own rows alone (checked at upload: the largest batch's first row stays the same whatever rows follow it). False: requests are never merged into one batch, which would give clients each other's data.
      */
     rows_apart?: boolean;
     /**

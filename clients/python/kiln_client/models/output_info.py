@@ -18,9 +18,9 @@ class OutputInfo:
         dtype (str):
         name (str):
         shape (list[int]):
-        rows_apart (bool | Unset): Each row depends on the request's own rows alone (checked at upload: a row of the
-            largest batch against that row run alone). False: requests are never merged into one batch, which would give
-            clients each other's data. Default: True.
+        rows_apart (bool | Unset): Each row depends on the request's own rows alone (checked at upload: the largest
+            batch's first row stays the same whatever rows follow it). False: requests are never merged into one batch,
+            which would give clients each other's data. Default: True.
     """
 
     dtype: str
