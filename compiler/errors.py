@@ -22,6 +22,10 @@ class InputMismatchError(CompilerError):
     """Inputs given to a runner do not match the model's input spec."""
 
 
+class ModelRunError(CompilerError):
+    """The model raised on a request's inputs: a size it cannot take, an index past its table."""
+
+
 class BackendUnavailableError(CompilerError):
     """The backend cannot run on this host (missing library or hardware)."""
 
@@ -30,7 +34,9 @@ def failure(exc: BaseException) -> str:
     """An exception a model run raised, in a line: TorchScript's end with the real cause after a
     long interpreter trace."""
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[-1][:300] if lines else ''}"
+    last = lines[-1][:300] if lines else ""
+    kind = f"{type(exc).__name__}: "
+    return last if last.startswith(kind) else kind + last  # TorchScript's names its type
 
 
 @contextmanager

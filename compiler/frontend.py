@@ -64,41 +64,58 @@ def export_program(module: torch.jit.ScriptModule, spec: InputSpec) -> Any:
     TS2EPConverter marks every dimension symbolic and specialises the ones the model compares,
     recording guards for them; re-exporting its module (without those guards) with explicit
     dynamic_shapes pins the static dims and fails loudly if the model fixes a dynamic one.
+    Each dynamic dim is first its own size from 1 up; where the model ties them (token ids and
+    their mask share a length, a table of positions bounds it), export infers the ties instead
+    and the variant serves the sizes they allow (compiler.dims).
     """
     from compiler import ts_export
 
     # export specialises a dimension traced at size 1, so trace dynamic dims above 1.
     batch = 2 if spec.max_batch_size > 1 else 1
-    sample = tuple(
-        torch.from_numpy(np.ones(t.concrete_shape(batch, fill=TRACE_FILL), DTYPES[t.dtype]))
-        for t in spec.inputs
-    )
+    sample = tuple(torch.from_numpy(np.ones(t.concrete_shape(batch), DTYPES[t.dtype])) for t in spec.inputs)
+    names: dict[str, str] = {}
     try:
         converted = ts_export.convert(module, sample)
-        return torch.export.export(
-            converted.module(check_guards=False),
-            sample,
-            dynamic_shapes=_dynamic_shapes(spec),
-            strict=False,
-        )
+        names = dict(zip(converted.graph_signature.user_inputs, spec.names, strict=True))
+        unguarded = converted.module(check_guards=False)
+        try:
+            return _export(unguarded, sample, spec, tied=False)
+        except Exception as exc:
+            if "Constraints violated" not in str(exc):
+                raise
+            return _export(unguarded, sample, spec, tied=True)
     except Exception as exc:
-        raise ConversionError(f"TorchScript export failed: {_export_reason(exc)}") from exc
+        raise ConversionError(f"TorchScript export failed: {_export_reason(exc, names)}") from exc
 
 
-def _export_reason(exc: BaseException) -> str:
-    fixed = re.search(r"Constraints violated \(([^)]*)\)", str(exc))
-    if fixed is None:
+def _export(module: Any, sample: tuple[torch.Tensor, ...], spec: InputSpec, tied: bool) -> Any:
+    return torch.export.export(module, sample, dynamic_shapes=_dynamic_shapes(spec, tied), strict=False)
+
+
+# How export names a dim of a module's argument, here the converted program's inputs.
+_ARGUMENT_DIM = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
+_FIXED = re.compile(r"specialized it to be a constant \((\d+)\)")
+
+
+def _export_reason(exc: BaseException, names: dict[str, str]) -> str:
+    """What export said, in the spec's words: a dim the model fixes, named by input and axis."""
+    if "Constraints violated" not in str(exc):
         return _first_line(exc)
-    # Dims are named "batch" or "input<i>_d<axis>" by _dynamic_shapes.
-    return f"the model only runs with fixed sizes for dims the input spec marks dynamic ({fixed[1]})"
+    dim = _ARGUMENT_DIM.search(str(exc))
+    fixed = _FIXED.search(str(exc))
+    where = (
+        f"input {names.get(dim[1], dim[1])!r} dim {dim[2]}" if dim else "a dim the input spec marks dynamic"
+    )
+    size = f" at {fixed[1]}" if fixed else ""
+    return (
+        f"the model fixes {where}{size}, which the input spec marks dynamic (-1): give its size in the spec"
+    )
 
 
-# Size used to trace dynamic non-batch dims (sequence lengths, image sizes).
-TRACE_FILL = 8
-
-
-def _dynamic_shapes(spec: InputSpec) -> tuple[dict[int, Any] | None, ...]:
-    """One shared batch Dim (spec.check makes inputs agree on it); one Dim per other -1 dim.
+def _dynamic_shapes(spec: InputSpec, tied: bool) -> tuple[dict[int, Any] | None, ...]:
+    """One shared batch Dim (spec.check makes inputs agree on it); for each other -1 dim, its
+    own Dim from 1 up, or, `tied`, Dim.DYNAMIC: a size export relates to the others and bounds
+    as the model does.
 
     With max_batch_size 1 the batch is traced static: a Dim cannot have min == max.
     """
@@ -111,7 +128,8 @@ def _dynamic_shapes(spec: InputSpec) -> tuple[dict[int, Any] | None, ...]:
                 dims[axis] = batch
             elif size == -1 and axis > 0:
                 # Dim names must be identifiers; spec names may contain dots.
-                dims[axis] = torch.export.Dim(f"input{index}_d{axis}", min=1)
+                own = torch.export.Dim(f"input{index}_d{axis}", min=1)
+                dims[axis] = torch.export.Dim.DYNAMIC(min=1) if tied else own
         shapes.append(dims or None)
     return tuple(shapes)
 

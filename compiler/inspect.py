@@ -11,8 +11,7 @@ import numpy as np
 from compiler.backends.torchscript import TorchScriptRunner
 from compiler.backends.torchscript import backend as torchscript
 from compiler.errors import InvalidModelError, raised_as
-from compiler.frontend import TRACE_FILL
-from compiler.spec import CARRIED, InputSpec
+from compiler.spec import CARRIED, VARIED_FILL, InputSpec
 from compiler.threads import set_threads
 
 
@@ -29,7 +28,8 @@ def inspect_model(
     Inputs all named after forward()'s arguments are taken in its order, as Triton's PyTorch
     backend matches them; others in the order given. An output dimension that follows the
     batch size is reported as -1, as is one that follows the inputs' other dynamic dimensions
-    (a sequence's length, say: the model runs once more with them at TRACE_FILL). An output
+    (a sequence's length, say: those are at TRACE_FILL, and the model runs once more with them
+    at VARIED_FILL). An output
     whose first row in the largest batch changes with the rows after it depends on the batch's
     other rows: `rows_apart` false. An output of a dtype no protocol carries (complex, say) is an
     InvalidModelError.
@@ -111,13 +111,13 @@ def _run(runner: TorchScriptRunner, inputs: dict[str, np.ndarray], what: str) ->
 
 
 def _varied(runner: TorchScriptRunner, spec: InputSpec, rng: np.random.Generator) -> dict[str, list[int]]:
-    """The outputs' shapes at batch 1 with the inputs' other dynamic dimensions at TRACE_FILL
-    (none if they have none): where they differ from those at 1, the output follows them. A
-    model that cannot run so shows its outputs' dimensions as they were at 1."""
+    """The outputs' shapes at batch 1 with the inputs' other dynamic dimensions at VARIED_FILL
+    (none if they have none): where they differ from those at TRACE_FILL, the output follows
+    them. A model that cannot run so shows its outputs' dimensions as they were at TRACE_FILL."""
     if not any(-1 in t.shape[1 if t.batched else 0 :] for t in spec.inputs):
         return {}
     try:
-        outputs = runner.run(spec.random_inputs(1, rng, TRACE_FILL))
+        outputs = runner.run(spec.random_inputs(1, rng, VARIED_FILL))
     except Exception:  # as the model's at a size it cannot take: its requests will say so
         return {}
     return {name: list(array.shape) for name, array in outputs.items()}

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from compiler.artifact import Artifact
-from compiler.backends import ANY_TARGET, REFERENCE, get_backend, reference_target
+from compiler.backends import ANY_TARGET, REFERENCE, get_backend, load_artifact, reference_target
 from compiler.benchmark import benchmark
 from compiler.errors import BackendUnavailableError, ConversionError, VerificationError, raised_as
 from compiler.spec import InputSpec
@@ -84,7 +84,7 @@ def compile_and_check(
     # Records go to the shared cache, not into the artifact.
     new_records = artifact.meta.pop("new_tuning_records", None)
     # Verify what will be served: the packed bytes, loaded back.
-    candidate = backend.load(Artifact.unpack(artifact.pack()))
+    candidate = load_artifact(Artifact.unpack(artifact.pack()))
 
     report({"stage": "verifying"})
     with raised_as(VerificationError, "verification failed: a run raised"):  # the variant's, or the upload's

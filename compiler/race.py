@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from compiler.artifact import Artifact
-from compiler.backends import REFERENCE, get_backend
+from compiler.backends import REFERENCE, get_backend, load_artifact
 from compiler.benchmark import benchmark_batches, time_runner
 from compiler.runner import Runner
 from compiler.spec import InputSpec
@@ -123,6 +123,6 @@ def race_artifacts(
     runners: dict[str, Runner] = {REFERENCE: reference.load(reference.compile(model, spec, target, {}))}
     for name, packed in artifacts.items():
         artifact = Artifact.unpack(packed)
-        runners[name] = get_backend(artifact.backend).load(artifact)
+        runners[name] = load_artifact(artifact)
     batches = tuple(benchmark_batches(spec))
     return race(runners, spec, batches, rounds, ROUND_S)

@@ -21,6 +21,15 @@ CARRIED = frozenset(DTYPES.values()) | {np.dtype(name) for name in ("uint16", "u
 _SPEC_RE = re.compile(r"^(?P<name>[A-Za-z_][\w.]*):(?P<dtype>\w+)\[(?P<shape>[-\d,\s]*)\]$")
 
 
+# The size Kiln gives a dynamic dim other than the batch in inputs of its own making: to trace
+# the export, inspect the upload, verify and time its variants. Above 1, which export
+# specialises and a convolution's window may not fit; and one size for all, inside the sizes an
+# exported variant was built for (compiler.dims).
+TRACE_FILL = 8
+# Twice that, where inspection runs the model again to tell which output dims follow them.
+VARIED_FILL = 2 * TRACE_FILL
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
@@ -63,7 +72,7 @@ class TensorSpec:
         """The first dimension is dynamic and is the batch dimension."""
         return self.shape[0] == -1
 
-    def concrete_shape(self, batch: int, fill: int = 1) -> tuple[int, ...]:
+    def concrete_shape(self, batch: int, fill: int = TRACE_FILL) -> tuple[int, ...]:
         """The shape with the batch dim set to `batch` and other dynamic dims set to `fill`."""
         dims = list(self.shape)
         if self.batched:
@@ -132,11 +141,13 @@ class InputSpec:
         """The largest batch one call may have."""
         return self.max_batch_size if self.batched else 1
 
-    def nbytes(self, batch: int, fill: int = 1) -> int:
+    def nbytes(self, batch: int, fill: int = TRACE_FILL) -> int:
         """The bytes of its inputs at `batch`, other dynamic dims of size `fill`."""
         return sum(math.prod(t.concrete_shape(batch, fill)) * DTYPES[t.dtype].itemsize for t in self.inputs)
 
-    def random_inputs(self, batch: int, rng: np.random.Generator, fill: int = 1) -> dict[str, np.ndarray]:
+    def random_inputs(
+        self, batch: int, rng: np.random.Generator, fill: int = TRACE_FILL
+    ) -> dict[str, np.ndarray]:
         """Random inputs for verification and benchmarking, other dynamic dims of size `fill`.
         Integers are small: they are often indices."""
         out: dict[str, np.ndarray] = {}

@@ -24,8 +24,10 @@ import numpy as np
 from starlette.concurrency import run_in_threadpool
 
 from compiler.artifact import Artifact
-from compiler.backends import get_backend
+from compiler.backends import load_artifact
 from compiler.benchmark import benchmark_batches
+from compiler.dims import OutsideDimsError
+from compiler.errors import CompilerError, ModelRunError, failure
 from compiler.runner import Renamed, Runner
 from compiler.spec import InputSpec
 from service import metrics
@@ -468,10 +470,33 @@ class Runtime:
         self, name: str, number: int, backend: str | None, arrays: Arrays
     ) -> tuple[Arrays, VariantRecord]:
         """In the executor: run a batch on the variant measured fastest at its size. Its
-        request routed it a moment ago: the route is at hand without asking the store."""
+        request routed it a moment ago: the route is at hand without asking the store. Where a
+        compiled variant cannot run the batch (sizes it was not built for, compiler.dims, or a
+        failure verification did not meet), TorchScript answers, as the upload would; what the
+        model itself raises on the inputs is the request's error (ModelRunError, a 400), as in
+        Triton."""
         route = self._routes.get((name, number)) or self.route(name, number)
-        variant, loaded = self.runner(route, route.spec.check(arrays), backend)
-        return loaded.runner.run(arrays), variant
+        batch = route.spec.check(arrays)
+        variant, loaded = self.runner(route, batch, backend)
+        if backend is None and variant.backend != REFERENCE:
+            try:
+                return loaded.runner.run(arrays), variant
+            except Exception as exc:
+                if not isinstance(exc, OutsideDimsError):
+                    log.warning(
+                        "%s variant %s failed on a batch (%s); TorchScript answers it",
+                        variant.backend,
+                        variant.id,
+                        failure(exc),
+                    )
+                variant, loaded = self.runner(route, batch, REFERENCE)
+        try:
+            return loaded.runner.run(arrays), variant
+        except (CompilerError, MemoryError):
+            raise  # a pinned variant's OutsideDimsError, or the host's fault
+        except Exception as exc:
+            what = "the model" if variant.backend == REFERENCE else f"the {variant.backend} variant"
+            raise ModelRunError(f"{what} failed on these inputs: {failure(exc)}") from exc
 
     def choose(self, variants: list[VariantRecord], batch: int, backend: str | None = None) -> VariantRecord:
         """The variant to serve at this batch size, leaving out those that failed to load
@@ -675,7 +700,7 @@ class Runtime:
             if version.version not in self.registry.version_numbers(version.name):
                 raise deleted_error(version.name, version.version) from None
             raise
-        runner = get_backend(variant.backend).load(artifact)
+        runner = load_artifact(artifact)
         if version.config.output_names:
             runner = Renamed(runner, version.config.output_names)
         log.info(

@@ -80,6 +80,33 @@ class Tunable(nn.Module):
         return self.head(self.shared(x))
 
 
+class Tokens(nn.Module):
+    """Token ids and their mask, which must share the sequence's length, and a table of 32
+    positions, which bounds it: dims export ties rather than leaving each free."""
+
+    def __init__(self, vocab: int = 100, width: int = 16, positions: int = 32) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, width)
+        self.positions = nn.Parameter(torch.randn(positions, width))
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids) + self.positions[: ids.shape[1]]
+        weights = mask.unsqueeze(-1).float()
+        return self.head((x * weights).sum(1) / weights.sum(1).clamp(min=1.0))
+
+
+class Signal(nn.Module):
+    """A convolution over a sequence of any length, from its window's 5 up."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(1, 4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).mean(2)
+
+
 class Unconvertible(nn.Module):
     """Scripts and runs in TorchScript, but TVM's importer has no converter for its op."""
 
@@ -123,6 +150,16 @@ MODELS: dict[str, TestModel] = {
         TestModel("encoder", Encoder, [{"name": "x", "dtype": "float32", "shape": [-1, 8, 32]}]),
     ]
 }
+
+TOKENS = TestModel(
+    "tokens",
+    Tokens,
+    [
+        {"name": "ids", "dtype": "int64", "shape": [-1, -1]},
+        {"name": "mask", "dtype": "int64", "shape": [-1, -1]},
+    ],
+)
+SIGNAL = TestModel("signal", Signal, [{"name": "x", "dtype": "float32", "shape": [-1, 1, -1]}])
 
 UNCONVERTIBLE = TestModel("svd", Unconvertible, [{"name": "x", "dtype": "float32", "shape": [-1, 16]}])
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.client import expected, infer_body, predict, sample, scrape, upload, value
-from tests.models import MODELS
+from tests.models import MODELS, TOKENS
 from tests.servers import KilnServer, RedisServer, running, wait_until
 
 ADMIN, INFER = "admin-secret", "infer-secret"
@@ -297,6 +297,21 @@ def test_ragged_input(http: httpx.Client) -> None:
 
 def test_batch_over_max(http: httpx.Client) -> None:
     assert "max_batch_size" in problem(predict(http, "mlp", sample(MLP, 9)), 400)
+
+
+def test_inputs_of_a_size_the_model_cannot_take(http: httpx.Client) -> None:
+    """40 tokens fit the spec ([-1, -1]), but not the model's table of 32 positions: the model's
+    own error, a 400 as in Triton, not a 500."""
+    assert upload(http, TOKENS, backends=[]).status_code == 202
+    ids = np.ones((1, 40), np.int64).tolist()
+    body = {"inputs": {"ids": ids, "mask": ids}}
+    detail = problem(http.post("/v1/models/tokens/predict", json=body), 400)
+    assert detail.startswith("the model failed on these inputs: RuntimeError: The size of tensor a (40)"), (
+        detail
+    )
+    tensors = [{"name": n, "shape": [1, 40], "datatype": "INT64", "data": ids} for n in ("ids", "mask")]
+    response = http.post("/v2/models/tokens/infer", json={"inputs": tensors})
+    assert response.status_code == 400 and "the model failed on these inputs" in response.json()["error"]
 
 
 def test_api_key_scopes(server: KilnServer) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable, Mapping
 
+from compiler.artifact import Artifact
 from compiler.backends.base import Backend
+from compiler.dims import Bounded, Dims
 from compiler.errors import BackendUnavailableError
 from compiler.hardware import cuda_capability
+from compiler.runner import Runner
 
 # name -> module holding a module-level `backend` object.
 REGISTRY: dict[str, str] = {
@@ -88,6 +91,14 @@ def get_backend(name: str) -> Backend:
         raise BackendUnavailableError(f"unknown backend {name!r}; known: {sorted(REGISTRY)}")
     backend: Backend = importlib.import_module(module_name).backend
     return backend
+
+
+def load_artifact(artifact: Artifact) -> Runner:
+    """The artifact's backend's runner for it, refusing inputs outside the sizes it was built
+    for (compiler.dims)."""
+    runner = get_backend(artifact.backend).load(artifact)
+    dims = artifact.meta.get("dims")
+    return runner if dims is None else Bounded(runner, Dims.from_dict(dims))
 
 
 def family_reason(name: str, target: str) -> str | None:

@@ -25,6 +25,7 @@ from compiler.artifact import Artifact
 from compiler.backends import family_reason
 from compiler.backends.base import export_for, threads_of
 from compiler.backends.torchscript import flatten_outputs
+from compiler.dims import dims_meta
 from compiler.errors import ConversionError
 from compiler.runner import output_names
 from compiler.spec import InputSpec
@@ -74,7 +75,7 @@ class InductorBackend:
             except Exception as exc:  # Inductor raises many types, with generated code and g++ logs
                 raise ConversionError(f"inductor: {_first_line(exc)}") from exc
             payload = Path(path).read_bytes()
-        return Artifact(self.name, target, spec, payload, {"threads": threads})
+        return Artifact(self.name, target, spec, payload, {"threads": threads, **dims_meta(program, spec)})
 
     def load(self, artifact: Artifact) -> InductorRunner:
         # From a buffer, torch writes a temporary .pt2 for the C++ loader and deletes it at once;

@@ -18,6 +18,7 @@ import torch
 from compiler.artifact import Artifact
 from compiler.backends import family_reason
 from compiler.backends.base import export_for, threads_of
+from compiler.dims import dims_meta
 from compiler.errors import ConversionError
 from compiler.runner import output_names
 from compiler.spec import InputSpec
@@ -83,6 +84,7 @@ class ONNXRuntimeBackend:
             "opset": opset,
             "inputs": [i.name for i in session.get_inputs()],
             "outputs": [o.name for o in session.get_outputs()],
+            **dims_meta(program, spec),
         }
         return Artifact(self.name, target, spec, payload, meta)
 

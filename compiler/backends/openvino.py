@@ -31,6 +31,7 @@ from compiler.artifact import Artifact
 from compiler.backends import ANY_TARGET, family_reason
 from compiler.backends.base import export_for, threads_of
 from compiler.backends.torchscript import backend as torchscript
+from compiler.dims import dims_meta
 from compiler.errors import BackendUnavailableError, ConversionError
 from compiler.runner import output_names
 from compiler.spec import InputSpec
@@ -89,7 +90,12 @@ class OpenVINOBackend:
             raise BackendUnavailableError("openvino: precision bf16 needs a CPU with native bf16")
         try:
             model_xml, weights = _to_ir(program, spec)
-            meta = {"threads": threads, "precision": precision, "xml_bytes": len(model_xml)}
+            meta = {
+                "threads": threads,
+                "precision": precision,
+                "xml_bytes": len(model_xml),
+                **dims_meta(program, spec),
+            }
             artifact = Artifact(self.name, target, spec, model_xml + weights, meta)
             runner = self.load(artifact)  # an op the CPU plugin lacks fails here, not at serving time
             _check_wide_ints(model, spec, runner)

@@ -20,6 +20,7 @@ from compiler.artifact import Artifact
 from compiler.backends import options_reason, tvm_cuda
 from compiler.backends.base import export_for, threads_of
 from compiler.benchmark import benchmark_batches
+from compiler.dims import dims_meta
 from compiler.errors import BackendUnavailableError, ConversionError
 from compiler.hardware import llvm_cpu, llvm_missing_features
 from compiler.runner import output_names
@@ -142,6 +143,7 @@ class TVMBackend:
             "num_outputs": len(program.graph_signature.user_outputs),
             "tvm_target": json.loads(str(tvm_target)),  # str() of a Target is its JSON
             "tvm_version": self.version(),
+            **dims_meta(program, spec),
         }
         if cuda:
             meta["cuda_code"] = tvm_cuda.code_form()

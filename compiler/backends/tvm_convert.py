@@ -110,6 +110,22 @@ def _binary_scalar(relax_op: Callable[..., relax.Expr], python_op: Callable[...,
     return convert
 
 
+def _slice(node: fx.Node, importer: Any) -> relax.Expr:
+    """A slice from 0 to a symbolic size (a table of positions cut to the sequence's length):
+    TVM's own gives a shape of unknown length, which no later op takes. Where export found the
+    slice that long, it proved the end inside the dim over the sizes the variant serves
+    (compiler.dims): the slice ends there."""
+    x, dim, start, end, step = (*importer.retrieve_args(node), None, None, None, None)[:5]
+    end_node = node.args[3] if len(node.args) > 3 else None
+    proved = isinstance(end_node, fx.Node) and str(node.meta["val"].shape[dim or 0]) == str(
+        end_node.meta.get("val")
+    )
+    if not (proved and _is_symbolic(end) and start in (None, 0) and step in (None, 1)):
+        return importer._slice(node)
+    sliced = relax.op.strided_slice(x, [dim or 0], [0], [end], assume_inbound=True)
+    return importer.block_builder.emit(sliced)
+
+
 def _is_symbolic(value: object) -> bool:
     """A scalar expression over symbolic sizes (sym_size.int converts to one)."""
     is_scalar = isinstance(getattr(value, "ty", None), tvm.ir.PrimType)
@@ -125,6 +141,7 @@ def _scalar_operand(importer: Any, value: Any, dtype: str) -> relax.Expr:
 
 CUSTOM_CONVERT_MAP: dict[str, Converter] = {
     "select.int": _select_int,
+    "slice.Tensor": _slice,
     "div.Scalar_mode": _div_scalar_mode,
     "scalar_tensor.default": _scalar_tensor,
     "add.Scalar": _binary_scalar(relax.op.add, operator.add),

@@ -17,9 +17,8 @@ from pydantic import ConfigDict, ValidationError, field_validator
 from compiler.backends import REGISTRY as BACKENDS
 from compiler.backends import family_reason, get_backend, option_problems, options_reason, reference_target
 from compiler.errors import CompilerError, InvalidModelError
-from compiler.frontend import TRACE_FILL
 from compiler.inspect import inspect_model
-from compiler.spec import InputSpec
+from compiler.spec import VARIED_FILL, InputSpec
 from service.api.auth import admin_scope, infer_scope
 from service.api.deps import Services, services
 from service.api.problems import validation_detail
@@ -159,7 +158,7 @@ def check_input_bytes(spec: InputSpec, memory_mb: int) -> None:
     may use can never be checked: refused before the check, which would only run out."""
     runs = {
         f"at batch {spec.largest_batch}": spec.nbytes(spec.largest_batch),
-        f"at batch 1 with their other dynamic dims at {TRACE_FILL}": spec.nbytes(1, TRACE_FILL),
+        f"at batch 1 with their other dynamic dims at {VARIED_FILL}": spec.nbytes(1, VARIED_FILL),
     }
     where, need = max(runs.items(), key=lambda run: run[1])
     if need > memory_mb << 20:

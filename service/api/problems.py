@@ -19,6 +19,7 @@ from compiler.errors import (
     InputMismatchError,
     InvalidModelError,
     InvalidSpecError,
+    ModelRunError,
 )
 from service.api.middleware import HEADER
 from service.api.schemas import Problem
@@ -35,6 +36,7 @@ PROBLEM_REF = "#/components/schemas/Problem"
 STATUS_OF: dict[type[Exception], tuple[int, str]] = {
     InvalidModelError: (400, "Invalid model"),
     InputMismatchError: (400, "Invalid inputs"),
+    ModelRunError: (400, "Model failed on the inputs"),
     InvalidSpecError: (422, "Invalid input spec"),
     BackendUnavailableError: (422, "Backend unavailable"),
     StoreUnavailableError: (503, "Store unavailable"),
