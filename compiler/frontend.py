@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import itertools
 import re
 import zipfile
 from typing import Any
@@ -10,8 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from compiler.dims import dynamic_sizes
 from compiler.errors import ConversionError, InvalidModelError
-from compiler.spec import DTYPES, InputSpec
+from compiler.spec import DTYPES, TRACE_FILL, InputSpec
 
 # The usual mistake is a file that torch wrote some other way: it says how to write the right one.
 _TO_TORCHSCRIPT = (
@@ -67,29 +70,76 @@ def export_program(module: torch.jit.ScriptModule, spec: InputSpec) -> Any:
     Each dynamic dim is first its own size from 1 up; where the model ties them (token ids and
     their mask share a length, a table of positions bounds it), export infers the ties instead
     and the variant serves the sizes they allow (compiler.dims).
+
+    The converter gives dims of one size one symbol, so that `x[:, :y.shape[1]]` would read x's
+    length for y's: the dynamic dims are traced at sizes of their own first, and at one size
+    (TRACE_FILL) only where the model cannot run so (ids and their mask); dims the converter
+    then took for one are exported as one, and the variant serves them equal.
     """
+    axes = sum(size == -1 for t in spec.inputs for size in t.shape[1:])
+    if axes > 1:
+        with contextlib.suppress(ConversionError):
+            return _convert_and_export(module, _sample(spec, distinct=True), spec)
+    return _convert_and_export(module, _sample(spec, distinct=False), spec)
+
+
+def _sample(spec: InputSpec, distinct: bool) -> tuple[torch.Tensor, ...]:
+    """Inputs to trace: the batch at 2, as export specialises a dimension traced at size 1; the
+    other dynamic dims at TRACE_FILL, or, `distinct`, at TRACE_FILL, twice it, ... each."""
+    batch = 2 if spec.max_batch_size > 1 else 1
+    sizes = itertools.count(1)
+    tensors = []
+    for t in spec.inputs:
+        shape = list(t.concrete_shape(batch))
+        for axis in range(1, len(shape)):
+            if t.shape[axis] == -1 and distinct:
+                shape[axis] = TRACE_FILL * next(sizes)
+        tensors.append(torch.from_numpy(np.ones(shape, DTYPES[t.dtype])))
+    return tuple(tensors)
+
+
+def _convert_and_export(
+    module: torch.jit.ScriptModule, sample: tuple[torch.Tensor, ...], spec: InputSpec
+) -> Any:
     from compiler import ts_export
 
-    # export specialises a dimension traced at size 1, so trace dynamic dims above 1.
-    batch = 2 if spec.max_batch_size > 1 else 1
-    sample = tuple(torch.from_numpy(np.ones(t.concrete_shape(batch), DTYPES[t.dtype])) for t in spec.inputs)
     names: dict[str, str] = {}
     try:
         converted = ts_export.convert(module, sample)
         names = dict(zip(converted.graph_signature.user_inputs, spec.names, strict=True))
         unguarded = converted.module(check_guards=False)
+        merged: dict[Any, list[tuple[str, int]]] = {}
+        for where, expr in dynamic_sizes(converted, spec).items():
+            merged.setdefault(expr, []).append(where)
+        groups = [axes for axes in merged.values() if len(axes) > 1]
         try:
-            return _export(unguarded, sample, spec, tied=False)
+            program = _export(unguarded, sample, spec, groups, tied=False)
         except Exception as exc:
             if "Constraints violated" not in str(exc):
                 raise
-            return _export(unguarded, sample, spec, tied=True)
+            program = _export(unguarded, sample, spec, groups, tied=True)
     except Exception as exc:
         raise ConversionError(f"TorchScript export failed: {_export_reason(exc, names)}") from exc
+    sizes = dynamic_sizes(program, spec)
+    for axes in groups:
+        if len({sizes[where] for where in axes}) > 1:
+            dims = " and ".join(f"input {name!r} dim {axis}" for name, axis in axes)
+            raise ConversionError(
+                f"TorchScript export failed: {dims} are one size wherever the model runs, and its "
+                "export reads one for the other: they cannot be compiled apart"
+            )
+    return program
 
 
-def _export(module: Any, sample: tuple[torch.Tensor, ...], spec: InputSpec, tied: bool) -> Any:
-    return torch.export.export(module, sample, dynamic_shapes=_dynamic_shapes(spec, tied), strict=False)
+def _export(
+    module: Any,
+    sample: tuple[torch.Tensor, ...],
+    spec: InputSpec,
+    groups: list[list[tuple[str, int]]],
+    tied: bool,
+) -> Any:
+    shapes = _dynamic_shapes(spec, groups, tied)
+    return torch.export.export(module, sample, dynamic_shapes=shapes, strict=False)
 
 
 # How export names a dim of a module's argument, here the converted program's inputs.
@@ -112,14 +162,18 @@ def _export_reason(exc: BaseException, names: dict[str, str]) -> str:
     )
 
 
-def _dynamic_shapes(spec: InputSpec, tied: bool) -> tuple[dict[int, Any] | None, ...]:
+def _dynamic_shapes(
+    spec: InputSpec, groups: list[list[tuple[str, int]]], tied: bool
+) -> tuple[dict[int, Any] | None, ...]:
     """One shared batch Dim (spec.check makes inputs agree on it); for each other -1 dim, its
-    own Dim from 1 up, or, `tied`, Dim.DYNAMIC: a size export relates to the others and bounds
-    as the model does.
+    own Dim from 1 up (one for each of `groups`, dims traced as one), or, `tied`, Dim.DYNAMIC: a
+    size export relates to the others and bounds as the model does.
 
     With max_batch_size 1 the batch is traced static: a Dim cannot have min == max.
     """
     batch = torch.export.Dim("batch", min=1, max=spec.max_batch_size) if spec.max_batch_size > 1 else None
+    # Dim names must be identifiers; spec names may contain dots.
+    shared = {where: torch.export.Dim(f"group{i}", min=1) for i, axes in enumerate(groups) for where in axes}
     shapes: list[dict[int, Any] | None] = []
     for index, t in enumerate(spec.inputs):
         dims: dict[int, Any] = {}
@@ -127,8 +181,7 @@ def _dynamic_shapes(spec: InputSpec, tied: bool) -> tuple[dict[int, Any] | None,
             if size == -1 and axis == 0 and batch is not None:
                 dims[axis] = batch
             elif size == -1 and axis > 0:
-                # Dim names must be identifiers; spec names may contain dots.
-                own = torch.export.Dim(f"input{index}_d{axis}", min=1)
+                own = shared.get((t.name, axis)) or torch.export.Dim(f"input{index}_d{axis}", min=1)
                 dims[axis] = torch.export.Dim.DYNAMIC(min=1) if tied else own
         shapes.append(dims or None)
     return tuple(shapes)

@@ -48,12 +48,13 @@ def verify(
     """Integer and bool outputs must be equal; float ones within `rtol` and `atol` (float16 ones
     within HALF_TOLERANCE at least). Each run gets inputs of its own: a model that writes to its
     inputs must not hand the other runner what it wrote. A sample of sizes the candidate was not
-    built for is left out: TorchScript serves those (compiler.dims)."""
+    built for is left out: TorchScript serves those (compiler.dims); a candidate that takes none
+    of the inputs fails."""
     rng = np.random.default_rng(seed)
     cases = [spec.random_inputs(b, rng) for b in verification_batches(spec)] + list(samples)
     max_abs = 0.0
     max_rel = 0.0
-    checked = 0
+    checked, refused = 0, ""
 
     def failed(reason: str, error: float = float("inf")) -> VerifyReport:
         lost = error == float("inf")
@@ -63,7 +64,8 @@ def verify(
         want = reference.run({k: v.copy() for k, v in case.items()})
         try:
             got = candidate.run({k: v.copy() for k, v in case.items()})
-        except OutsideDimsError:
+        except OutsideDimsError as exc:
+            refused = str(exc)
             continue
         checked += 1
         if sorted(want) != sorted(got):
@@ -102,4 +104,6 @@ def verify(
                         error,
                     )
             max_abs = max(max_abs, error)
+    if not checked:
+        return failed(f"no input it was verified on is of sizes it takes ({refused})")
     return VerifyReport(True, max_abs, max_rel, checked)

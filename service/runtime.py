@@ -21,6 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 from starlette.concurrency import run_in_threadpool
 
 from compiler.artifact import Artifact
@@ -492,11 +493,11 @@ class Runtime:
                 variant, loaded = self.runner(route, batch, REFERENCE)
         try:
             return loaded.runner.run(arrays), variant
-        except (CompilerError, MemoryError):
-            raise  # a pinned variant's OutsideDimsError, or the host's fault
         except Exception as exc:
-            what = "the model" if variant.backend == REFERENCE else f"the {variant.backend} variant"
-            raise ModelRunError(f"{what} failed on these inputs: {failure(exc)}") from exc
+            # A pinned compiled variant's failure (past OutsideDimsError, a 400) is Kiln's.
+            if variant.backend != REFERENCE or isinstance(exc, CompilerError) or out_of_memory(exc):
+                raise
+            raise ModelRunError(f"the model failed on these inputs: {failure(exc)}") from exc
 
     def choose(self, variants: list[VariantRecord], batch: int, backend: str | None = None) -> VariantRecord:
         """The variant to serve at this batch size, leaving out those that failed to load
@@ -776,6 +777,11 @@ class Runtime:
             executor.shutdown(wait=False, cancel_futures=True)
         self._route_pool.shutdown(wait=False, cancel_futures=True)
         self._load_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """The host's fault, not the request's: torch raises RuntimeError when its allocator fails."""
+    return isinstance(exc, MemoryError | torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
 
 
 def effective_timeout(requested_us: int | None, default_us: int | None) -> int | None:

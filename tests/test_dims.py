@@ -9,6 +9,7 @@ test_runtime does) so that the compiled variant is the one routed to.
 from __future__ import annotations
 
 import asyncio
+import io
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import torch
 from compiler.artifact import Artifact
 from compiler.backends import get_backend, load_artifact
 from compiler.dims import OutsideDimsError
-from compiler.errors import ConversionError, ModelRunError
+from compiler.errors import ConversionError, ModelRunError, VerificationError
 from compiler.frontend import export_program
 from compiler.inspect import inspect_model
 from compiler.pipeline import CompileOptions, compile_and_check
@@ -29,7 +30,7 @@ from service.registry import Registry
 from service.runtime import Runtime
 from service.settings import Settings
 from service.store.local import LocalStore
-from tests.models import MODELS, SIGNAL, TOKENS
+from tests.models import SIGNAL, TOKENS
 from tests.registries import ready_version, reference
 
 pytestmark = pytest.mark.timeout(600)
@@ -57,16 +58,21 @@ def test_tied_dims_compile_and_bound_their_variant(backend: str) -> None:
     pytest.importorskip({"tvm": "tvm"}.get(backend, backend))
     options = CompileOptions(threads=1)
     result = compile_and_check(TOKENS.torchscript(), SPEC, backend, HOST, options, [tokens(1), tokens(12)])
-    assert result.artifact.meta["dims"] == TIED
+    dims = result.artifact.meta["dims"]
+    assert {k: dims[k] for k in TIED} == TIED
     runner = load_artifact(Artifact.unpack(result.artifact.pack()))
     for length in (2, 20, 32):
         x = tokens(length)
         np.testing.assert_allclose(runner.run(x)["output0"], expected(x), rtol=1e-4, atol=1e-5)
-    with pytest.raises(OutsideDimsError, match=r"input 'ids' dim 1 is 33, and this variant takes 2 to 32"):
+    with pytest.raises(
+        OutsideDimsError, match=r"cannot take these inputs: input 'ids' dim 1 is 33, outside 2 to 32"
+    ):
         runner.run(tokens(33))
-    with pytest.raises(OutsideDimsError, match=r"input 'ids' dim 1 is 1, and this variant takes 2 to 32"):
+    with pytest.raises(OutsideDimsError, match=r"input 'ids' dim 1 is 1, outside 2 to 32"):
         runner.run(tokens(1))
-    with pytest.raises(OutsideDimsError, match=r"'mask' dim 1 is 9 and input 'ids' dim 1 is 8: .* equal"):
+    with pytest.raises(
+        OutsideDimsError, match=r"'mask' dim 1 is 9 and input 'ids' dim 1 is 8, where they must be equal"
+    ):
         runner.run(tokens(8, 9))
 
 
@@ -85,20 +91,54 @@ def test_a_dim_bounded_from_below_is_kept_to() -> None:
     spec = InputSpec.from_dicts(SIGNAL.inputs, 4)
     artifact = get_backend("onnxruntime").compile(SIGNAL.torchscript(), spec, HOST, {"threads": 1})
     # A window of 5 bounds the length from below.
-    assert artifact.meta["dims"] == {"axes": {"x": {"2": "s38"}}, "ranges": {"s38": [5, None]}}
-    with pytest.raises(OutsideDimsError, match="input 'x' dim 2 is 4, and this variant takes 5 or more"):
+    dims = artifact.meta["dims"]
+    assert (dims["axes"], dims["ranges"]) == ({"x": {"2": "s38"}}, {"s38": [5, None]})
+    with pytest.raises(OutsideDimsError, match="input 'x' dim 2 is 4, outside 5 or more"):
         load_artifact(artifact).run({"x": np.ones((1, 1, 4), np.float32)})
 
 
-def test_dims_each_free_from_1_up_add_nothing_to_the_artifact() -> None:
-    encoder = MODELS["encoder"]
-    spec = InputSpec.from_dicts([{"name": "x", "dtype": "float32", "shape": [-1, -1, 32]}], 4)
-    artifact = get_backend("onnxruntime").compile(encoder.torchscript(), spec, HOST, {"threads": 1})
-    assert "dims" not in artifact.meta
-    x = np.random.default_rng(0).standard_normal((2, 1, 32)).astype(np.float32)
-    with torch.inference_mode():
-        want = encoder.module()(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(load_artifact(artifact).run({"x": x})["output0"], want, rtol=1e-4, atol=1e-5)
+def test_a_dim_of_1_is_served_by_torchscript() -> None:
+    """Export traces a dim above 1 and takes it to stay so, even where it reports 1 as its
+    smallest: a model that branches on a length of 1 took the other branch."""
+
+    class Branch(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[1] == 1:
+                return x * 2.0
+            return x * 3.0
+
+    spec = InputSpec.from_dicts([{"name": "x", "dtype": "float32", "shape": [-1, -1]}], 4)
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(Branch()), buf)
+    artifact = get_backend("onnxruntime").compile(buf.getvalue(), spec, HOST, {"threads": 1})
+    assert artifact.meta["dims"]["ranges"] == {"s48": [2, None]}
+    runner = load_artifact(artifact)
+    np.testing.assert_array_equal(runner.run({"x": np.ones((2, 3), np.float32)})["output0"], 3.0)
+    with pytest.raises(OutsideDimsError, match="input 'x' dim 1 is 1, outside 2 or more"):
+        runner.run({"x": np.ones((2, 1), np.float32)})
+
+
+def test_one_inputs_length_read_for_anothers_is_traced_apart_and_guarded() -> None:
+    """Dims traced at one size were one symbol to the converter, and `x[:, :y.shape[1]]` read x's
+    length: traced at sizes of their own, y's is read, and what export took of them is checked."""
+
+    class CropSum(torch.nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            return x[:, : y.shape[1]].sum(1) + y.sum(1)
+
+    two = [{"name": n, "dtype": "float32", "shape": [-1, -1]} for n in ("x", "y")]
+    spec = InputSpec.from_dicts(two, 4)
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(CropSum()), buf)
+    artifact = get_backend("onnxruntime").compile(buf.getvalue(), spec, HOST, {"threads": 1})
+    runner = load_artifact(artifact)
+    x, y = np.ones((1, 8), np.float32), np.ones((1, 12), np.float32)
+    np.testing.assert_array_equal(runner.run({"x": x, "y": y})["output0"], [20.0])
+    with pytest.raises(OutsideDimsError, match=r"it needs y.shape\[1\] > x.shape\[1\]"):
+        runner.run({"x": x, "y": y[:, :3]})  # TorchScript: 6, where the export's graph reads 11
+    # Verification's inputs are all of one length, which the variant does not take: rejected.
+    with pytest.raises(VerificationError, match="no input it was verified on is of sizes it takes"):
+        compile_and_check(buf.getvalue(), spec, "onnxruntime", HOST, CompileOptions(threads=1))
 
 
 def test_a_dim_the_model_fixes_is_named_by_input_and_axis() -> None:
@@ -137,7 +177,9 @@ def test_requests_outside_the_variants_sizes_are_answered_by_torchscript(runtime
         assert backend == served_by, length
         np.testing.assert_allclose(out, expected(x), rtol=1e-4, atol=1e-5)
     # Asked for by name, the variant says why it cannot answer.
-    with pytest.raises(OutsideDimsError, match="the onnxruntime variant: input 'ids' dim 1 is 1"):
+    with pytest.raises(
+        OutsideDimsError, match="the onnxruntime variant cannot take these inputs: input 'ids' dim 1 is 1"
+    ):
         predict(tokens(1), backend="onnxruntime")
 
 

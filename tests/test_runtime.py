@@ -251,7 +251,7 @@ def slow_onnxruntime(
     slow = SlowToLoad("onnxruntime", seconds, observe)
     real = get_backend
     monkeypatch.setattr(
-        "service.runtime.get_backend", lambda name: slow if name == "onnxruntime" else real(name)
+        "compiler.backends.get_backend", lambda name: slow if name == "onnxruntime" else real(name)
     )
     return slow
 
@@ -374,7 +374,7 @@ def test_each_batching_model_runs_its_batches_on_one_thread(
             runner.run = traced  # type: ignore[method-assign]
             return runner
 
-    monkeypatch.setattr("service.runtime.get_backend", Tracing)
+    monkeypatch.setattr("compiler.backends.get_backend", Tracing)
     x = np.ones((1, 64), np.float32)
 
     async def main() -> None:

@@ -111,15 +111,15 @@ def _binary_scalar(relax_op: Callable[..., relax.Expr], python_op: Callable[...,
 
 
 def _slice(node: fx.Node, importer: Any) -> relax.Expr:
-    """A slice from 0 to a symbolic size (a table of positions cut to the sequence's length):
-    TVM's own gives a shape of unknown length, which no later op takes. Where export found the
-    slice that long, it proved the end inside the dim over the sizes the variant serves
-    (compiler.dims): the slice ends there."""
+    """A slice from 0 of a fixed dim to a symbolic size (a table of positions cut to the
+    sequence's length): TVM's own gives a shape of unknown length, which no later op takes.
+    Where export found the slice that long, it took the end inside the dim, and the variant
+    serves only the sizes where that holds (compiler.dims): the slice ends there."""
     x, dim, start, end, step = (*importer.retrieve_args(node), None, None, None, None)[:5]
-    end_node = node.args[3] if len(node.args) > 3 else None
-    proved = isinstance(end_node, fx.Node) and str(node.meta["val"].shape[dim or 0]) == str(
-        end_node.meta.get("val")
-    )
+    source, end_node = node.args[0], node.args[3] if len(node.args) > 3 else None
+    fixed = isinstance(source, fx.Node) and isinstance(source.meta["val"].shape[dim or 0], int)
+    length = str(node.meta["val"].shape[dim or 0])
+    proved = fixed and isinstance(end_node, fx.Node) and length == str(end_node.meta.get("val"))
     if not (proved and _is_symbolic(end) and start in (None, 0) and step in (None, 1)):
         return importer._slice(node)
     sliced = relax.op.strided_slice(x, [dim or 0], [0], [end], assume_inbound=True)
