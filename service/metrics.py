@@ -8,6 +8,7 @@ multiprocess mode); the per-process `process_*` series are then left out.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Collection, Iterator, Mapping
@@ -235,7 +236,9 @@ def forget_dead_processes() -> None:
     for path in Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]).glob("gauge_live*_*.db"):
         pid = int(path.stem.rpartition("_")[2])
         if not psutil.pid_exists(pid):
-            mark_process_dead(pid)
+            # Another worker's scrape may remove the same files between this one's glob and remove.
+            with contextlib.suppress(FileNotFoundError):
+                mark_process_dead(pid)
 
 
 def forget(model: str, versions: Collection[int] | None) -> None:

@@ -16,7 +16,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests import models
-from tests.client import check_classes, expected, sample, upload
+from tests.client import Samples, check_classes, expected, sample, scrape, upload
 from tests.servers import KilnServer, running
 from tests.test_v2 import HEADS
 
@@ -243,6 +243,29 @@ def test_grpc_errors_are_counted(server: KilnServer, stub: pb_grpc.GRPCInference
     text = httpx.get(f"{server.url}/metrics").text
     assert 'kiln_grpc_errors_total{code="NOT_FOUND",method="ModelMetadata"} 1.0' in text
     assert 'kiln_grpc_errors_total{code="UNAUTHENTICATED",method="RepositoryModelUnload"} 1.0' in text
+
+
+def refused(samples: Samples) -> dict[str, float]:
+    """The UNAUTHENTICATED counts, by method."""
+    counts = samples.get("kiln_grpc_errors_total", [])
+    return {labels["method"]: n for labels, n in counts if labels["code"] == "UNAUTHENTICATED"}
+
+
+def test_a_caller_with_no_key_makes_up_no_error_series(server: KilnServer) -> None:
+    """Refusals count by method only for the service's own methods: any other path, which a
+    caller with no key chooses freely, counts as "unknown", not as a series of its own."""
+    paths = ["/made.Up/Method1", "/inference.GRPCInferenceService/Method2", "/other.Service/ModelInfer"]
+    with httpx.Client(base_url=server.url) as http, grpc.insecure_channel(server.grpc_address) as channel:
+        was = refused(scrape(http))
+        for path in paths:
+            call = channel.unary_unary(path, request_serializer=bytes, response_deserializer=bytes)
+            with pytest.raises(grpc.RpcError) as caught:
+                call(b"")
+            assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED, caught.value
+        now = refused(scrape(http))
+    assert set(now) - set(was) <= {"unknown"}
+    assert now["unknown"] == was.get("unknown", 0) + len(paths)
+    assert now.get("ModelInfer") == was.get("ModelInfer")
 
 
 def test_unload_and_load_need_admin_and_hold(client: triton.InferenceServerClient) -> None:

@@ -4,6 +4,7 @@ and `kiln upload` following those streams. Real TVM compiles of the test MLP."""
 from __future__ import annotations
 
 import asyncio
+import glob
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -20,7 +22,7 @@ import httpx
 import psutil
 import pytest
 from httpx_sse import connect_sse
-from prometheus_client import REGISTRY
+from prometheus_client import REGISTRY, multiprocess
 from tritonclient.grpc.service_pb2 import ModelMetadataRequest
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
 
@@ -557,6 +559,27 @@ def test_multiprocess_mode_aggregates_workers(tmp_path: Path) -> None:
     finally:
         srv.stop()
     assert not live & live_gauge_pids(prom_dir), "workers left their live gauges behind"
+
+
+def test_two_scrapes_at_once_both_forget_a_dead_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers scraped at once may find the same dead worker's live gauges: the scrape whose
+    remove comes second finds them gone, and still answers."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (tmp_path / f"gauge_livesum_{dead.pid}.db").touch()
+
+    def found_then_removed_by_the_other(pattern: str) -> list[str]:
+        paths = glob.glob(pattern)
+        for path in paths:
+            os.remove(path)
+        return paths
+
+    monkeypatch.setattr(multiprocess, "glob", SimpleNamespace(glob=found_then_removed_by_the_other))
+    metrics.forget_dead_processes()
+    assert not live_gauge_pids(tmp_path)
 
 
 def test_a_restart_with_several_workers_resumes_each_job_once(tmp_path: Path) -> None:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from fastapi.telemetry import TelemetryConfig
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
@@ -33,15 +35,16 @@ from service.api import (
     v2,
     variants,
 )
-from service.api.auth import parse_keys
+from service.api.auth import parse_keys, scopes_of
 from service.api.deps import Services
 from service.api.hot_path import InferenceFirst
-from service.api.middleware import RequestContext
+from service.api.middleware import BodyRoute, KeyBeforeBody, RequestContext
 from service.api.model_repository import Repository, RepositoryPoller
-from service.api.protocol import InferRoute
+from service.api.protocol import InferRoute, ProtocolRoute
 from service.api.shutdown import Shutdown
 from service.api.v2_grpc import start_grpc
 from service.deletions import DeletionSweep
+from service.errors import KilnError
 from service.log_settings import LogControl
 from service.memory import collect_young_less_often, freeze_heap
 from service.preload import STOP_WAIT_S, Preload
@@ -111,6 +114,23 @@ class KilnAPI(FastAPI):
         return InferenceFirst(stack, routes)
 
 
+def refusal(route: APIRoute) -> Callable[[KilnError], ASGIApp]:
+    """The response to a refused key, as the route's own check answers it."""
+    if isinstance(route, ProtocolRoute):  # the inference protocols' shape (`protocol.guarded`)
+        return lambda exc: JSONResponse({"error": str(exc)}, exc.status_code, exc.headers)
+    return lambda exc: problems.problem(exc.status_code, exc.title, str(exc), exc.headers)
+
+
+def body_routes(routers: Iterable[APIRouter]) -> list[BodyRoute]:
+    """The routes whose body FastAPI reads before their key check, in the app's order."""
+    return [
+        BodyRoute(route, scopes, refusal(route))
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute) and route.body_field is not None and (scopes := scopes_of(route))
+    ]
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     api_keys = parse_keys(settings.api_keys)
@@ -136,7 +156,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         sweep = DeletionSweep(runtime, settings.deletion_sweep_s)
         shutdown = Shutdown()
         app.state.services = Services(
-            settings, registry, queue, runtime, preload, shared, logs, traces, shutdown
+            settings, registry, queue, runtime, preload, shared, logs, traces, shutdown, repo
         )
         poll_s = settings.model_repository_poll_s
         poller = None if repo is None or not poll_s else RepositoryPoller(repo, app.state.services, poll_s)
@@ -189,17 +209,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         max_body_size=max_bytes,
         telemetry=None if settings.opentelemetry else NO_TELEMETRY,
     )
-    app.state.api_keys = api_keys
-    app.add_middleware(RequestContext)
-    problems.install(app)
     # Routes match in order. v2 inference comes first, for when the hot path is off (OpenTelemetry
     # on): matching it then tries two routes instead of every route. The repository extension
     # comes before the rest of v2, whose /v2/models/{name} would match /v2/models/stats. The v2
     # catch-all, which answers unknown /v2 paths in the protocol's error shape, comes last.
     extensions = (repository.router, shared_memory.router, log_settings.router, trace_settings.router)
-    for router in (v2.inference, *extensions, v2.router):
+    rest = (predict, kserve_v1, tf_metadata, health, models, variants, jobs, events)
+    routers = [v2.inference, *extensions, v2.router, *(module.router for module in rest), v2.fallback]
+    app.state.api_keys = api_keys
+    if api_keys:  # else every route is open
+        app.add_middleware(KeyBeforeBody, keys=api_keys, routes=body_routes(routers))
+    app.add_middleware(RequestContext)
+    problems.install(app)
+    for router in routers:
         app.include_router(router)
-    for module in (predict, kserve_v1, tf_metadata, health, models, variants, jobs, events):
-        app.include_router(module.router)
-    app.include_router(v2.fallback)
     return app

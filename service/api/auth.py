@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from fastapi import Depends, Request
+from fastapi.routing import APIRoute
 
 from service.errors import ForbiddenError, InvalidConfigError, UnauthorizedError
 
@@ -61,6 +62,14 @@ def authorize(keys: Mapping[str, Scope], key: str | None, scope: Scope) -> None:
         raise ForbiddenError("this API key has the infer scope; this call needs admin")
 
 
+# One check per scope, so that the scopes a route needs can be read from its dependencies.
+CHECKS = {scope: require(scope) for scope in Scope}
 # What a route declares in `dependencies=`, for the scope it needs.
-infer_scope = [Depends(require(Scope.infer))]
-admin_scope = [Depends(require(Scope.admin))]
+infer_scope = [Depends(CHECKS[Scope.infer])]
+admin_scope = [Depends(CHECKS[Scope.admin])]
+
+
+def scopes_of(route: APIRoute) -> list[Scope]:
+    """The scopes the route's dependencies check (its router's first), in the order they run."""
+    checked = {check: scope for scope, check in CHECKS.items()}
+    return [checked[dep.call] for dep in route.dependant.dependencies if dep.call in checked]

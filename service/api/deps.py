@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
@@ -17,6 +17,9 @@ from service.settings import Settings
 from service.shared_memory import SharedMemory
 from service.trace_settings import TraceControl
 
+if TYPE_CHECKING:  # it deploys through these services
+    from service.api.model_repository import Repository
+
 
 @dataclass
 class Services:
@@ -29,6 +32,7 @@ class Services:
     logs: LogControl
     traces: TraceControl
     shutdown: Shutdown
+    repository: Repository | None  # KILN_MODEL_REPOSITORY's
 
 
 async def services(request: Request) -> Services:

@@ -1,4 +1,5 @@
-"""Per-request observability: a request id on every log line and response, and error counts.
+"""Per-request observability: a request id on every log line and response, and error counts;
+and the API key of the routes that take a body, checked before the body is read.
 
 Pure ASGI rather than BaseHTTPMiddleware: streamed responses (server-sent events) pass through
 untouched, and the request id set here stays visible to the handler, its threadpool calls,
@@ -10,10 +11,17 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import NamedTuple
 
+from fastapi.routing import APIRoute
+from starlette.datastructures import Headers
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
+from service.api import auth
+from service.errors import KilnError
 from service.logs import request_id
 
 HEADER = "X-Request-ID"
@@ -81,3 +89,42 @@ class RequestContext:
             raise
         if status >= 400:
             metrics.HTTP_ERRORS.labels(str(status), route_template(scope)).inc()
+
+
+class BodyRoute(NamedTuple):
+    """A route whose body FastAPI reads before it checks the key."""
+
+    route: APIRoute
+    scopes: Sequence[auth.Scope]  # as `auth.scopes_of` reads them
+    refusal: Callable[[KilnError], ASGIApp]  # the response the route's own check answers with
+
+
+class KeyBeforeBody:
+    """FastAPI reads and parses a route's body (a whole upload, spooled to disk) before it solves
+    the route's dependencies, its key check among them: so a caller with no key could make the
+    server take in KILN_MAX_UPLOAD_MB, or wait for it. The key of each of `routes` is checked
+    here first, and a refusal answered as the route would answer it. Inside `RequestContext`,
+    which gives it its request id and counts it."""
+
+    def __init__(self, app: ASGIApp, keys: Mapping[str, auth.Scope], routes: Sequence[BodyRoute]) -> None:
+        self.app = app
+        self.keys = keys
+        self.routes = routes
+        self.methods = {method for r in routes for method in r.route.methods or ()}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in self.methods:
+            for route, scopes, refusal in self.routes:
+                match, child = route.matches(scope)
+                if match is not Match.FULL:
+                    continue
+                key = auth.presented_key(Headers(scope=scope))
+                try:
+                    for needed in scopes:
+                        auth.authorize(self.keys, key, needed)
+                except KilnError as exc:
+                    scope.update(child)  # counted on its route, as the router would have matched it
+                    await refusal(exc)(scope, receive, send)
+                    return
+                break
+        await self.app(scope, receive, send)

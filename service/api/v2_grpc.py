@@ -58,6 +58,9 @@ GRPC_STATUS = {
     422: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
 }
+SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+# The service's methods, by the path a call names them with.
+METHODS = {f"/{SERVICE.full_name}/{name}": name for name in SERVICE.methods_by_name}
 # The scope each method needs, as its HTTP route does; the health and server metadata are open.
 # LogSettings and TraceSetting need infer here, and check admin themselves for a change, as their
 # POST routes need.
@@ -143,7 +146,9 @@ class KeyCheck(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        method = details.method.rpartition("/")[2]
+        # The label of its error counts: "unknown" for any other path, which a caller with no key
+        # picks freely.
+        method = METHODS.get(details.method, "unknown")
         scope = SCOPES.get(method, Scope.infer)
         if scope is not None and method not in UNOFFERED:
             try:
