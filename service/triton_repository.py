@@ -66,9 +66,18 @@ class VersionLoad:
 
 
 def model_dirs(repository: Path) -> tuple[list[Path], list[Path]]:
-    """The repository's model directories, those holding a configuration, and the others."""
+    """The repository's model directories, those holding a configuration (or that cannot be
+    read: version_loads says why), and the others."""
     dirs = sorted(p for p in repository.iterdir() if p.is_dir() and not p.name.startswith("."))
-    return [p for p in dirs if (p / CONFIG).is_file()], [p for p in dirs if not (p / CONFIG).is_file()]
+    models = [p for p in dirs if _holds_config(p)]
+    return models, [p for p in dirs if p not in models]
+
+
+def _holds_config(model_dir: Path) -> bool:
+    try:
+        return (model_dir / CONFIG).is_file()
+    except OSError:  # unreadable (EACCES): pathlib answers only "no such file" with False
+        return True
 
 
 def version_loads(model_dir: Path) -> list[VersionLoad]:
@@ -86,7 +95,10 @@ def version_loads(model_dir: Path) -> list[VersionLoad]:
     if foreign is not None:
         raise RepositoryError(f"{model_dir / CONFIG}: {foreign}")
     config.name = name
-    found = {int(p.name): p for p in model_dir.iterdir() if p.is_dir() and VERSION_DIR.fullmatch(p.name)}
+    try:
+        found = {int(p.name): p for p in model_dir.iterdir() if p.is_dir() and VERSION_DIR.fullmatch(p.name)}
+    except OSError as exc:
+        raise RepositoryError(f"{model_dir}: {exc.strerror or exc}") from None
     versions = chosen(sorted(found), config.version_policy)
     if not versions:
         raise RepositoryError(
@@ -95,13 +107,18 @@ def version_loads(model_dir: Path) -> list[VersionLoad]:
     labels = {}
     for output in config.output:
         if output.label_filename:
-            if Path(output.label_filename).name != output.label_filename:
+            if not _plain_name(output.label_filename):
                 raise RepositoryError(
                     f"{model_dir / CONFIG}: label_filename {output.label_filename!r} must name a file "
                     "in the model's directory"
                 )
             labels[f"file:{output.label_filename}"] = model_dir / output.label_filename
     filename = config.default_model_filename or DEFAULT_FILENAME
+    if not _plain_name(filename):
+        raise RepositoryError(
+            f"{model_dir / CONFIG}: default_model_filename {filename!r} must name a file in each "
+            "version's directory"
+        )
     config.ClearField("version_policy")  # applied here, by the versions chosen
     text = json_format.MessageToJson(config, preserving_proto_field_name=True)
     loads = []
@@ -109,6 +126,11 @@ def version_loads(model_dir: Path) -> list[VersionLoad]:
         key = f"file:{version}/{filename}"
         loads.append(VersionLoad(name, version, text, {key: found[version] / filename, **labels}, key))
     return loads
+
+
+def _plain_name(name: str) -> bool:
+    """A file's name alone, in its directory: no folder, not the directory itself or its parent."""
+    return Path(name).name == name and name not in (".", "..")
 
 
 def chosen(versions: list[int], policy: Any) -> list[int]:

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 import torch
 
+from service.triton_repository import RepositoryError, version_loads
 from tests.client import sample
 from tests.models import MODELS
 from tests.repositories import CONFIG_PBTXT, model_dir, scripted
@@ -241,3 +243,77 @@ def test_a_model_whose_directory_fails_after_a_restart_is_still_the_repositorys(
         assert http.get("/v2/models/mlp/ready").status_code == 200
         os.replace(served, staging)
         wait_until(lambda: http.get("/v2/models/mlp/ready").status_code == 409, 60, "the unload")
+
+
+def test_a_version_policy_that_loads_older_versions_keeps_the_newest_serving(tmp_path: Path) -> None:
+    """Loading every version where only the newest was: the older ones are recorded under newer
+    Kiln numbers, and the repository's newest version goes on serving requests naming none."""
+    repo = tmp_path / "models"
+    unlabelled = CONFIG_PBTXT.replace(' label_filename: "labels.txt"', "")
+    newest_only = unlabelled.replace("version_policy: { all { } }", "")
+    served = model_dir(repo, "mlp", newest_only, {"1": scripted(1), "2": scripted(2)})
+    env = {"KILN_DATA_DIR": str(tmp_path / "data"), "KILN_MODEL_REPOSITORY": str(repo)}
+    server = KilnServer({**env, "KILN_MODEL_REPOSITORY_POLL_S": "0.3"}, tmp_path / "kiln.log")
+    x = sample(MLP, 2)
+    with running(server), httpx.Client(base_url=server.url, timeout=60) as http:
+        wait_until(lambda: http.get("/readyz").status_code == 200, 120, "readiness")
+        assert versions(http, "mlp") == [1]
+        newest = infer(http, "mlp", x)
+
+        (tmp_path / "config.pbtxt").write_text(unlabelled)
+        os.replace(tmp_path / "config.pbtxt", served / "config.pbtxt")
+        wait_until(lambda: versions(http, "mlp") == [1, 2], 60, "the older version recorded")
+        wait_until(lambda: server.log.read_text().count("model 'mlp' deployed") == 2, 60, "the deploy")
+        model = http.get("/v1/models/mlp").json()
+        assert (model["active"]["version"], model["default_version"]) == (1, 1)
+        np.testing.assert_array_equal(infer(http, "mlp", x), newest)
+
+
+def test_file_names_in_a_config_stay_in_the_model_directory(tmp_path: Path) -> None:
+    unlabelled = CONFIG_PBTXT.replace(' label_filename: "labels.txt"', "")
+    for field, config in (
+        ("label_filename", CONFIG_PBTXT.replace('"labels.txt"', '".."')),
+        ("default_model_filename", unlabelled + '\ndefault_model_filename: "../../secret.pt"\n'),
+    ):
+        made = model_dir(tmp_path / field, "mlp", config, {"1": MLP.torchscript()})
+        with pytest.raises(RepositoryError, match=f"{field} .* must name a file"):
+            version_loads(made)
+
+
+def test_a_load_reads_the_model_directory_again_and_the_index_says_why_one_is_missing(tmp_path: Path) -> None:
+    """As tritonserver's: a model whose directory did not deploy is in the index, UNAVAILABLE
+    with the reason; a load deploys its directory again (a fixed file, a new version), or
+    answers 400 with why not."""
+    repo = tmp_path / "models"
+    unlabelled = CONFIG_PBTXT.replace(' label_filename: "labels.txt"', "")
+    good = model_dir(repo, "good", unlabelled, {"1": MLP.torchscript()})
+    broken = model_dir(repo, "broken", unlabelled, {"1": b"not a model"})
+    server = KilnServer(
+        {"KILN_DATA_DIR": str(tmp_path / "data"), "KILN_MODEL_REPOSITORY": str(repo)}, tmp_path / "kiln.log"
+    )
+    with running(server), httpx.Client(base_url=server.url, timeout=120) as http:
+        wait_until(lambda: http.get("/readyz").status_code == 200, 120, "readiness")
+        index = {entry["name"]: entry for entry in http.post("/v2/repository/index").json()}
+        assert index["good"]["state"] == "READY"
+        assert index["broken"]["state"] == "UNAVAILABLE"
+        assert index["broken"]["reason"].startswith("version 1 did not load: "), index["broken"]
+        assert [e["name"] for e in http.post("/v2/repository/index", json={"ready": True}).json()] == ["good"]
+
+        response = http.post("/v2/repository/models/broken/load")
+        assert response.status_code == 400
+        assert response.json()["error"].startswith(f"model 'broken' did not load from {broken}: version 1")
+        (broken / "1" / "model.pt").write_bytes(MLP.torchscript())
+        assert http.post("/v2/repository/models/broken/load").status_code == 200
+        assert versions(http, "broken") == [1]
+        assert infer(http, "broken", sample(MLP, 2)).shape == (2, 10)
+        assert {e["name"]: e["state"] for e in http.post("/v2/repository/index").json()}["broken"] == "READY"
+
+        model_dir(tmp_path / "staging", "good", unlabelled, {"2": scripted(3)})
+        os.replace(tmp_path / "staging" / "good" / "2", good / "2")
+        assert http.post("/v2/repository/models/good/load").status_code == 200
+        assert versions(http, "good") == [1, 2]
+        assert http.get("/v1/models/good").json()["active"]["version"] == 2
+        # A name that is no model directory (the repository's parent, say) is no model.
+        assert http.post("/v2/repository/models/../load").status_code == 404
+        assert http.post("/v2/repository/models/%2E%2E/load").status_code == 404
+    assert "Traceback" not in server.log.read_text()

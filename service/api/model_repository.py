@@ -21,7 +21,7 @@ from pathlib import Path
 from service.api.deps import Services
 from service.api.repository import in_service, out_of_service
 from service.api.triton_load import load_request, load_with
-from service.errors import NotFoundError
+from service.errors import BadRequestError, NotFoundError
 from service.periodic import Periodic
 from service.store import StoreUnavailableError
 from service.triton_repository import CONFIG, RepositoryError, model_dirs, version_loads
@@ -46,6 +46,9 @@ class Repository:
         # tried), and the models deployed from it, which its removal unloads.
         self._deployed: dict[str, Fingerprint] = {}
         self._served: set[str] = set()
+        # Model directories whose last deploy left their model out, and why: the index lists
+        # them UNAVAILABLE with it, as Triton's does.
+        self.failures: dict[str, str] = {}
 
     def deploy(self, svc: Services, stopping: threading.Event, changed: bool = False) -> list[str]:
         """Blocking: every model directory's versions (only the directories that `changed`
@@ -74,20 +77,45 @@ class Repository:
                     removed(svc, name)
                     self._served.discard(name)
                 del self._deployed[name]
+                self.failures.pop(name, None)
             for model_dir in dirs:
-                now = fingerprint(model_dir)
-                if changed and self._deployed.get(model_dir.name) == now:
+                if changed and self._deployed.get(model_dir.name) == fingerprint(model_dir):
                     continue
-                if deploy_model(svc, model_dir, stopping):
+                if self._deploy(svc, model_dir, stopping):
                     served.append(model_dir.name)
-                # Served from this repository, or by an earlier deploy of it where this one
-                # failed: either way, the directory's removal unloads it (not a model of the
-                # same name uploaded through the API alone).
-                if svc.registry.deployed_from_repository(model_dir.name):
-                    self._served.add(model_dir.name)
-                if not stopping.is_set():
-                    self._deployed[model_dir.name] = now
         return served
+
+    def reload(self, svc: Services, name: str) -> bool:
+        """Blocking: Triton's load of a model of the repository (the directory read again, new
+        versions and configuration deployed), False where `name` is none of its models; a
+        BadRequestError that says why where the model does not serve."""
+        if not self.path.is_dir() or name not in {d.name for d in model_dirs(self.path)[0]}:
+            return False
+        with svc.registry.store.lock(LOCK, LOCK_EXPIRE_S):
+            self._deploy(svc, self.path / name, threading.Event())
+        if name in self.failures:
+            raise BadRequestError(
+                f"model {name!r} did not load from {self.path / name}: {self.failures[name]}"
+            )
+        return True
+
+    def _deploy(self, svc: Services, model_dir: Path, stopping: threading.Event) -> bool:
+        """Under the store's lock: deploy_model, and what came of it recorded."""
+        now = fingerprint(model_dir)
+        why = deploy_model(svc, model_dir, stopping)
+        name = model_dir.name
+        if why is None:
+            self.failures.pop(name, None)
+        else:
+            self.failures[name] = why
+        # Served from this repository, or by an earlier deploy of it where this one failed:
+        # either way, the directory's removal unloads it (not a model of the same name uploaded
+        # through the API alone).
+        if svc.registry.deployed_from_repository(name):
+            self._served.add(name)
+        if not stopping.is_set():
+            self._deployed[name] = now
+        return why is None
 
     def _changed(self, dirs: list[Path]) -> bool:
         """Read outside the lock, so possibly while a deploy writes it: a directory seen as
@@ -134,19 +162,19 @@ def fingerprint(model_dir: Path) -> Fingerprint:
     return frozenset(found)
 
 
-def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> bool:
-    """Whether the model serves: its versions loaded, oldest first, up to one that failed (the
-    newer ones are left out, so that none serves in its place), and in service again if it was
-    unloaded, as a restarted tritonserver serves its repository."""
+def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> str | None:
+    """Why the model does not serve, or None where it does: its versions loaded, oldest first,
+    up to one that failed (the newer ones are left out, so that none serves in its place), and
+    in service again if it was unloaded, as a restarted tritonserver serves its repository."""
     try:
         loads = version_loads(model_dir)
-    except RepositoryError as exc:
+    except (RepositoryError, OSError) as exc:  # OSError: a file pathlib could not look at (EACCES)
         log.error("model %r is not deployed: %s", model_dir.name, exc)
-        return False
-    name, loaded = loads[0].model, []  # Triton's version numbers
+        return str(exc)
+    name, loaded, why = loads[0].model, [], "deploying it was cut short"  # Triton's version numbers
     try:
         since = svc.registry.last_unload(name)
-        existed, inherited = hold(svc, name)
+        existed = hold(svc, name)
         number = 0  # Kiln's, of the last one loaded
         for i, load in enumerate(loads):
             if stopping.is_set():
@@ -156,6 +184,7 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
             except StoreUnavailableError:
                 raise  # the whole deploy is tried again once the store answers
             except Exception as exc:  # one model's error must not keep the others from serving
+                why = f"version {load.version} did not load: {exc}"
                 later = [str(v.version) for v in loads[i + 1 :]]
                 log.error(
                     "model %r version %d (%s) did not load: %s%s",
@@ -168,20 +197,20 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> b
                 break
             loaded.append(load.version)
         if existed or loaded:
-            settle(svc, name, number if len(loaded) == len(loads) else None, inherited)
+            settle(svc, name, number if len(loaded) == len(loads) else None)
         if not loaded:
-            return False
+            return why
         if not in_service(svc, name, since):
-            return False
+            return "it was unloaded while it loaded"
     except NotFoundError as exc:  # deleted through the API meanwhile
         log.warning("model %r was not deployed: %s", name, exc)
-        return False
+        return str(exc)
     log.info("model %r deployed from %s: versions %s", name, model_dir, loaded)
-    return True
+    return None
 
 
-def hold(svc: Services, name: str) -> tuple[bool, bool]:
-    """Whether Kiln holds the model, and a hold an earlier deploy left. While its deploy goes on,
+def hold(svc: Services, name: str) -> bool:
+    """Whether Kiln holds the model. While its deploy goes on,
     the version that serves requests naming none is held as its default version, so that an
     older version recorded anew, under a newer number, does not serve meanwhile. The hold is
     recorded: a deploy that failed, or was cut short (a store outage, a crash), leaves it for
@@ -189,21 +218,22 @@ def hold(svc: Services, name: str) -> tuple[bool, bool]:
     try:
         view = svc.registry.get_model(name)
     except NotFoundError:
-        return False, False
+        return False
     if view.default_version is None:
         svc.registry.set_repository_state(name, view.versions[-1][0].version, held=True)
-    return True, view.repository_hold
+    return True
 
 
-def settle(svc: Services, name: str, newest: int | None, inherited: bool) -> None:
+def settle(svc: Services, name: str, newest: int | None) -> None:
     """Which version serves requests naming none once the deploy is done. Where the repository's
     newest version (`newest`, Kiln's number; None when a version failed) changed since it last
     deployed, that one, as in Triton, though Kiln holds newer ones (their directories removed:
-    a rollback). Otherwise what served goes on serving: a default version set through the API
-    stays, the hold is released, and after a failure it stays while versions recorded meanwhile
-    would serve in place of the one that served, as a Triton model whose reload failed. A hold
-    an earlier deploy left is released as a default version, while versions it recorded are
-    newer: those were left behind (a changed setting, reverted since)."""
+    a rollback). Otherwise a default version set through the API stays, and a hold (this
+    deploy's, or one an earlier deploy left) gives way to the repository's newest version: as
+    a default version where Kiln holds newer ones (older repository versions recorded anew
+    under newer numbers, by a changed version policy or a setting since reverted). After a
+    failure the hold stays while versions recorded meanwhile would serve in place of the one
+    that served, as a Triton model whose reload failed."""
     view = svc.registry.get_model(name)
     latest = view.versions[-1][0].version
     if newest is not None and newest != view.repository_version:
@@ -214,9 +244,10 @@ def settle(svc: Services, name: str, newest: int | None, inherited: bool) -> Non
             return
         svc.registry.set_repository_state(name, None if newest == latest else newest, False, newest)
         log.info("model %r: version %d serves requests naming none", name, newest)
-    elif view.repository_hold and (newest is not None or view.default_version == latest):
-        keep = inherited and view.default_version != latest
-        svc.registry.set_repository_state(name, view.default_version if keep else None, held=False)
+    elif view.repository_hold and newest is not None:
+        svc.registry.set_repository_state(name, None if newest == latest else newest, held=False)
+    elif view.repository_hold and view.default_version == latest:
+        svc.registry.set_repository_state(name, None, held=False)
 
 
 def removed(svc: Services, name: str) -> None:

@@ -48,8 +48,10 @@ class LoadIn(BaseModel):
 
 @router.post("/v2/repository/index", operation_id="v2_repository_index", summary="Every model and its state.")
 def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list[dict[str, Any]]:
+    """The store's models, and the model repository's directories that deployed none, with why."""
     index = []
-    for view in svc.registry.list_models():
+    views = svc.registry.list_models()
+    for view in views:
         try:
             version, _ = serving_version(view, svc.runtime.targets)
             number, state, reason = str(version.version), "READY", ""
@@ -60,7 +62,14 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
         entry = {"name": view.name, "version": number, "state": state, "reason": reason}
         if entry["state"] == "READY" or not (body and body.ready):
             index.append(entry)
-    return index
+    if svc.repository is not None and not (body and body.ready):
+        names = {view.name for view in views}
+        index += [
+            {"name": name, "version": "", "state": "UNAVAILABLE", "reason": why}
+            for name, why in svc.repository.failures.items()
+            if name not in names  # else an earlier deploy's versions stand
+        ]
+    return sorted(index, key=lambda entry: entry["name"])
 
 
 @router.post(
@@ -109,6 +118,8 @@ async def triton_load(svc: Services, name: str, load: LoadRequest) -> None:
     since = await run_in_threadpool(svc.registry.last_unload, name)
     if load.config is not None:
         await run_in_threadpool(load_with, svc, name, load)
+    elif svc.repository is not None:  # its directory read again, as tritonserver's load does
+        await run_in_threadpool(svc.repository.reload, svc, name)
     if await run_in_threadpool(in_service, svc, name, since):
         await run_in_threadpool(svc.runtime.warm, name)
 

@@ -298,6 +298,8 @@ export const v2ModelVersionStats = <ThrowOnError extends boolean = false>(option
 
 /**
  * Every model and its state.
+ *
+ * The store's models, and the model repository's directories that deployed none, with why.
  */
 export const v2RepositoryIndex = <ThrowOnError extends boolean = false>(options?: Options<V2RepositoryIndexData, ThrowOnError>) => (options?.client ?? client).post<V2RepositoryIndexResponses, V2RepositoryIndexErrors, ThrowOnError>({
     url: '/v2/repository/index',

@@ -93,6 +93,8 @@ def sync_detailed(
 ) -> Response[ProtocolError | list[V2RepositoryIndexResponse200Item]]:
     """Every model and its state.
 
+     The store's models, and the model repository's directories that deployed none, with why.
+
     Args:
         body (IndexRequest | None | Unset):
 
@@ -122,6 +124,8 @@ def sync(
 ) -> ProtocolError | list[V2RepositoryIndexResponse200Item] | None:
     """Every model and its state.
 
+     The store's models, and the model repository's directories that deployed none, with why.
+
     Args:
         body (IndexRequest | None | Unset):
 
@@ -145,6 +149,8 @@ async def asyncio_detailed(
     body: IndexRequest | None | Unset = UNSET,
 ) -> Response[ProtocolError | list[V2RepositoryIndexResponse200Item]]:
     """Every model and its state.
+
+     The store's models, and the model repository's directories that deployed none, with why.
 
     Args:
         body (IndexRequest | None | Unset):
@@ -172,6 +178,8 @@ async def asyncio(
     body: IndexRequest | None | Unset = UNSET,
 ) -> ProtocolError | list[V2RepositoryIndexResponse200Item] | None:
     """Every model and its state.
+
+     The store's models, and the model repository's directories that deployed none, with why.
 
     Args:
         body (IndexRequest | None | Unset):
