@@ -7,17 +7,19 @@ import json
 import os
 import sys
 import tempfile
-import time
+import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import httpx
 import typer
 from httpx_sse import SSEError, connect_sse
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 from rich.text import Text
@@ -37,24 +39,81 @@ GATEWAY_ERRORS = {502, 503, 504}
 SLOW_S = 900  # a request that checks a model by running it, or loads and warms one up
 
 
+class NotKiln(Exception):
+    """An answer that is not Kiln's API's: another server's, or a redirect; `main` prints it."""
+
+
+class Answer(dict[str, Any]):
+    """An object in Kiln's JSON answer: a key it lacks is NotKiln, not a KeyError traceback."""
+
+    def __init__(self, url: httpx.URL, fields: dict[str, Any]) -> None:
+        super().__init__(fields)
+        self.url = url
+
+    def __missing__(self, key: str) -> Any:
+        raise NotKiln(f"{self.url} did not answer as Kiln's API does (no {key!r}); is --url right?")
+
+
 def client(url: str, api_key: str | None) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=120)
-
-
-def check(response: httpx.Response) -> Any:
-    if response.is_error:
-        console.print(f"[red]error {response.status_code}:[/red] {error_of(response)}")
-        raise typer.Exit(1)
-    if not response.content:
-        return None  # the repository's answers are empty
+    """A client of Kiln at `url`; a usage error, before any request, for a URL or key it cannot use."""
     try:
-        return response.json()
+        base = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise typer.BadParameter(f"{url!r}: {exc}", param_hint="--url") from None
+    if base.scheme not in ("http", "https") or not base.host:
+        raise typer.BadParameter(f"{url!r}: give one such as http://127.0.0.1:8000", param_hint="--url")
+    key = (api_key or "").strip()  # a key read from a file ends with its newline
+    if not (key.isascii() and key.isprintable()):
+        # Not echoed (httpx's own error shows it): it is a secret.
+        raise typer.BadParameter("it holds a character an HTTP header cannot carry", param_hint="--api-key")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    http = httpx.Client(base_url=base, headers=headers, timeout=120)
+    http.event_hooks = {"response": [partial(refuse_redirect, http.base_url)]}
+    return http
+
+
+def refuse_redirect(base: httpx.URL, response: httpx.Response) -> None:
+    """Kiln's API never redirects; a proxy does, or the old address of a Kiln that moved: NotKiln,
+    naming the --url that reaches the new place."""
+    if not response.has_redirect_location:
+        return
+    asked = response.request.url
+    moved = asked.join(response.headers["location"])
+    api = asked.path[len(base.path) :]  # below --url, as v1/models
+    hint = "is --url right?"
+    if moved.path.endswith(api):  # the same API path under another base: that base is the --url
+        there = moved.copy_with(path=moved.path[: len(moved.path) - len(api)], query=None)
+        hint = f"if Kiln is there, give --url {str(there).rstrip('/')}"
+    raise NotKiln(f"error {response.status_code}: {asked} redirects to {moved}; {hint}")
+
+
+def segment(name: str) -> str:
+    """A name given by the user, as one URL path segment: `victim?keep` names no other model. A
+    `/` is refused, not encoded: the server decodes %2F before it routes, so `mlp/versions/1`
+    would still name version 1 of mlp; and `.` would be taken out of the path."""
+    if "/" in name or name in (".", ".."):
+        raise typer.BadParameter(f"{name!r} cannot be a name", param_hint="NAME")
+    return quote(name, safe="")
+
+
+def check(response: httpx.Response) -> Answer:
+    """The JSON of a 2xx answer; anything else is an error, exit 1."""
+    if not response.is_success:
+        console.print(f"[red]error {response.status_code}:[/red] {escape(error_of(response))}")
+        raise typer.Exit(1)
+    return json_of(response)
+
+
+def json_of(response: httpx.Response) -> Answer:
+    """A 2xx answer's JSON object; the repository's answers are empty, and read as an empty one."""
+    url = response.request.url
+    try:
+        found = response.json(object_hook=partial(Answer, url)) if response.content else Answer(url, {})
     except ValueError:
-        console.print(
-            f"[red]not an answer of Kiln's from {response.request.url}:[/red] {response.text[:200]}"
-        )
-        raise typer.Exit(1) from None
+        found = None
+    if not isinstance(found, Answer):
+        raise NotKiln(f"{url} did not answer as Kiln's API does: {response.text[:200]!r}; is --url right?")
+    return found
 
 
 def error_of(response: httpx.Response) -> str:
@@ -241,7 +300,7 @@ def upload(
         files, data = {"file": file.read_bytes()}, {"config": json.dumps(config)}
         body = check(http.post("/v1/models", files=files, data=data, timeout=SLOW_S))
         console.print(
-            f"{body['name']} version {body['version']} ({body['sha256'][:12]})"
+            escape(f"{body['name']} version {body['version']} ({body['sha256'][:12]})")
             + (" [dim]already uploaded[/dim]" if body["deduplicated"] else "")
         )
         variants = body["variants"]
@@ -278,12 +337,12 @@ def add_variants(
     if target:
         request["targets"] = target
     with client(url, api_key) as http:
-        body = check(http.post(f"/v1/models/{name}/versions/{version}/variants", json=request))
+        body = check(http.post(f"/v1/models/{segment(name)}/versions/{version}/variants", json=request))
         for s in body["skipped"]:
-            console.print(f"[dim]{label(s):<24} {s['target']:<28} skipped: {s['reason']}[/dim]")
+            console.print(Text(f"{label(s):<24} {s['target']:<28} skipped: {s['reason']}", style="dim"))
         variants = body["queued"]
         if not variants:
-            console.print(f"{name} version {version}: nothing to compile")
+            console.print(f"{name} version {version}: nothing to compile", markup=False)
         elif wait:
             queued = {v["id"] for v in variants}
             unserved = body.get("unserved_targets", [])  # an older server says nothing
@@ -298,17 +357,18 @@ def settled(
     targets that no worker serves would wait for one: they are named, not followed."""
     for target in unserved:
         console.print(
-            f"[yellow]no live `kiln worker` for {target}: its variants stay queued until one starts[/yellow]"
+            f"[yellow]no live `kiln worker` for {escape(target)}: its variants stay queued until one "
+            "starts[/yellow]"
         )
     follow(http, [v for v in variants if v["target"] not in unserved])
-    return list(check(http.get(f"/v1/models/{name}/versions/{version}"))["variants"])
+    return list(check(http.get(f"/v1/models/{segment(name)}/versions/{version}"))["variants"])
 
 
 def show(variants: list[dict[str, Any]]) -> None:
     for v in variants:
         latency = f" {v['latency_ms']:.3f} ms at batch 1" if v["latency_ms"] is not None else ""
         error = f": {v['error']}" if v["error"] else ""
-        console.print(f"{label(v):<24} {v['target']:<28} {v['status']}{latency}{error}")
+        console.print(f"{label(v):<24} {v['target']:<28} {v['status']}{latency}{error}", markup=False)
 
 
 def label(variant: dict[str, Any]) -> str:
@@ -318,36 +378,46 @@ def label(variant: dict[str, Any]) -> str:
 
 
 def follow(http: httpx.Client, variants: list[dict[str, Any]]) -> None:
-    """A live bar per compiling variant, each fed by its job's server-sent events in a thread."""
+    """A live bar per compiling variant, each fed by its job's server-sent events in a thread.
+    Ctrl-C stops following at once, exit 130; the jobs go on."""
     pending = [v for v in variants if v["job_id"] and v["status"] not in SETTLED]
     if not pending:
         return
-    columns = (
+    columns = (  # the server's text as it is: `tvm[tuning_trials=200]` is no markup
         SpinnerColumn(),
-        TextColumn("{task.description}"),
+        TextColumn("{task.description}", markup=False),
         BarColumn(),
-        TextColumn("{task.fields[stage]}"),
+        TextColumn("{task.fields[stage]}", markup=False),
     )
-    with Progress(*columns, console=console) as progress, ThreadPoolExecutor(len(pending)) as pool:
-        streams = [
-            pool.submit(
-                stream_job,
-                http,
-                v["job_id"],
-                progress,
-                progress.add_task(
+    stop = threading.Event()
+    streams: list[threading.Thread] = []
+    with Progress(*columns, console=console) as progress:
+        try:
+            for v in pending:
+                task = progress.add_task(
                     f"{label(v):<24} {v['target']:<28}", total=len(STAGES) - 1, stage=v["status"]
-                ),
-            )
-            for v in pending
-        ]
-        for stream in streams:
-            stream.result()
+                )
+                # A daemon: one blocked reading its stream (closing the client does not wake it)
+                # must not hold the exit after Ctrl-C.
+                stream = threading.Thread(
+                    target=stream_job, args=(http, v["job_id"], progress, task, stop), daemon=True
+                )
+                stream.start()
+                streams.append(stream)
+            for stream in streams:
+                stream.join()
+        except KeyboardInterrupt:
+            stop.set()
+    if stop.is_set():
+        console.print("stopped following; the jobs go on on the server: `kiln models` shows how they end")
+        raise typer.Exit(130)
 
 
-def stream_job(http: httpx.Client, job_id: str, progress: Progress, task: TaskID) -> None:
-    """Follow one job to its `end` event, through its server's shutdowns. The final statuses
-    are read again once every stream ends, so a stream that fails only stops its own bar."""
+def stream_job(
+    http: httpx.Client, job_id: str, progress: Progress, task: TaskID, stop: threading.Event
+) -> None:
+    """Follow one job to its `end` event, through its server's shutdowns, until `stop`. The final
+    statuses are read again once every stream ends, so a stream that fails only stops its own bar."""
     why = "its server shut down"
     for _ in range(REFOLLOWS + 1):
         try:
@@ -355,10 +425,11 @@ def stream_job(http: httpx.Client, job_id: str, progress: Progress, task: TaskID
                 return
         except httpx.TransportError as exc:  # a server going or gone: another may answer
             why = f"{type(exc).__name__}: {exc}"
-        except (httpx.HTTPError, SSEError) as exc:
+        except (httpx.HTTPError, SSEError, NotKiln) as exc:
             progress.update(task, stage=f"no progress ({type(exc).__name__}: {exc})")
             return
-        time.sleep(1)
+        if stop.wait(1):  # Ctrl-C: the client is closed, not to be asked again
+            return
     progress.update(task, stage=f"no progress ({why})")
 
 
@@ -368,7 +439,7 @@ def follow_job(http: httpx.Client, job_id: str, progress: Progress, task: TaskID
     with connect_sse(http, "GET", f"/v1/jobs/{job_id}/events") as source:
         if source.response.status_code in GATEWAY_ERRORS:  # a load balancer's, while none is up
             return False
-        if source.response.is_error:
+        if not source.response.is_success:
             progress.update(task, stage=f"no progress (HTTP {source.response.status_code})")
             return True
         for event in source.iter_sse():
@@ -406,7 +477,7 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
                 # Against TorchScript timed in the same run: what the router compares.
                 speedup = f"{base / ms:.2f}x" if ms and base and v["backend"] != "torchscript" else ""
                 timed = "" if ms is None else ("race" if v["raced_at"] else "compile")
-                table.add_row(
+                cells = (
                     name,
                     number,
                     label(v),
@@ -417,6 +488,7 @@ def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) 
                     timed if v["backend"] != "torchscript" else "",
                     "*" if v["id"] == active.get("variant_id") else "",
                 )
+                table.add_row(*map(Text, cells))  # no markup: `openvino[precision=fp32]` keeps its options
     console.print(table)
 
 
@@ -429,10 +501,10 @@ def default(
 ) -> None:
     """Choose the version that serves requests naming none: a rollback that keeps the newer ones."""
     with client(url, api_key) as http:
-        body = check(http.put(f"/v1/models/{name}/default-version", json={"version": version}))
+        body = check(http.put(f"/v1/models/{segment(name)}/default-version", json={"version": version}))
     default = body["default_version"] or "the newest ready one"
     serving = f"v{body['active']['version']}" if body["active"] else "nothing on this host yet"
-    console.print(f"{name}: default version {default}; serving {serving}")
+    console.print(f"{name}: default version {default}; serving {serving}", markup=False)
 
 
 @app.command()
@@ -456,7 +528,7 @@ def serving(
     body = json_fields(changes)
     if labels:
         body["labels"] = label_files(labels)
-    path = f"/v1/models/{name}/versions/{version}"
+    path = f"/v1/models/{segment(name)}/versions/{version}"
     with client(url, api_key) as http:
         found = check(http.patch(f"{path}/serving", json=body) if body else http.get(path))
     console.print_json(data=found["serving"])
@@ -466,16 +538,17 @@ def serving(
 def unload(name: str, url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) -> None:
     """Take a model out of service on every replica (Triton's repository unload), keeping it."""
     with client(url, api_key) as http:
-        check(http.post(f"/v2/repository/models/{name}/unload"))
-    console.print(f"{name}: unloaded; `kiln load {name}` serves it again")
+        check(http.post(f"/v2/repository/models/{segment(name)}/unload"))
+    console.print(f"{name}: unloaded; `kiln load {name}` serves it again", markup=False)
 
 
 @app.command()
 def load(name: str, url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) -> None:
     """Put an unloaded model back in service, loaded and warmed up on the replica that gets it."""
     with client(url, api_key) as http:
-        check(http.post(f"/v2/repository/models/{name}/load", timeout=SLOW_S))  # it warms up the model
-    console.print(f"{name}: loaded")
+        # It warms up the model.
+        check(http.post(f"/v2/repository/models/{segment(name)}/load", timeout=SLOW_S))
+    console.print(f"{name}: loaded", markup=False)
 
 
 @app.command("import-triton")
@@ -499,9 +572,8 @@ def import_triton(
     dirs = [d for d in dirs if not model or d.name in model]
     missing = sorted(set(model or []) - {d.name for d in dirs})
     if missing or not dirs:
-        console.print(
-            f"[red]no model directory with a config.pbtxt[/red] {missing or ''} in {repository}".strip()
-        )
+        which = escape(f"{missing or ''} in {repository}".strip())
+        console.print(f"[red]no model directory with a config.pbtxt[/red] {which}")
         raise typer.Exit(1)
     table = Table("model", "Triton version", "Kiln version", "result")
     failed = False
@@ -509,7 +581,7 @@ def import_triton(
         for model_dir in dirs:
             failed |= not import_model(http, model_dir, table)
     for other in [] if model else others:
-        table.add_row(other.name, "", "", Text("skipped: no config.pbtxt", style="yellow"))
+        table.add_row(Text(other.name), "", "", Text("skipped: no config.pbtxt", style="yellow"))
     console.print(table)
     if failed:
         raise typer.Exit(1)
@@ -519,22 +591,20 @@ def import_model(http: httpx.Client, model_dir: Path, table: Table) -> bool:
     """Load the versions of one model directory, oldest first, each with a row: the Kiln version
     it became, or why not. A failed one ends the model's, since a newer one would serve in its
     place. Whether every version loaded and the newest serves."""
-    from urllib.parse import quote
-
     from service.triton_repository import RepositoryError, version_loads
 
     try:
         loads = version_loads(model_dir)
     except RepositoryError as exc:
-        table.add_row(model_dir.name, "", "", Text(str(exc), style="red"))
+        table.add_row(Text(model_dir.name), "", "", Text(str(exc), style="red"))
         return False
     name, made = loads[0].model, 0
-    path = quote(name, safe="")
+    path, row = segment(name), Text(name)
 
     def answer(response: httpx.Response) -> Any:
-        if response.is_error:
+        if not response.is_success:
             raise RepositoryError(f"{response.status_code} {error_of(response)}")
-        return response.json() if response.content else None
+        return json_of(response)
 
     for i, load in enumerate(loads):
         try:
@@ -544,24 +614,24 @@ def import_model(http: httpx.Client, model_dir: Path, table: Table) -> bool:
             versions = answer(http.get(f"/v1/models/{path}"))["versions"]
             made = max(v["version"] for v in versions if v["sha256"] == sha256)
         except (RepositoryError, httpx.TransportError) as exc:
-            table.add_row(name, str(load.version), "", Text(str(exc) or type(exc).__name__, style="red"))
+            table.add_row(row, str(load.version), "", Text(str(exc) or type(exc).__name__, style="red"))
             for later in loads[i + 1 :]:
                 table.add_row(
-                    name, str(later.version), "", Text("not loaded: an older version failed", style="yellow")
+                    row, str(later.version), "", Text("not loaded: an older version failed", style="yellow")
                 )
             return False
-        table.add_row(name, str(load.version), str(made), Text("loaded", style="green"))
+        table.add_row(row, str(load.version), str(made), Text("loaded", style="green"))
     try:
         serving = (answer(http.get(f"/v1/models/{path}")).get("active") or {}).get("version")
     except (RepositoryError, httpx.TransportError) as exc:
-        table.add_row(name, "", "", Text(f"loaded; what serves is unknown: {exc}", style="yellow"))
+        table.add_row(row, "", "", Text(f"loaded; what serves is unknown: {exc}", style="yellow"))
         return True
     if serving != made:
         note = (
             f"serves requests naming no version, not {made}: a default version is set, or {made} "
             f"repeats an older version's file and configuration; `kiln default {name} {made}` serves it"
         )
-        table.add_row(name, "", str(serving), Text(note, style="yellow"))
+        table.add_row(row, "", str(serving), Text(note, style="yellow"))
     return True
 
 
@@ -575,12 +645,12 @@ def delete(
 ) -> None:
     """Delete a model, or one version of it, and the artifacts nothing else uses."""
     what = name if version is None else f"{name} version {version}"
+    path = f"/v1/models/{segment(name)}" + ("" if version is None else f"/versions/{version}")
     if not yes:
         typer.confirm(f"Delete {what} and its artifacts?", abort=True)
-    path = f"/v1/models/{name}" + ("" if version is None else f"/versions/{version}")
     with client(url, api_key) as http:
         check(http.delete(path))
-    console.print(f"{what}: deleted")
+    console.print(f"{what}: deleted", markup=False)
 
 
 @app.command()
@@ -611,7 +681,7 @@ def predict(
         raise typer.BadParameter(
             f"not JSON ({exc}); give input name -> nested lists", param_hint="--data"
         ) from None
-    path = f"/v1/models/{name}" + (f"/versions/{version}" if version else "") + "/predict"
+    path = f"/v1/models/{segment(name)}" + ("" if version is None else f"/versions/{version}") + "/predict"
     given = {"backend": backend, "priority": priority or None, "timeout_us": timeout_us}
     params = {key: value for key, value in given.items() if value is not None}
     with client(url, api_key) as http:
@@ -629,7 +699,7 @@ def targets() -> None:
     devices = Table("cuda", "name", "compute capability", "memory", "target", title="CUDA devices")
     for d in cuda_devices():
         memory = f"{d.memory_mb} MiB" if d.memory_mb is not None else "?"
-        devices.add_row(str(d.index), d.name, "{}.{}".format(*d.compute_capability), memory, d.target)
+        devices.add_row(str(d.index), Text(d.name), "{}.{}".format(*d.compute_capability), memory, d.target)
     console.print(devices if devices.row_count else "CUDA devices: none found")
     detected = local_targets()
     chosen = get_settings().host_targets()
@@ -638,7 +708,8 @@ def targets() -> None:
     table = Table("target", "backend", "status", title="Targets")
     for target in chosen:
         for name, reason in availability(target).items():
-            table.add_row(target, name, "[green]available[/green]" if reason is None else reason)
+            status = Text("available", style="green") if reason is None else Text(reason)
+            table.add_row(Text(target), name, status)
     console.print(table)
 
 
@@ -662,31 +733,38 @@ def compile_command(
     from compiler.spec import InputSpec
     from service.settings import get_settings
 
-    if not output.parent.is_dir():  # found now, not once the compile (and its tuning) is done
+    # Found now, not once the compile (and its tuning) is done.
+    if not output.parent.is_dir():
         raise typer.BadParameter(f"{output.parent} is not a directory", param_hint="--output")
+    if output.is_dir():
+        raise typer.BadParameter(f"{output} is a directory; give a file in it", param_hint="--output")
     backend_options = {"tuning_trials": tuning_trials} if tuning_trials else {}
     options = CompileOptions(  # KILN_THREADS, as `kiln serve` and `kiln worker` run
         rtol=rtol, atol=atol, threads=get_settings().threads, backend_options=backend_options
     )
     try:
         spec = InputSpec.parse(input, max_batch_size)
-        with console.status(f"compiling with {backend}") as status:
+        with console.status(escape(f"compiling with {backend}")) as status:
 
             def show(event: dict[str, Any]) -> None:
                 if "stage" in event:
-                    status.update(f"{backend}: {event['stage']}")
+                    status.update(escape(f"{backend}: {event['stage']}"))
                 elif "tuning" in event:
                     tuning = event["tuning"]
                     status.update(
-                        f"{backend}: tuning, {tuning['trials_done']}/{tuning['trials_total']} trials"
+                        escape(f"{backend}: tuning, {tuning['trials_done']}/{tuning['trials_total']} trials")
                     )
 
             result = compile_and_check(file.read_bytes(), spec, backend, cpu_target(), options, progress=show)
     except CompilerError as exc:
-        console.print(f"[red]{type(exc).__name__}:[/red] {exc}")
+        console.print(f"[red]{type(exc).__name__}:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
-    output.write_bytes(result.artifact.pack())
-    table = Table("batch", f"{backend} ms", "torchscript ms", "speed-up")
+    try:
+        output.write_bytes(result.artifact.pack())
+    except OSError as exc:  # a full disk, say
+        console.print(f"[red]cannot write {escape(str(output))}:[/red] {escape(exc.strerror or str(exc))}")
+        raise typer.Exit(1) from None
+    table = Table("batch", escape(f"{backend} ms"), "torchscript ms", "speed-up")
     for batch, ms in sorted(result.latency_ms.items()):
         base = result.baseline_latency_ms[batch]
         table.add_row(str(batch), f"{ms:.3f}", f"{base:.3f}", f"{base / ms:.2f}x")
@@ -694,7 +772,8 @@ def compile_command(
     console.print(
         f"verified: max abs error {result.max_abs_error:.3g}; "
         f"compiled in {result.compile_s:.1f} s; wrote {output} "
-        f"({output.stat().st_size / 1e6:.1f} MB)"
+        f"({output.stat().st_size / 1e6:.1f} MB)",
+        markup=False,
     )
     if result.tuning:
         console.print(
@@ -703,12 +782,16 @@ def compile_command(
 
 
 def main() -> None:
-    """The `kiln` command: a server it cannot reach is one line, not a traceback."""
+    """The `kiln` command: a server it cannot reach, or one that is not Kiln, is one line, not a
+    traceback."""
     try:
         app()
+    except NotKiln as exc:
+        console.print(Text(str(exc), style="red"))
+        sys.exit(1)
     except httpx.TransportError as exc:
         try:
-            where = str(exc.request.url)
+            where = escape(str(exc.request.url))
         except RuntimeError:  # raised before it had a request
             where = "its URL"
         if isinstance(exc, httpx.ReadTimeout):  # it took the request, and may still carry it out
@@ -718,7 +801,8 @@ def main() -> None:
             )
         else:
             console.print(
-                f"[red]cannot reach Kiln at {where}:[/red] {exc or type(exc).__name__}; is it running?"
+                f"[red]cannot reach Kiln at {where}:[/red] {escape(str(exc) or type(exc).__name__)}; "
+                "is it running?"
             )
         sys.exit(1)
 

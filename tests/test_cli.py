@@ -1,24 +1,46 @@
-"""`kiln compile` works offline: compile, verify, benchmark and write a loadable artifact; and bad
-arguments to any command are named before any work."""
+"""`kiln compile` works offline: compile, verify, benchmark and write a loadable artifact; bad
+arguments to any command are named before any work; and against a server, names stay names, its
+text is shown as it is, an answer that is not Kiln's is one line, and Ctrl-C stops following."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import numpy as np
+import pytest
 
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
-from tests.client import expected, sample
+from tests.client import by_backend, expected, sample, upload
 from tests.models import MODELS, TUNABLE, UNCONVERTIBLE
-from tests.servers import ROOT
+from tests.servers import ROOT, KilnServer, embedded_server, wait_until
+
+MLP = MODELS["mlp"]
+# Wide enough that no line of a table or message is wrapped.
+ENV = {**os.environ, "COLUMNS": "200"}
+# Fails at once where there is no GPU, with options in its label: no compile holds the worker.
+TENSORRT_FP16 = [{"name": "tensorrt", "options": {"precision": "fp16"}}]
 
 
-def kiln(*args: str) -> subprocess.CompletedProcess[str]:
+def kiln(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=ROOT,
+        env={**ENV, **env},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -56,6 +78,18 @@ def test_compile_rejects_a_bad_spec(tmp_path: Path) -> None:
     assert "Traceback" not in done.stdout + done.stderr
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
+def test_compile_that_cannot_write_its_artifact_says_so_in_a_line(tmp_path: Path) -> None:
+    source = tmp_path / "mlp.pt"
+    source.write_bytes(MLP.torchscript())
+    # TorchScript's own "compile" at one batch size: the quickest there is.
+    args = ["--input", "x:float32[-1,64]", "--backend", "torchscript", "--max-batch-size", "1"]
+    done = kiln("compile", str(source), *args, "-o", "/dev/full")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "cannot write /dev/full: No space left on device" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
 def test_bad_arguments_are_named_before_any_work(tmp_path: Path) -> None:
     """Each is one message naming the option, not a traceback, and comes before any request or
     compile (an output directory that does not exist is not found after an hour of tuning)."""
@@ -72,6 +106,12 @@ def test_bad_arguments_are_named_before_any_work(tmp_path: Path) -> None:
             ["compile", str(source), "--input", "x:float32[-1,64]", "-o", str(tmp_path / "no" / "x.kiln")],
             "is not a",
         ),
+        (["compile", str(source), "--input", "x:float32[-1,64]", "-o", str(tmp_path)], "is a directory"),
+        (["models", "--url", "http://[::1"], "Invalid value for --url"),
+        (["models", "--url", "127.0.0.1:8000"], "Invalid value for --url"),
+        # Its server decodes %2F before it routes: quoted, it would still name version 1 of m.
+        (["delete", "m/versions/1", "--yes", "--url", url], "'m/versions/1' cannot be a name"),
+        (["delete", ".", "1", "--yes", "--url", url], "'.' cannot be a name"),
     ]:
         done = kiln(*args)
         assert done.returncode == 2, done.stdout + done.stderr
@@ -93,3 +133,165 @@ def test_compile_with_tuning_writes_a_static_batch_artifact(tmp_path: Path) -> N
     for batch in (1, 2):
         x = sample(model, batch)
         np.testing.assert_allclose(runner.run({"x": x})["output0"], expected(model, x), rtol=1e-4, atol=1e-5)
+
+
+class Stub:
+    """A server that is not Kiln, on a loopback port: each request gets `answer`; `seen` keeps
+    each request's headers."""
+
+    def __init__(self) -> None:
+        self.answer: tuple[int, dict[str, str], bytes] = (200, {}, b"{}")
+        self.seen: list[dict[str, str]] = []
+
+
+@contextmanager
+def stub_server() -> Iterator[tuple[str, Stub]]:
+    stub = Stub()
+
+    class Handler(BaseHTTPRequestHandler):
+        def reply(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            stub.seen.append(dict(self.headers))
+            status, headers, body = stub.answer
+            self.send_response(status)
+            for name, value in {**headers, "Content-Length": str(len(body))}.items():
+                self.send_header(name, value)
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = do_PUT = do_DELETE = reply
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    with ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_port}", stub
+        finally:
+            server.shutdown()
+
+
+def test_an_answer_that_is_not_kiln_s_is_one_line(tmp_path: Path) -> None:
+    """A redirect (a proxy's, from http to https, say) names the --url to give; another server's
+    JSON, or no JSON, is not a KeyError traceback."""
+    source = tmp_path / "mlp.pt"
+    source.write_bytes(MLP.torchscript())
+    with stub_server() as (url, stub):
+        for base, moved, hint in [
+            (url, "https://kiln.example/v1/models", "give --url https://kiln.example"),
+            (f"{url}/kiln", "https://kiln.example/kiln/v1/models", "give --url https://kiln.example/kiln"),
+            (url, "/login", "is --url right?"),
+        ]:
+            stub.answer = (301, {"Location": moved}, b"")
+            done = kiln("models", "--url", base)
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert f"error 301: {base}/v1/models redirects to" in done.stdout and hint in done.stdout
+
+        stub.answer = (200, {"Content-Type": "application/json"}, b'{"hello": "world"}')
+        for args, key in [
+            (["models"], "models"),
+            (["default", "m"], "default_version"),
+            (["upload", str(source), "--name", "m", "--input", "x:float32[-1,64]"], "name"),
+        ]:
+            done = kiln(*args, "--url", url)
+            assert done.returncode == 1, done.stdout + done.stderr
+            assert f"did not answer as Kiln's API does (no {key!r}); is --url right?" in done.stdout
+            assert "Traceback" not in done.stdout + done.stderr
+
+        stub.answer = (200, {"Content-Type": "text/html"}, b"<html>hello</html>")
+        done = kiln("models", "--url", url)
+        assert done.returncode == 1 and "did not answer as Kiln's API does: '<html>" in done.stdout
+
+
+def test_an_api_key_is_stripped_and_never_echoed() -> None:
+    """A key read from a file keeps its newline; one a header cannot carry is a usage error that
+    does not show the secret."""
+    with stub_server() as (url, stub):
+        stub.answer = (200, {"Content-Type": "application/json"}, b'{"models": []}')
+        done = kiln("models", "--url", url, KILN_API_KEY="s3cret\n")
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert stub.seen[-1]["Authorization"] == "Bearer s3cret"
+        for key, part in [("s\u00e9cret", "cret"), ("s3c\nret", "s3c")]:
+            done = kiln("models", "--url", url, "--api-key", key)
+            assert done.returncode == 2, done.stdout + done.stderr
+            assert "Invalid value for --api-key" in done.stderr
+            assert part not in done.stdout + done.stderr and "Traceback" not in done.stderr
+        assert len(stub.seen) == 1
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
+    # Its access log says when the CLI follows a job.
+    with embedded_server(tmp_path_factory.mktemp("cli"), KILN_THREADS="1", KILN_ACCESS_LOG="true") as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def victim(http: httpx.Client) -> str:
+    uploaded = upload(http, MLP, name="victim", backends=TENSORRT_FP16)
+    assert uploaded.status_code == 202, uploaded.text
+    return "victim"
+
+
+def test_a_name_is_one_path_segment(server: KilnServer, http: httpx.Client, victim: str) -> None:
+    done = kiln("delete", f"{victim}?keep", "--yes", "--url", server.url)
+    assert done.returncode == 1 and "error 404: no model named 'victim?keep'" in done.stdout, done.stdout
+    assert http.get(f"/v1/models/{victim}/versions/1").status_code == 200
+
+
+def test_predict_asks_for_version_0(server: KilnServer, victim: str) -> None:
+    data = json.dumps({"x": sample(MLP, 1).tolist()})
+    done = kiln("predict", victim, "--version", "0", "--data", data, "--url", server.url)
+    assert done.returncode == 1 and "error 404: model 'victim' has no version 0" in done.stdout, done.stdout
+
+
+def test_the_server_s_text_is_shown_as_it_is(server: KilnServer, tmp_path: Path, victim: str) -> None:
+    """Not read as Rich markup: a variant's options in brackets stay, and a closing tag in an
+    error does not crash the CLI."""
+    source = tmp_path / "mlp.pt"
+    source.write_bytes(MLP.torchscript())
+    args = ["--input", "x:float32[-1,64]", "--set", f"backends={json.dumps(TENSORRT_FP16)}"]
+    done = kiln("upload", str(source), "--name", "shown", *args, "--url", server.url)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "tensorrt[precision=fp16] " in done.stdout
+    done = kiln("models", "--url", server.url)
+    assert done.returncode == 0 and done.stdout.count("tensorrt[precision=fp16] ") == 2, done.stdout
+    done = kiln("serving", victim, "1", "--set", "[/x]=1", "--url", server.url)
+    assert done.returncode == 1 and "error 422: unknown setting(s) ['[/x]']" in done.stdout, done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_ctrl_c_stops_following_at_once_and_the_jobs_go_on(
+    server: KilnServer, http: httpx.Client, tmp_path: Path
+) -> None:
+    """Last here: its tuning goes on until the server stops."""
+    source = tmp_path / "mlp.pt"
+    source.write_bytes(MLP.torchscript())
+    tuned = json.dumps([{"name": "tvm", "options": {"tuning_trials": 2000}}])
+    args = ["--name", "tuned", "--input", "x:float32[-1,64]", "--set", f"backends={tuned}"]
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "upload", str(source), *args, "--url", server.url],
+        cwd=ROOT,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert cli.stdout is not None
+        assert cli.stdout.readline().startswith("tuned version 1")
+        job_id = by_backend(http.get("/v1/models/tuned/versions/1").json()["variants"], "tvm")["job_id"]
+        wait_until(lambda: f"/v1/jobs/{job_id}/events" in server.log.read_text(), 60, "the CLI to follow")
+        cli.send_signal(signal.SIGINT)
+        began = time.monotonic()
+        out, _ = cli.communicate(timeout=30)
+        assert time.monotonic() - began < 10
+    finally:
+        cli.kill()
+    assert cli.returncode == 130, out
+    assert "tvm[tuning_trials=2000] " in out  # its bar
+    assert "stopped following; the jobs go on on the server" in out and "Traceback" not in out
+    variant = by_backend(http.get("/v1/models/tuned/versions/1").json()["variants"], "tvm")
+    assert variant["status"] not in ("failed", "rejected"), variant
