@@ -58,6 +58,9 @@ class Dims:
             ranges[str(expr)] = (max(int(bounds.lower), 2), upper)
         names = dict(zip(program.graph_signature.user_inputs, spec.names, strict=True))
         traced = {name: tuple(x.shape) for name, x in zip(spec.names, program.example_inputs[0], strict=True)}
+        # Export took the batch above 1 too, where a Dim from 1 says 1 serves: verification runs
+        # batch 1, so a guard only that rules out is left to it.
+        at_1 = {t.name: (1, *traced[t.name][1:]) if t.batched else traced[t.name] for t in spec.inputs}
         guards = []
         for code in program._guards_code:  # private; the unlifted module checks them so
             try:
@@ -66,7 +69,8 @@ class Dims:
                     raise ValueError(f"guard {code!r} does not hold for the inputs it was traced on")
             except ValueError as exc:
                 raise ConversionError(f"export's {exc}") from None
-            guards.append(guard)
+            if guard.holds(at_1):
+                guards.append(guard)
         return cls(axes, ranges, guards) if axes or guards else None
 
     def to_dict(self) -> dict[str, Any]:

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from compiler.dims import dynamic_sizes
+from compiler.dims import Dims, dynamic_sizes
 from compiler.errors import ConversionError, InvalidModelError
 from compiler.spec import DTYPES, TRACE_FILL, InputSpec
+from compiler.verify import verification_batches
 
 # The usual mistake is a file that torch wrote some other way: it says how to write the right one.
 _TO_TORCHSCRIPT = (
@@ -79,8 +80,25 @@ def export_program(module: torch.jit.ScriptModule, spec: InputSpec) -> Any:
     axes = sum(size == -1 for t in spec.inputs for size in t.shape[1:])
     if axes > 1:
         with contextlib.suppress(ConversionError):
-            return _convert_and_export(module, _sample(spec, distinct=True), spec)
+            apart = _convert_and_export(module, _sample(spec, distinct=True), spec)
+            if _takes_verifications_inputs(apart, spec):
+                return apart
     return _convert_and_export(module, _sample(spec, distinct=False), spec)
+
+
+def _takes_verifications_inputs(program: Any, spec: InputSpec) -> bool:
+    """Whether a program traced at sizes apart serves the inputs it will be verified and timed
+    on, all at TRACE_FILL: a branch taken at 16 (`if x.shape[1] > 12`) is not that of 8."""
+    dims = Dims.of(program, spec)
+    for batch in verification_batches(spec):
+        # Shapes without the memory: dims read shapes only.
+        inputs = {
+            t.name: np.broadcast_to(np.zeros((), DTYPES[t.dtype]), t.concrete_shape(batch))
+            for t in spec.inputs
+        }
+        if dims is not None and dims.refusal(inputs) is not None:
+            return False
+    return True
 
 
 def _sample(spec: InputSpec, distinct: bool) -> tuple[torch.Tensor, ...]:
@@ -120,6 +138,15 @@ def _convert_and_export(
             program = _export(unguarded, sample, spec, groups, tied=True)
     except Exception as exc:
         raise ConversionError(f"TorchScript export failed: {_export_reason(exc, names)}") from exc
+    # The converter's guards too: the branches it took (`if x.shape[1] > 12`), and sizes it read
+    # one for another, which re-exporting its graph no longer sees. Its inputs are the program's.
+    renamed = dict(
+        zip(converted.graph_signature.user_inputs, program.graph_signature.user_inputs, strict=True)
+    )
+    for code in converted._guards_code:
+        code = re.sub(r"L\['(\w+)'\]", lambda m: f"L['{renamed.get(m[1], m[1])}']", code)
+        if code not in program._guards_code:
+            program._guards_code.append(code)
     sizes = dynamic_sizes(program, spec)
     for axes in groups:
         if len({sizes[where] for where in axes}) > 1:

@@ -6,6 +6,7 @@ expressions come with an artifact from the store."""
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 from collections.abc import Callable, Mapping
@@ -17,7 +18,23 @@ _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Mult: operator.mul,
     ast.FloorDiv: operator.floordiv,
     ast.Mod: operator.mod,
+    ast.Div: operator.truediv,
+    ast.BitAnd: operator.and_,  # of comparisons: sympy's And
+    ast.BitOr: operator.or_,
 }
+# The functions torch's guard printer writes, by name: min and max of sizes (pooling's output
+# size), abs, and floor, ceil and a float of a size (a scale factor's).
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "max": max,
+    "min": min,
+    "abs": abs,
+    "math.floor": math.floor,
+    "math.ceil": math.ceil,
+    "torch.sym_float": float,
+    "float": float,
+}
+# A guard's text at most: the store could hand a hostile one, which must not cost much to check.
+MAX_CODE = 4096
 _COMPARE: dict[type, Callable[[Any, Any], bool]] = {
     ast.Eq: operator.eq,
     ast.NotEq: operator.ne,
@@ -26,6 +43,25 @@ _COMPARE: dict[type, Callable[[Any, Any], bool]] = {
     ast.Gt: operator.gt,
     ast.GtE: operator.ge,
 }
+_NODES = (
+    ast.Expression,
+    ast.Compare,
+    ast.BoolOp,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Constant,
+    ast.Subscript,
+    ast.Call,
+    ast.Attribute,
+    ast.Name,
+    ast.Load,
+    ast.And,
+    ast.Or,
+    ast.Not,
+    ast.USub,
+    *_BINARY,
+    *_COMPARE,
+)
 _SIZE = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
 
 
@@ -34,21 +70,44 @@ class Guard:
 
     def __init__(self, code: str, names: Mapping[str, str]) -> None:
         """ValueError where it is not of the forms export writes: sizes, integers, arithmetic,
-        comparisons, and/or/not."""
+        comparisons, and/or/not, _FUNCTIONS."""
         self.code = code
         self.names = dict(names)
+        if len(code) > MAX_CODE:
+            raise ValueError(f"guard of {len(code)} characters, past {MAX_CODE}")
         try:
             self._tree = ast.parse(code, mode="eval").body
-        except SyntaxError as exc:
+        except (SyntaxError, RecursionError) as exc:
             raise ValueError(f"guard {code!r}: {exc}") from None
         for node in ast.walk(self._tree):
+            size_call = (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "size"
+            )
+            if not isinstance(node, _NODES) or (
+                isinstance(node, ast.Call) and not size_call and _function(node) is None
+            ):
+                raise ValueError(f"guard {code!r}: {ast.unparse(node)} is not a form Kiln checks")
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr != "size"
+                and ast.unparse(node) not in _FUNCTIONS
+            ):
+                raise ValueError(f"guard {code!r}: {ast.unparse(node)} is not a form Kiln checks")
+            if isinstance(node, ast.Name) and node.id not in {"L", "math", "torch", *_FUNCTIONS}:
+                raise ValueError(f"guard {code!r}: {node.id} is not a name Kiln knows")
             inner = isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)  # L['x_1']
             if isinstance(node, ast.Subscript) and not inner and self._size(node) is None:
                 raise ValueError(f"guard {code!r}: {ast.unparse(node)} is no input's size")
 
     def holds(self, shapes: Mapping[str, tuple[int, ...]]) -> bool:
-        """Whether the guard holds for inputs of these shapes, by input name."""
-        return bool(self._value(self._tree, shapes))
+        """Whether the guard holds for inputs of these shapes, by input name; not where it cannot
+        be told (a division by a size of 0 in a branch Python would not take): refused."""
+        try:
+            return bool(self._value(self._tree, shapes))
+        except (ArithmeticError, IndexError, KeyError, TypeError, ValueError):
+            return False
 
     def __str__(self) -> str:
         """As the spec names the inputs: y.shape[1] > x.shape[1]."""
@@ -84,8 +143,16 @@ class Guard:
         if isinstance(node, ast.BoolOp):
             values = [self._value(v, shapes) for v in node.values]
             return all(values) if isinstance(node.op, ast.And) else any(values)
+        if isinstance(node, ast.Call) and (function := _function(node)) is not None:
+            return function(*(self._value(arg, shapes) for arg in node.args))
         if isinstance(node, ast.Compare) and all(type(op) in _COMPARE for op in node.ops):
             operands = [self._value(v, shapes) for v in (node.left, *node.comparators)]
             pairs = zip(node.ops, operands, operands[1:], strict=False)
             return all(_COMPARE[type(op)](left, right) for op, left, right in pairs)
         raise ValueError(f"guard {self.code!r}: {ast.unparse(node)} is not a form Kiln checks")
+
+
+def _function(call: ast.Call) -> Callable[..., Any] | None:
+    """One of _FUNCTIONS, called with positional arguments only."""
+    name = ast.unparse(call.func) if isinstance(call.func, ast.Name | ast.Attribute) else ""
+    return None if call.keywords else _FUNCTIONS.get(name)

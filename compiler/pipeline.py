@@ -12,6 +12,7 @@ import numpy as np
 from compiler.artifact import Artifact
 from compiler.backends import ANY_TARGET, REFERENCE, get_backend, load_artifact, reference_target
 from compiler.benchmark import benchmark
+from compiler.dims import OutsideDimsError
 from compiler.errors import BackendUnavailableError, ConversionError, VerificationError, raised_as
 from compiler.spec import InputSpec
 from compiler.threads import set_threads
@@ -94,7 +95,10 @@ def compile_and_check(
 
     report({"stage": "benchmarking"})
     with raised_as(ConversionError, "benchmarking failed: a run raised"):
-        latency = benchmark(candidate, spec).latency_ms
+        try:
+            latency = benchmark(candidate, spec).latency_ms
+        except OutsideDimsError as exc:  # at batch 1 or the largest, sizes it does not take
+            raise VerificationError(f"it cannot be timed: {exc}") from None
         baseline = benchmark(on_target, spec).latency_ms
     artifact.meta["report"] = {
         "max_abs_error": checked.max_abs_error,

@@ -5,6 +5,7 @@ reports ready, one that cannot is logged and left out, and a restart deploys not
 from __future__ import annotations
 
 import io
+import json
 import os
 import time
 from pathlib import Path
@@ -288,6 +289,7 @@ def test_a_load_reads_the_model_directory_again_and_the_index_says_why_one_is_mi
     unlabelled = CONFIG_PBTXT.replace(' label_filename: "labels.txt"', "")
     good = model_dir(repo, "good", unlabelled, {"1": MLP.torchscript()})
     broken = model_dir(repo, "broken", unlabelled, {"1": b"not a model"})
+    gone = model_dir(repo, "gone", unlabelled, {"1": b"not a model"})
     server = KilnServer(
         {"KILN_DATA_DIR": str(tmp_path / "data"), "KILN_MODEL_REPOSITORY": str(repo)}, tmp_path / "kiln.log"
     )
@@ -313,6 +315,18 @@ def test_a_load_reads_the_model_directory_again_and_the_index_says_why_one_is_mi
         assert http.post("/v2/repository/models/good/load").status_code == 200
         assert versions(http, "good") == [1, 2]
         assert http.get("/v1/models/good").json()["active"]["version"] == 2
+        # A version uploaded through the API serves on through a load of the directory.
+        config = json.dumps(MLP.config(name="good", backends=[]))
+        made = http.post("/v1/models", files={"file": ("m.pt", scripted(5))}, data={"config": config})
+        assert made.status_code == 202, made.text
+        assert http.post("/v2/repository/models/good/load").status_code == 200
+        model = http.get("/v1/models/good").json()
+        assert (model["active"]["version"], model["default_version"]) == (3, None)
+        # A directory that failed, and is gone since, leaves the index once a load looks for it.
+        assert "gone" in {e["name"] for e in http.post("/v2/repository/index").json()}
+        os.replace(gone, tmp_path / "staging" / "gone")
+        assert http.post("/v2/repository/models/gone/load").status_code == 404
+        assert "gone" not in {e["name"] for e in http.post("/v2/repository/index").json()}
         # A name that is no model directory (the repository's parent, say) is no model.
         assert http.post("/v2/repository/models/../load").status_code == 404
         assert http.post("/v2/repository/models/%2E%2E/load").status_code == 404

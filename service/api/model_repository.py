@@ -81,7 +81,7 @@ class Repository:
             for model_dir in dirs:
                 if changed and self._deployed.get(model_dir.name) == fingerprint(model_dir):
                     continue
-                if self._deploy(svc, model_dir, stopping):
+                if self._deploy(svc, model_dir, stopping) is None:
                     served.append(model_dir.name)
         return served
 
@@ -89,17 +89,20 @@ class Repository:
         """Blocking: Triton's load of a model of the repository (the directory read again, new
         versions and configuration deployed), False where `name` is none of its models; a
         BadRequestError that says why where the model does not serve."""
-        if not self.path.is_dir() or name not in {d.name for d in model_dirs(self.path)[0]}:
+        try:
+            found = self.path.is_dir() and name in {d.name for d in model_dirs(self.path)[0]}
+        except OSError:  # the repository cannot be read: its models are not there to load
+            found = False
+        if not found:
+            self.failures.pop(name, None)  # its directory is gone
             return False
         with svc.registry.store.lock(LOCK, LOCK_EXPIRE_S):
-            self._deploy(svc, self.path / name, threading.Event())
-        if name in self.failures:
-            raise BadRequestError(
-                f"model {name!r} did not load from {self.path / name}: {self.failures[name]}"
-            )
+            why = self._deploy(svc, self.path / name, threading.Event())
+        if why is not None:
+            raise BadRequestError(f"model {name!r} did not load from {self.path / name}: {why}")
         return True
 
-    def _deploy(self, svc: Services, model_dir: Path, stopping: threading.Event) -> bool:
+    def _deploy(self, svc: Services, model_dir: Path, stopping: threading.Event) -> str | None:
         """Under the store's lock: deploy_model, and what came of it recorded."""
         now = fingerprint(model_dir)
         why = deploy_model(svc, model_dir, stopping)
@@ -115,7 +118,7 @@ class Repository:
             self._served.add(name)
         if not stopping.is_set():
             self._deployed[name] = now
-        return why is None
+        return why
 
     def _changed(self, dirs: list[Path]) -> bool:
         """Read outside the lock, so possibly while a deploy writes it: a directory seen as
@@ -168,14 +171,16 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> s
     in service again if it was unloaded, as a restarted tritonserver serves its repository."""
     try:
         loads = version_loads(model_dir)
-    except (RepositoryError, OSError) as exc:  # OSError: a file pathlib could not look at (EACCES)
+    # OSError: a file pathlib could not look at (EACCES); UnicodeError: a name not in UTF-8.
+    except (RepositoryError, OSError, UnicodeError) as exc:
         log.error("model %r is not deployed: %s", model_dir.name, exc)
         return str(exc)
     name, loaded, why = loads[0].model, [], "deploying it was cut short"  # Triton's version numbers
     try:
         since = svc.registry.last_unload(name)
-        existed = hold(svc, name)
-        number = 0  # Kiln's, of the last one loaded
+        existed, inherited, before = hold(svc, name)
+        number, recorded = 0, []  # Kiln's numbers: of the last one loaded, of those new
+
         for i, load in enumerate(loads):
             if stopping.is_set():
                 break
@@ -196,8 +201,14 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> s
                 )
                 break
             loaded.append(load.version)
+            if number > before:
+                recorded.append(number)
         if existed or loaded:
-            settle(svc, name, number if len(loaded) == len(loads) else None)
+            newest = number if len(loaded) == len(loads) else None
+            # Older versions of the repository's recorded anew, past its newest (a version policy
+            # that now loads them): versions that an upload through the API made do not count.
+            anew = newest is not None and any(n > newest for n in recorded)
+            settle(svc, name, newest, inherited, anew)
         if not loaded:
             return why
         if not in_service(svc, name, since):
@@ -209,8 +220,9 @@ def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> s
     return None
 
 
-def hold(svc: Services, name: str) -> bool:
-    """Whether Kiln holds the model. While its deploy goes on,
+def hold(svc: Services, name: str) -> tuple[bool, bool, int]:
+    """Whether Kiln holds the model, a hold an earlier deploy left, and its newest version's
+    number (0 for none). While its deploy goes on,
     the version that serves requests naming none is held as its default version, so that an
     older version recorded anew, under a newer number, does not serve meanwhile. The hold is
     recorded: a deploy that failed, or was cut short (a store outage, a crash), leaves it for
@@ -218,22 +230,24 @@ def hold(svc: Services, name: str) -> bool:
     try:
         view = svc.registry.get_model(name)
     except NotFoundError:
-        return False
+        return False, False, 0
+    latest = view.versions[-1][0].version
     if view.default_version is None:
-        svc.registry.set_repository_state(name, view.versions[-1][0].version, held=True)
-    return True
+        svc.registry.set_repository_state(name, latest, held=True)
+    return True, view.repository_hold, latest
 
 
-def settle(svc: Services, name: str, newest: int | None) -> None:
+def settle(svc: Services, name: str, newest: int | None, inherited: bool, anew: bool) -> None:
     """Which version serves requests naming none once the deploy is done. Where the repository's
     newest version (`newest`, Kiln's number; None when a version failed) changed since it last
     deployed, that one, as in Triton, though Kiln holds newer ones (their directories removed:
-    a rollback). Otherwise a default version set through the API stays, and a hold (this
-    deploy's, or one an earlier deploy left) gives way to the repository's newest version: as
-    a default version where Kiln holds newer ones (older repository versions recorded anew
-    under newer numbers, by a changed version policy or a setting since reverted). After a
-    failure the hold stays while versions recorded meanwhile would serve in place of the one
-    that served, as a Triton model whose reload failed."""
+    a rollback). Otherwise a default version set through the API stays, and the hold is
+    released: as a default version where this deploy recorded older repository versions anew,
+    under newer numbers (`anew`: a version policy that now loads them), or where a hold an
+    earlier deploy left (`inherited`) has versions newer than it, which that deploy left behind
+    (a changed setting, reverted since); else none, and the newest serves (an upload through the
+    API too). After a failure the hold stays while versions recorded meanwhile would serve in
+    place of the one that served, as a Triton model whose reload failed."""
     view = svc.registry.get_model(name)
     latest = view.versions[-1][0].version
     if newest is not None and newest != view.repository_version:
@@ -244,10 +258,9 @@ def settle(svc: Services, name: str, newest: int | None) -> None:
             return
         svc.registry.set_repository_state(name, None if newest == latest else newest, False, newest)
         log.info("model %r: version %d serves requests naming none", name, newest)
-    elif view.repository_hold and newest is not None:
-        svc.registry.set_repository_state(name, None if newest == latest else newest, held=False)
-    elif view.repository_hold and view.default_version == latest:
-        svc.registry.set_repository_state(name, None, held=False)
+    elif view.repository_hold and (newest is not None or view.default_version == latest):
+        keep = view.default_version if inherited and view.default_version != latest else None
+        svc.registry.set_repository_state(name, newest if anew else keep, held=False)
 
 
 def removed(svc: Services, name: str) -> None:

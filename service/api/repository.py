@@ -66,7 +66,7 @@ def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list
         names = {view.name for view in views}
         index += [
             {"name": name, "version": "", "state": "UNAVAILABLE", "reason": why}
-            for name, why in svc.repository.failures.items()
+            for name, why in list(svc.repository.failures.items())  # a poll may change it meanwhile
             if name not in names  # else an earlier deploy's versions stand
         ]
     return sorted(index, key=lambda entry: entry["name"])
