@@ -484,11 +484,14 @@ class Runtime:
                 return loaded.runner.run(arrays), variant
             except Exception as exc:
                 if not isinstance(exc, OutsideDimsError):
+                    # Left out as one that fails to load is: not run, and logged, at every batch.
+                    self._unloadable[variant.id] = time.monotonic() + UNLOADABLE_RETRY_S
                     log.warning(
-                        "%s variant %s failed on a batch (%s); TorchScript answers it",
+                        "%s variant %s failed on a batch (%s); TorchScript answers, and serves for %.0f s",
                         variant.backend,
                         variant.id,
                         failure(exc),
+                        UNLOADABLE_RETRY_S,
                     )
                 variant, loaded = self.runner(route, batch, REFERENCE)
         try:

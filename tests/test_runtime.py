@@ -474,3 +474,37 @@ def test_serving_settings_changed_on_another_replica_reach_the_batcher(runtime: 
     runtime.registry.update_serving("mlp", 1, {"instances": 1})
     runtime._fetch_route(("mlp", None), runtime._generations["mlp"])
     assert batcher.lanes == [lane]
+
+
+def test_a_variant_that_fails_on_a_batch_gives_way_to_torchscript(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ONNX Runtime serves batches of 8 until one fails in it: TorchScript answers that batch, and
+    the next ones, without the variant being run and logged at each."""
+    real = get_backend
+    runs = []
+
+    class Failing:
+        def __init__(self, name: str) -> None:
+            self.backend = real(name)
+
+        def load(self, artifact: Artifact) -> Runner:
+            runner = self.backend.load(artifact)
+            if runner.backend != "onnxruntime":
+                return runner
+
+            def run(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+                runs.append(len(inputs["x"]))
+                raise RuntimeError("a kernel this build got wrong")
+
+            runner.run = run  # type: ignore[method-assign]
+            return runner
+
+    monkeypatch.setattr("compiler.backends.get_backend", Failing)
+    x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    served = [asyncio.run(runtime.predict("mlp", None, {"x": x})) for _ in range(3)]
+    assert [p.variant.backend for p in served] == ["torchscript"] * 3
+    for prediction in served:
+        np.testing.assert_allclose(prediction.outputs["output0"], expected(x), rtol=1e-5, atol=1e-6)
+    assert runs == [8]
+    assert len([r for r in caplog.records if "failed on a batch" in r.getMessage()]) == 1
