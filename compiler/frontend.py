@@ -14,6 +14,7 @@ import torch
 
 from compiler.dims import Dims, dynamic_sizes
 from compiler.errors import ConversionError, InvalidModelError
+from compiler.guards import ARGUMENT_DIM
 from compiler.spec import DTYPES, TRACE_FILL, InputSpec
 from compiler.verify import verification_batches
 
@@ -169,8 +170,6 @@ def _export(
     return torch.export.export(module, sample, dynamic_shapes=shapes, strict=False)
 
 
-# How export names a dim of a module's argument, here the converted program's inputs.
-_ARGUMENT_DIM = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
 _FIXED = re.compile(r"specialized it to be a constant \((\d+)\)")
 
 
@@ -178,7 +177,7 @@ def _export_reason(exc: BaseException, names: dict[str, str]) -> str:
     """What export said, in the spec's words: a dim the model fixes, named by input and axis."""
     if "Constraints violated" not in str(exc):
         return _first_line(exc)
-    dim = _ARGUMENT_DIM.search(str(exc))
+    dim = ARGUMENT_DIM.search(str(exc))
     fixed = _FIXED.search(str(exc))
     where = (
         f"input {names.get(dim[1], dim[1])!r} dim {dim[2]}" if dim else "a dim the input spec marks dynamic"

@@ -62,7 +62,8 @@ _NODES = (
     *_BINARY,
     *_COMPARE,
 )
-_SIZE = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
+# How export names a dim of the program's argument `x`, in guards and in its errors.
+ARGUMENT_DIM = re.compile(r"L\['(\w+)'\]\.size\(\)\[(\d+)\]")
 
 
 class Guard:
@@ -111,7 +112,7 @@ class Guard:
 
     def __str__(self) -> str:
         """As the spec names the inputs: y.shape[1] > x.shape[1]."""
-        return _SIZE.sub(lambda m: f"{self.names.get(m[1], m[1])}.shape[{m[2]}]", self.code)
+        return ARGUMENT_DIM.sub(lambda m: f"{self.names.get(m[1], m[1])}.shape[{m[2]}]", self.code)
 
     def _size(self, node: ast.Subscript) -> tuple[str, int] | None:
         """The input and axis of `L['x_1'].size()[1]`."""
