@@ -183,9 +183,20 @@ def test_inputs_too_big_to_check_the_model_on(http: httpx.Client, shape: list[in
 
 
 def test_upload_over_limit(http: httpx.Client) -> None:
+    """A body declared past the limit, which Starlette refuses before any handler runs, is
+    answered as every other error is: a problem, with its request id, counted on its route."""
     big = b"\0" * (2 * 1024 * 1024)
-    response = post_upload(http, json.dumps(MLP.config()), big)
-    assert "KILN_MAX_UPLOAD_MB allows" in problem(response, 413)  # a problem, as every other error
+    before = value(scrape(http), "kiln_http_errors_total", code="413", route="/v1/models")
+    files = {"file": ("m.pt", big)}
+    response = http.post(
+        "/v1/models",
+        data={"config": json.dumps(MLP.config())},
+        files=files,
+        headers={"X-Request-ID": "big-upload"},
+    )
+    assert "KILN_MAX_UPLOAD_MB allows" in problem(response, 413)
+    assert response.headers["x-request-id"] == "big-upload"
+    assert value(scrape(http), "kiln_http_errors_total", code="413", route="/v1/models") == before + 1
     assert http.get("/v1/models/mlp").json()["versions"][0]["version"] == 1  # nothing was lost
 
 

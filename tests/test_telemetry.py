@@ -65,12 +65,17 @@ def test_inference_spans_name_their_route(tmp_path: Path) -> None:
     # process traces (every other app has it off).
     provider = Provider()
     trace.set_tracer_provider(provider)
-    app = create_app(Settings(data_dir=tmp_path, grpc_port=0, opentelemetry=True))
+    app = create_app(Settings(data_dir=tmp_path, grpc_port=0, opentelemetry=True, max_upload_mb=1))
     with TestClient(app) as client:
         body = infer_body(sample(MODELS["mlp"], 1))
         response = client.post("/v2/models/nope/infer", json=body, headers={"X-Request-ID": "traced"})
         kserve = client.post("/v1/models/nope:predict", json={"instances": [[0.5] * 64]})
+        big = client.post("/v2/models/nope/infer", content=b"\0" * (2 << 20), headers={"X-Request-ID": "big"})
     assert response.status_code == 404 and response.headers["x-request-id"] == "traced"
+    # A body declared past KILN_MAX_UPLOAD_MB, refused by the framework before the handler runs,
+    # in the protocol's error shape still.
+    assert big.status_code == 413 and big.headers["x-request-id"] == "big", big.text
+    assert "KILN_MAX_UPLOAD_MB allows 1048576" in big.json()["error"]
     # Through the framework's router too, KServe V1 answers in its own error shape.
     assert kserve.status_code == 404 and kserve.json() == {"error": "no model named 'nope'"}
     routes = [span.attributes.get("http.route") for span in provider.spans]

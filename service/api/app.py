@@ -15,7 +15,8 @@ from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from fastapi.telemetry import TelemetryConfig
 from starlette.concurrency import run_in_threadpool
-from starlette.types import ASGIApp
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Scope
 
 from compiler.threads import set_threads
 from service import metrics
@@ -101,24 +102,30 @@ class KilnAPI(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
         if self.max_body_size is not None:
-            stack = problems.DeclaredTooLarge(stack, self.max_body_size)
-        if not self.hot_path:
-            return stack
-        # The routers' own routes: FastAPI includes a router as a whole, not route by route.
-        routes = [
-            r
-            for router in (v2.inference, kserve_v1.router)
-            for r in router.routes
-            if isinstance(r, InferRoute)
-        ]
-        return InferenceFirst(stack, routes)
+            stack = problems.DeclaredTooLarge(stack, self.max_body_size, answer)
+        if self.hot_path:
+            # The routers' own routes: FastAPI includes a router as a whole, not route by route.
+            routes = [
+                r
+                for router in (v2.inference, kserve_v1.router)
+                for r in router.routes
+                if isinstance(r, InferRoute)
+            ]
+            stack = InferenceFirst(stack, routes)
+        # Outermost, so that what Starlette answers itself (its 500, its 413) carries the request
+        # id and is counted, as every other answer is.
+        return RequestContext(stack)
 
 
-def refusal(route: APIRoute) -> Callable[[KilnError], ASGIApp]:
-    """The response to a refused key, as the route's own check answers it."""
-    if isinstance(route, ProtocolRoute):  # the inference protocols' shape (`protocol.guarded`)
+def refusal(route: BaseRoute | None) -> Callable[[KilnError], ASGIApp]:
+    """The response to an error raised outside the route, as the route's own errors answer."""
+    if isinstance(route, ProtocolRoute | InferRoute):  # the inference protocols' shape
         return lambda exc: JSONResponse({"error": str(exc)}, exc.status_code, exc.headers)
     return lambda exc: problems.problem(exc.status_code, exc.title, str(exc), exc.headers)
+
+
+def answer(scope: Scope) -> Callable[[KilnError], ASGIApp]:
+    return refusal(scope.get("route"))  # set by the router once it matched
 
 
 def body_routes(routers: Iterable[APIRouter]) -> list[BodyRoute]:
@@ -219,7 +226,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.api_keys = api_keys
     if api_keys:  # else every route is open
         app.add_middleware(KeyBeforeBody, keys=api_keys, routes=body_routes(routers))
-    app.add_middleware(RequestContext)
     problems.install(app)
     for router in routers:
         app.include_router(router)

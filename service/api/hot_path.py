@@ -7,7 +7,7 @@ small model's 0.5 ms request as for an upload. So the inference routes of v2 and
 protocol (`InferRoute`) are matched first, and their handlers run with only what they need around
 them:
 
-- `RequestContext`, for the request id and the error counts;
+- `RequestContext`, for the request id and the error counts, as around every request;
 - the route's own handler, which answers every error as `{"error": ...}` and checks the body
   against KILN_MAX_UPLOAD_MB itself (`bodies.bounded_body`).
 
@@ -24,7 +24,6 @@ from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.api.middleware import RequestContext
 from service.api.protocol import Handler, InferRoute
 
 
@@ -33,7 +32,7 @@ def direct(handler: Handler) -> ASGIApp:
         response = await handler(Request(scope, receive))
         await response(scope, receive, send)
 
-    return RequestContext(app)
+    return app
 
 
 class InferenceFirst:

@@ -67,8 +67,8 @@ class RequestContext:
             return
         rid = incoming_or_new(given_id(scope))
         rid_header = (HEADER_KEY, rid.encode("latin-1"))
-        # Not reset afterwards: the task ends with the request, and the 500 handler, which runs
-        # outside this middleware, must still see it.
+        # Not reset afterwards: the task ends with the request, and uvicorn's access log, which
+        # runs outside this middleware, must still see it.
         request_id.set(rid)
         status = 0
 
@@ -83,9 +83,9 @@ class RequestContext:
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
-            # Answered outside this middleware: by the 500 handler, or by uvicorn on the hot path.
-            if not status:
-                metrics.HTTP_ERRORS.labels("500", route_template(scope)).inc()
+            # Answered by Starlette's 500 handler, which raises again once it has answered, or,
+            # on the hot path or once a response had started, by uvicorn.
+            metrics.HTTP_ERRORS.labels(str(max(status, 500)), route_template(scope)).inc()
             raise
         if status >= 400:
             metrics.HTTP_ERRORS.labels(str(status), route_template(scope)).inc()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,10 +22,8 @@ from compiler.errors import (
     InvalidSpecError,
     ModelRunError,
 )
-from service.api.middleware import HEADER
 from service.api.schemas import Problem
 from service.errors import KilnError, PayloadTooLargeError
-from service.logs import request_id
 from service.store import StoreUnavailableError
 
 log = logging.getLogger("kiln.api")
@@ -67,12 +66,15 @@ def too_large(size: int, limit: int) -> str:
 
 class DeclaredTooLarge:
     """Starlette answers a body whose declared length is past the app's max_body_size with a
-    text/plain 413 of its own, past every exception handler: it goes out as the problem+json
-    that every other error is."""
+    text/plain 413 of its own, past every exception handler: it goes out as `answer` has the
+    matched route answer its errors (problem+json, or `{"error"}` on the protocols' routes)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int, answer: Callable[[Scope], Callable[[KilnError], ASGIApp]]
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.answer = answer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -87,8 +89,8 @@ class DeclaredTooLarge:
             if message["type"] == "http.response.start" and message["status"] == 413 and _plain(message):
                 replaced = True
                 declared = int(Headers(scope=scope).get("content-length", str(self.limit + 1)))
-                title = PayloadTooLargeError.title
-                await problem(413, title, too_large(declared, self.limit))(scope, receive, send)
+                error = PayloadTooLargeError(too_large(declared, self.limit))
+                await self.answer(scope)(error)(scope, receive, send)
                 return
             await send(message)
 
@@ -156,9 +158,4 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        response = problem(500, "Internal error", f"{type(exc).__name__}; see the server log")
-        # Starlette answers this one outside the middleware that stamps every other response.
-        rid = request_id.get()
-        if rid is not None:
-            response.headers[HEADER] = rid
-        return response
+        return problem(500, "Internal error", f"{type(exc).__name__}; see the server log")
