@@ -47,11 +47,21 @@ class ColumnSums(nn.Module):
         return x.sum(0)
 
 
+class Prefix(nn.Module):
+    """As many columns as the first value says: an output whose shape follows the values."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, : int(x[0, 0].item())]
+
+
 LOG = models.TestModel("log", Log, [{"name": "x", "dtype": "float32", "shape": [-1, 3]}])
 TOTAL = models.TestModel("total", Total, [{"name": "x", "dtype": "float32", "shape": [-1, 3]}])
 # A fixed shape: no batch dimension to stack instances on.
 FIXED = models.TestModel("fixed", Log, [{"name": "x", "dtype": "float32", "shape": [2, 3]}])
 SUMS = models.TestModel("sums", ColumnSums, [{"name": "x", "dtype": "float32", "shape": [-1, 3]}])
+PREFIX = models.TestModel("prefix", Prefix, [{"name": "x", "dtype": "float32", "shape": [-1, 3]}])
+# Rows of any length, two to a batch.
+ROWS = models.TestModel("rows", Log, [{"name": "x", "dtype": "float32", "shape": [-1, -1]}])
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +83,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
             (MLP, {"name": "single", "max_batch_size": 1}),
             (FIXED, {}),
             (SUMS, {}),
+            (PREFIX, {"max_batch_size": 1}),
+            (ROWS, {"max_batch_size": 2}),
         ):
             response = upload(admin, model, backends=[], **config)
             assert response.status_code == 202, response.text
@@ -266,6 +278,19 @@ BAD_REQUESTS: dict[str, tuple[str, Any, int, str]] = {
         {"instances": [[1.0] * 3] * 3},
         400,
         "output(s) ['output0[3]']",
+    ),
+    # Each batch of two takes its rows, but the batches make no one tensor: refused before any runs.
+    "rows of two lengths in two batches": (
+        "rows",
+        {"instances": [[1.0, 2.0], [3.0, 4.0], [1.0, 2.0, 3.0]]},
+        400,
+        "input 'x': instances of one request make one tensor, but theirs have shapes [[2], [3]]",
+    ),
+    "outputs of two shapes in two batches": (
+        "prefix",
+        {"instances": [[1.0, 0.0, 0.0], [2.0, 0.0, 0.0]]},
+        400,
+        "output 'output0' has shapes [[1], [2]] in the batches the instances ran in",
     ),
     "unknown model": ("nope", {"instances": [ROW]}, 404, "'nope'"),
     "too large": ("mlp", b"[" + b"0.5," * 300_000 + b"0.5]", 413, "KILN_MAX_UPLOAD_MB"),

@@ -132,7 +132,15 @@ def decoded(body: bytes, spec: InputSpec, outputs: list[OutputInfo]) -> tuple[in
     check_rows(outputs)
     rows = len(request.instances)
     size = spec.largest_batch if all(o.rows_apart for o in outputs) else 1  # else each alone
-    return rows, [spec.coerce({n: v[i : i + size] for n, v in values.items()}) for i in range(0, rows, size)]
+    batches = [spec.coerce({n: v[i : i + size] for n, v in values.items()}) for i in range(0, rows, size)]
+    for name in spec.names:  # within a batch, coerce refuses ragged rows; across batches, here
+        shapes = {tuple(b[name].shape[1:]) for b in batches}
+        if len(shapes) > 1:
+            raise BadRequestError(
+                f"input {name!r}: instances of one request make one tensor, but theirs have shapes "
+                f"{sorted(list(s) for s in shapes)}; send instances of one shape in a request"
+            )
+    return rows, batches
 
 
 async def run(svc: Services, name: str, number: int, batches: list[Arrays], gone: Gone) -> Arrays:
@@ -161,6 +169,13 @@ async def run(svc: Services, name: str, number: int, batches: list[Arrays], gone
     results = [d for d in done if isinstance(d, Prediction)]
     if len(results) < len(batches):  # one was cancelled
         raise next(d for d in done if isinstance(d, BaseException))
+    for k in results[0].outputs:  # an output whose size follows the values, not the shapes
+        shapes = {r.outputs[k].shape[1:] for r in results}
+        if len(shapes) > 1:
+            raise BadRequestError(
+                f"output {k!r} has shapes {sorted(list(s) for s in shapes)} in the batches the "
+                f"instances ran in, which make no one answer; send {COLUMNAR}, one batch at a time"
+            )
     return {k: np.concatenate([r.outputs[k] for r in results]) for k in results[0].outputs}
 
 
