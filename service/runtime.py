@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
+from typing import NoReturn
 
 import numpy as np
 import torch
@@ -479,28 +480,33 @@ class Runtime:
         route = self._routes.get((name, number)) or self.route(name, number)
         batch = route.spec.check(arrays)
         variant, loaded = self.runner(route, batch, backend)
-        if backend is None and variant.backend != REFERENCE:
-            try:
-                return loaded.runner.run(arrays), variant
-            except Exception as exc:
-                if not isinstance(exc, OutsideDimsError):
-                    # Left out as one that fails to load is: not run, and logged, at every batch.
-                    self._unloadable[variant.id] = time.monotonic() + UNLOADABLE_RETRY_S
-                    log.warning(
-                        "%s variant %s failed on a batch (%s); TorchScript answers, and serves for %.0f s",
-                        variant.backend,
-                        variant.id,
-                        failure(exc),
-                        UNLOADABLE_RETRY_S,
-                    )
-                variant, loaded = self.runner(route, batch, REFERENCE)
         try:
             return loaded.runner.run(arrays), variant
         except Exception as exc:
-            # A pinned compiled variant's failure (past OutsideDimsError, a 400) is Kiln's.
-            if variant.backend != REFERENCE or isinstance(exc, CompilerError) or out_of_memory(exc):
-                raise
-            raise ModelRunError(f"the model failed on these inputs: {failure(exc)}") from exc
+            pinned = backend is not None and isinstance(exc, OutsideDimsError)  # a 400 that says why
+            if variant.backend == REFERENCE or pinned or out_of_memory(exc):
+                fail_request(exc)
+            failed = exc
+        # TorchScript, the model as uploaded, tells whose failure it was: the inputs' (an index
+        # out of range) when it fails too, and then the variant stays in service; else the variant's.
+        reference, uploaded = self.runner(route, batch, REFERENCE)
+        try:
+            outputs = uploaded.runner.run(arrays)
+        except Exception as exc:
+            fail_request(exc)
+        if backend is not None:
+            raise failed  # the pinned backend's answer was asked for, and it has none: Kiln's fault
+        if not isinstance(failed, OutsideDimsError):
+            # Left out as one that fails to load is: not run, and logged, at every batch.
+            self._unloadable[variant.id] = time.monotonic() + UNLOADABLE_RETRY_S
+            log.warning(
+                "%s variant %s failed on a batch that TorchScript runs (%s); TorchScript serves for %.0f s",
+                variant.backend,
+                variant.id,
+                failure(failed),
+                UNLOADABLE_RETRY_S,
+            )
+        return outputs, reference
 
     def choose(self, variants: list[VariantRecord], batch: int, backend: str | None = None) -> VariantRecord:
         """The variant to serve at this batch size, leaving out those that failed to load
@@ -780,6 +786,15 @@ class Runtime:
             executor.shutdown(wait=False, cancel_futures=True)
         self._route_pool.shutdown(wait=False, cancel_futures=True)
         self._load_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def fail_request(exc: Exception) -> NoReturn:
+    """Raise what the model raised on a request's inputs as the request's error (a 400); Kiln's
+    own errors (a pinned variant's refusal of sizes, a 400 too), and the host's lack of memory,
+    as they are."""
+    if isinstance(exc, CompilerError) or out_of_memory(exc):
+        raise exc
+    raise ModelRunError(f"the model failed on these inputs: {failure(exc)}") from exc
 
 
 def out_of_memory(exc: BaseException) -> bool:

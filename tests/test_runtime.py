@@ -23,7 +23,7 @@ from prometheus_client import REGISTRY
 
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
-from compiler.errors import CompilerError
+from compiler.errors import CompilerError, ModelRunError
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from service.errors import ConflictError, DeletedError
@@ -476,13 +476,14 @@ def test_serving_settings_changed_on_another_replica_reach_the_batcher(runtime: 
     assert batcher.lanes == [lane]
 
 
-def test_a_variant_that_fails_on_a_batch_gives_way_to_torchscript(
-    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """ONNX Runtime serves batches of 8 until one fails in it: TorchScript answers that batch, and
-    the next ones, without the variant being run and logged at each."""
+Failure = Callable[[str, Mapping[str, np.ndarray]], str | None]
+
+
+def failing(monkeypatch: pytest.MonkeyPatch, fails: Failure) -> list[str]:
+    """Runners that raise RuntimeError(message) where `fails(backend, inputs)` gives a message;
+    returns the backends of the runs, as they come."""
     real = get_backend
-    runs = []
+    runs: list[str] = []
 
     class Failing:
         def __init__(self, name: str) -> None:
@@ -490,21 +491,58 @@ def test_a_variant_that_fails_on_a_batch_gives_way_to_torchscript(
 
         def load(self, artifact: Artifact) -> Runner:
             runner = self.backend.load(artifact)
-            if runner.backend != "onnxruntime":
-                return runner
+            inner = runner.run
 
             def run(inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-                runs.append(len(inputs["x"]))
-                raise RuntimeError("a kernel this build got wrong")
+                runs.append(runner.backend)
+                message = fails(runner.backend, inputs)
+                if message is not None:
+                    raise RuntimeError(message)
+                return inner(inputs)
 
             runner.run = run  # type: ignore[method-assign]
             return runner
 
     monkeypatch.setattr("compiler.backends.get_backend", Failing)
+    return runs
+
+
+def test_a_variant_that_fails_on_a_batch_gives_way_to_torchscript(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ONNX Runtime serves batches of 8 until one fails in it that TorchScript runs: TorchScript
+    answers that batch, and the next ones, without the variant being run and logged at each. A
+    request that pins the failing backend gets its failure, Kiln's (a 500), not TorchScript's answer."""
+    runs = failing(
+        monkeypatch, lambda backend, _: "a kernel this build got wrong" if backend == "onnxruntime" else None
+    )
     x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
     served = [asyncio.run(runtime.predict("mlp", None, {"x": x})) for _ in range(3)]
     assert [p.variant.backend for p in served] == ["torchscript"] * 3
     for prediction in served:
         np.testing.assert_allclose(prediction.outputs["output0"], expected(x), rtol=1e-5, atol=1e-6)
-    assert runs == [8]
+    assert runs.count("onnxruntime") == 1
     assert len([r for r in caplog.records if "failed on a batch" in r.getMessage()]) == 1
+    with pytest.raises(RuntimeError, match="a kernel this build got wrong"):
+        asyncio.run(runtime.predict("mlp", None, {"x": x}, backend="onnxruntime"))
+
+
+def test_inputs_the_model_itself_fails_on_leave_the_variant_in_service(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch that ONNX Runtime fails on and TorchScript fails on too (an index out of range)
+    is the request's fault: a 400 (ModelRunError), pinned or not, and the variant serves the
+    next batch; one bad request a minute does not keep a model off its fastest variant."""
+    runs = failing(
+        monkeypatch, lambda _, inputs: "index out of range in self" if inputs["x"][0, 0] > 100 else None
+    )
+    x = np.random.default_rng(0).standard_normal((8, 64)).astype(np.float32)
+    bad = x.copy()
+    bad[0, 0] = 1000
+    for backend in (None, "onnxruntime"):
+        with pytest.raises(ModelRunError, match=r"the model failed on these inputs: .*index out of range"):
+            asyncio.run(runtime.predict("mlp", None, {"x": bad}, backend=backend))
+    served = asyncio.run(runtime.predict("mlp", None, {"x": x}))
+    assert served.variant.backend == "onnxruntime"
+    np.testing.assert_allclose(served.outputs["output0"], expected(x), rtol=1e-5, atol=1e-6)
+    assert runs.count("onnxruntime") == 3
