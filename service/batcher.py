@@ -245,13 +245,21 @@ class Batcher(Generic[T]):
             request = _Request(inputs, batch, future, deadline, priority, level, gone, waiting, on_run)
             self._queue.append(request)
             self._arrived.set()
-            if deadline is None:
-                return await future
-            expiry = asyncio.get_running_loop().call_later(deadline - time.monotonic(), self._expire, request)
+            expiry = None
+            if deadline is not None:
+                expiry = asyncio.get_running_loop().call_later(
+                    deadline - time.monotonic(), self._expire, request
+                )
             try:
                 return await future
             finally:
-                expiry.cancel()
+                if expiry is not None:
+                    expiry.cancel()
+                if not request.started:
+                    # Given up on (a gRPC call cancelled, a stream closed): out of the queue,
+                    # with its inputs, as it is out of the count that max_queue_size bounds.
+                    with contextlib.suppress(ValueError):
+                        self._queue.remove(request)
         finally:
             waiting.left()
             self._count(-1)

@@ -292,6 +292,36 @@ def test_closing_answers_every_waiting_request() -> None:
     assert "unloaded" in str(results[0])
 
 
+def test_a_request_given_up_on_while_it_waits_leaves_the_queue() -> None:
+    """Cancelled behind a running batch (a gRPC call cancelled, its stream closed): out of the
+    queue with its inputs at once, not left there until a batch reaches it, while max_queue_size
+    already lets another in its place; those still waiting run as they would have."""
+    gated = Gated()
+
+    async def main() -> tuple[int, list[object]]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(gated, BatchPolicy(4, max_queue_size=3), [pool])
+            first = asyncio.ensure_future(batcher.submit(tag(0), 1))
+            await asyncio.sleep(0.05)  # its batch is running, alone
+            for n in range(1, 101):  # each cancelled: the queue never holds more than one
+                given_up = asyncio.ensure_future(batcher.submit(tag(n), 1))
+                await asyncio.sleep(0)
+                given_up.cancel()
+                await asyncio.gather(given_up, return_exceptions=True)
+            kept = asyncio.ensure_future(batcher.submit(tag(101), 1))
+            await asyncio.sleep(0)
+            queued = len(batcher._queue)
+            gated.gate.set()
+            results = await asyncio.gather(first, kept)
+            batcher.close()
+            return queued, [r[0]["y"][0, 0] for r in results]
+
+    queued, answers = asyncio.run(main())
+    assert queued == 1
+    assert answers == [0, 101]
+    assert gated.batches == [[0], [101]]
+
+
 def quiet_loop_errors() -> list[dict[str, object]]:
     """asyncio's reports of errors nobody read ("Task exception was never retrieved"), kept."""
     errors: list[dict[str, object]] = []
