@@ -29,7 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -206,6 +206,8 @@ class Batcher(Generic[T]):
         self._batch: list[_Request[T]] = []  # being collected
         self._running: dict[asyncio.Task[None], list[_Request[T]]] = {}  # batches, by their task
         self._task: asyncio.Task[None] | None = None
+        self._events = asyncio.get_running_loop()  # made by a request: `drain` reaches it from threads
+        self._drained: Future[None] | None = None  # draining: answered once no request is pending
         self._pending = 0  # submitted and not yet answered; only touched on the event loop
         # The most requests pending at once in this batch cycle, and in the last PEAK_CYCLES; a
         # new batcher has seen no load yet, so it waits as if batches could fill.
@@ -227,6 +229,8 @@ class Batcher(Generic[T]):
         waited past GONE_CHECK_S and whose client is `gone` then gets a ClientGoneError, and
         does not run; so does one of a model that cannot batch, once a thread takes it up.
         `on_run` is told when its phases began, once it ran."""
+        if self._drained is not None:
+            raise _stopped()
         limit = self.policy.max_queue_size
         if limit and self._pending >= limit:
             raise QueueFullError(
@@ -296,6 +300,8 @@ class Batcher(Generic[T]):
                 self.on_pending(change)
             except Exception:
                 log.exception("pending requests callback failed")
+        if change < 0 and self._drained is not None:
+            self._stop_if_drained()
 
     async def _run_alone(
         self,
@@ -376,6 +382,29 @@ class Batcher(Generic[T]):
     def _ran(self, lane: Executor, running: asyncio.Task[None]) -> None:
         del self._running[running]
         self._free(lane)
+
+    def drain(self, limit_s: float) -> Future[None]:
+        """Take no more requests (a 503) and stop once those in are answered, as Triton unloads
+        a model: the requests waiting and running still run. Those still waiting `limit_s` from
+        now get a 503, as on close. Safe from any thread; the future is done once every request
+        is answered."""
+        drained: Future[None] = Future()
+
+        def start() -> None:
+            self._drained = drained
+            self._events.call_later(limit_s, self.close)
+            self._stop_if_drained()
+
+        try:
+            self._events.call_soon_threadsafe(start)
+        except RuntimeError:  # the loop is closed: no request is left to answer
+            drained.set_result(None)
+        return drained
+
+    def _stop_if_drained(self) -> None:
+        if self._drained is not None and not self._pending and not self._drained.done():
+            self.close()
+            self._drained.set_result(None)
 
     def close(self) -> None:
         """Stop the batching task; the requests still waiting get a 503. Safe from any thread."""
@@ -512,10 +541,7 @@ class Batcher(Generic[T]):
             running.cancel()
         self._batch = []
         self._queue.clear()
-        error = UnavailableError(
-            "the model stopped serving here (unloaded, deleted, or the server is stopping) while "
-            "this request waited for it"
-        )
+        error = _stopped()
         for r in waiting:
             if not r.future.done():
                 r.future.set_exception(error)
@@ -606,6 +632,13 @@ class _Waiting:
             log.exception("waiting requests callback failed")
             return False
         return True
+
+
+def _stopped() -> UnavailableError:
+    return UnavailableError(
+        "the model stopped serving here (unloaded, deleted, or the server is stopping) while this "
+        "request waited for it"
+    )
 
 
 @dataclass

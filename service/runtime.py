@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import NoReturn
 
 import numpy as np
@@ -61,6 +62,9 @@ MB = 1024 * 1024
 ROUTE_WAIT_S = 0.5
 # How long a variant that failed to load is left out before a request tries it again.
 UNLOADABLE_RETRY_S = 60.0
+# How long an unload lets the requests already in run before it answers the rest with 503:
+# Triton lets a model's requests in flight finish before it unloads it.
+UNLOAD_DRAIN_S = 30.0
 # At most one background load of a runner this often: when the budget holds only one of a
 # version's runners, each load would evict the stand-in and the next batch size load it back.
 LOAD_BEHIND_EVERY_S = 60.0
@@ -157,6 +161,9 @@ class Runtime:
         # Model -> when a refresh last found it unloaded: until a TTL later, its requests are
         # refused without asking the store, as a ready model's are served from its route.
         self._unloaded_at: dict[str, float] = {}
+        # Per model, how many times it was loaded again (rerouted): an unload's runners go once
+        # its requests are answered unless it was loaded again meanwhile, and serves on them.
+        self._loads: defaultdict[str, int] = defaultdict(int)
         # Variant id -> when to try loading it again.
         self._unloadable: dict[str, float] = {}
         # Refreshes run here: with a hung store each takes its socket timeout, so enough threads
@@ -167,6 +174,11 @@ class Runtime:
         self._loaded_behind_at: dict[str, float] = {}  # runner key -> when its load began
         # Per model version, and per backend for requests that pin one.
         self._batchers: dict[tuple[str, int, str | None], Batcher[VariantRecord]] = {}
+        # Unloaded, their requests in flight still running: the batchers (and the model version
+        # they serve), and the routes their batches find their variants by, until those requests
+        # are answered.
+        self._draining: dict[Batcher[VariantRecord], tuple[str, int]] = {}
+        self._draining_routes: dict[tuple[str, int], Route] = {}
         # Models that cannot batch run their requests side by side here.
         self._executor = ThreadPoolExecutor(settings.inference_workers, thread_name_prefix="kiln-infer")
         # A batching model runs one batch at a time (`instances` at a time), each always on the
@@ -296,6 +308,7 @@ class Runtime:
         the model still unloaded or the old default."""
         with self._lock:
             self._new_generation(name)
+            self._loads[name] += 1
             self._unloaded_at.pop(name, None)
             self._routes.pop((name, None), None)
 
@@ -477,7 +490,8 @@ class Runtime:
         failure verification did not meet), TorchScript answers, as the upload would; what the
         model itself raises on the inputs is the request's error (ModelRunError, a 400), as in
         Triton."""
-        route = self._routes.get((name, number)) or self.route(name, number)
+        key = (name, number)
+        route = self._routes.get(key) or self._draining_routes.get(key) or self.route(name, number)
         batch = route.spec.check(arrays)
         variant, loaded = self.runner(route, batch, backend)
         try:
@@ -735,9 +749,10 @@ class Runtime:
         self._evictions += evicted
         return evicted
 
-    def unload(self, name: str, version: int | None = None) -> int:
-        """Drop the routes, batchers and runners of a model, or of one of its versions, in this
-        process (deleted, or unloaded); return how many runners went."""
+    def unload(self, name: str, version: int | None = None) -> None:
+        """Take a model, or one of its versions, out of service in this process (deleted, or
+        unloaded): new requests no longer find it, those already in run to their answer (for up
+        to UNLOAD_DRAIN_S), and then its runners go."""
 
         def gone(model: str, number: int) -> bool:
             return model == name and version in (None, number)
@@ -746,23 +761,76 @@ class Runtime:
             self._generations[name] += 1  # refreshes in flight now keep nothing they read
             if version is None:  # loads in flight are not kept (a deleted version's: Stats.deleted)
                 self._unloads[name] += 1
+            loads = self._loads[name]
         self._responses.drop(name, version)  # its answers go with its runners
+        routes = {}
         # Copies: requests on the event loop may add entries meanwhile.
         for route_key, route in list(self._routes.items()):
             if gone(route_key[0], route.version.version):
                 self._routes.pop(route_key, None)
-        for batcher_key in [k for k in list(self._batchers) if gone(k[0], k[1])]:
-            batcher = self._batchers.pop(batcher_key, None)  # None: a concurrent unload took it
+                routes[(name, route.version.version)] = route
+        batchers = {}
+        for model, number, backend in [k for k in list(self._batchers) if gone(k[0], k[1])]:
+            batcher = self._batchers.pop((model, number, backend), None)  # None: a concurrent unload took it
             if batcher is not None:
-                batcher.close()
+                batchers[batcher] = (model, number)
         with self._lock:
-            keys = [k for k, x in self._loaded.items() if gone(x.model, x.version)]
-            for key in keys:
+            self._draining_routes.update(routes)
+            self._draining.update(batchers)
+            held = {k: x for k, x in self._loaded.items() if gone(x.model, x.version)}
+        # A deleted version never serves again; a model unloaded may be loaded again meanwhile.
+        release = partial(
+            self._release, name, None if version is not None else loads, routes, [*batchers], held
+        )
+        drains = [batcher.drain(UNLOAD_DRAIN_S) for batcher in batchers]
+        if not drains:
+            release()
+            return
+        left = [len(drains)]
+
+        def drained(_: Future[None]) -> None:  # on the event loop
+            with self._lock:
+                left[0] -= 1
+                last = not left[0]
+            if last:  # off the event loop: freeing memory collects garbage
+                with contextlib.suppress(RuntimeError):  # closing: the runners go with the runtime
+                    self._load_pool.submit(release)
+
+        for drain in drains:
+            drain.add_done_callback(drained)
+
+    def _release(
+        self,
+        name: str,
+        loads: int | None,
+        routes: dict[tuple[str, int], Route],
+        batchers: list[Batcher[VariantRecord]],
+        held: dict[str, Loaded],
+    ) -> None:
+        """Once an unload's requests are answered, its runners go, and the memory they held:
+        not those that another unload's requests still run on (one read from the store when
+        this one began, say), which go with those; nor any once the model was loaded again
+        since `loads` (None: never), which serves on them."""
+        with self._lock:
+            for batcher in batchers:
+                self._draining.pop(batcher, None)
+            for route_key, route in routes.items():
+                if self._draining_routes.get(route_key) is route:
+                    del self._draining_routes[route_key]
+            busy = set(self._draining.values())
+            going = []
+            if loads is None or self._loads[name] == loads:
+                going = [
+                    key
+                    for key, loaded in held.items()
+                    if self._loaded.get(key) is loaded and (loaded.model, loaded.version) not in busy
+                ]
+            for key in going:
                 del self._loaded[key]
-            self._publish_loaded()
-        if keys:
+            if going:
+                self._publish_loaded()
+        if going:
             release_memory()
-        return len(keys)
 
     @property
     def loaded_runners(self) -> int:
@@ -775,7 +843,7 @@ class Runtime:
         metrics.LOADED_BYTES.set(sum(x.size_bytes for x in self._loaded.values()))
 
     def close(self) -> None:
-        for batcher in self._batchers.values():
+        for batcher in [*self._batchers.values(), *self._draining]:
             batcher.close()
         self._batchers.clear()
         with self._lock:

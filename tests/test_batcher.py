@@ -292,6 +292,42 @@ def test_closing_answers_every_waiting_request() -> None:
     assert "unloaded" in str(results[0])
 
 
+@pytest.mark.parametrize("limit_s", [10.0, 0.1])
+def test_draining_answers_the_requests_in_and_refuses_the_next(limit_s: float) -> None:
+    """An unload drains the batcher, as Triton lets a model's requests in flight finish: the
+    batch running and those queued behind it run, and a request after gets a 503; past the
+    drain's limit the requests still in get a 503, as on close. The drain is done once every
+    request is answered."""
+    gated = Gated()
+
+    async def main() -> tuple[list[object], bool]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(gated, BatchPolicy(2), [pool])
+            inflight = [asyncio.ensure_future(batcher.submit(tag(0), 1))]
+            await asyncio.sleep(0.05)  # its batch is running, alone
+            inflight += [asyncio.ensure_future(batcher.submit(tag(n), 1)) for n in (1, 2, 3)]
+            await asyncio.sleep(0)
+            drained = asyncio.wrap_future(await asyncio.to_thread(batcher.drain, limit_s))  # from a thread
+            await asyncio.sleep(0.01)
+            with pytest.raises(UnavailableError, match="stopped serving"):
+                await batcher.submit(tag(4), 1)
+            early = drained.done()
+            await asyncio.sleep(0.2)  # past the shorter limit
+            gated.gate.set()
+            results = await asyncio.gather(*inflight, return_exceptions=True)
+            await asyncio.wait_for(drained, 5)
+            return results, early
+
+    results, early = asyncio.run(main())
+    assert not early
+    if limit_s > 1:
+        assert [r[0]["y"][0, 0] for r in results] == [0, 1, 2, 3]  # type: ignore[index]
+        assert gated.batches == [[0], [1, 2], [3]]
+    else:
+        assert all(isinstance(r, UnavailableError) for r in results), results
+        assert gated.batches == [[0]]  # the queued requests never ran
+
+
 def test_a_request_given_up_on_while_it_waits_leaves_the_queue() -> None:
     """Cancelled behind a running batch (a gRPC call cancelled, its stream closed): out of the
     queue with its inputs at once, not left there until a batch reaches it, while max_queue_size

@@ -527,6 +527,47 @@ def test_a_variant_that_fails_on_a_batch_gives_way_to_torchscript(
         asyncio.run(runtime.predict("mlp", None, {"x": x}, backend="onnxruntime"))
 
 
+def test_an_unload_lets_the_requests_in_flight_finish(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As Triton unloads a model: the batch running and the requests queued behind it are
+    answered by the model, not with 503; a request after the unload gets 409, its route read
+    from the store (which unloads the model again here, as an unload on another replica would);
+    and the runners go once the requests in flight are answered, not before."""
+    gate, running = threading.Event(), threading.Event()
+
+    def held(backend: str, inputs: Mapping[str, np.ndarray]) -> None:
+        running.set()
+        gate.wait(10)
+
+    failing(monkeypatch, held)
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+
+    async def main() -> tuple[list[Prediction], int]:
+        first = asyncio.ensure_future(runtime.predict("mlp", None, {"x": x[:1]}))
+        await asyncio.to_thread(running.wait, 10)  # its batch runs
+        queued = [asyncio.ensure_future(runtime.predict("mlp", None, {"x": x[i : i + 1]})) for i in (1, 2, 3)]
+        await asyncio.sleep(0.05)
+        runtime.registry.set_unloaded("mlp", True)  # as the unload endpoint does
+        await asyncio.to_thread(runtime.unload, "mlp")
+        with pytest.raises(ConflictError, match="unloaded"):
+            await runtime.predict("mlp", None, {"x": x[:1]})
+        during = runtime.loaded_runners
+        gate.set()
+        return list(await asyncio.gather(first, *queued)), during
+
+    answered, during = asyncio.run(main())
+    for i, prediction in enumerate(answered):
+        np.testing.assert_allclose(
+            prediction.outputs["output0"], expected(x[i : i + 1]), rtol=1e-5, atol=1e-6
+        )
+    assert during == 1
+    deadline = time.monotonic() + 10
+    while runtime.loaded_runners and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert runtime.loaded_runners == 0
+
+
 def test_inputs_the_model_itself_fails_on_leave_the_variant_in_service(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:

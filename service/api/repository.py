@@ -148,7 +148,8 @@ def unload_model(name: str, svc: ServicesDep) -> Response:
 
 
 def out_of_service(svc: Services, name: str) -> None:
-    """Blocking: no replica serves the model until it is loaded again; this process frees its runners."""
+    """Blocking: no replica serves the model until it is loaded again; this process frees its
+    runners once the requests it has in flight are answered."""
     svc.registry.set_unloaded(name, True)
     svc.runtime.unload(name)
 
