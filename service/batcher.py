@@ -29,7 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor, Future, InvalidStateError
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -389,9 +389,12 @@ class Batcher(Generic[T]):
         now get a 503, as on close. Safe from any thread; the future is done once every request
         is answered."""
         drained: Future[None] = Future()
+        self._drained = drained  # one attribute, set from any thread: from now, submit refuses
+        if not self._pending:  # idle: done now, so that an unload of an idle model frees it at once
+            self._stop_if_drained()
+            return drained
 
         def start() -> None:
-            self._drained = drained
             self._events.call_later(limit_s, self.close)
             self._stop_if_drained()
 
@@ -404,7 +407,8 @@ class Batcher(Generic[T]):
     def _stop_if_drained(self) -> None:
         if self._drained is not None and not self._pending and not self._drained.done():
             self.close()
-            self._drained.set_result(None)
+            with contextlib.suppress(InvalidStateError):  # a drain's thread and the loop both saw it idle
+                self._drained.set_result(None)
 
     def close(self) -> None:
         """Stop the batching task; the requests still waiting get a 503. Safe from any thread."""

@@ -783,7 +783,7 @@ class Runtime:
             self._release, name, None if version is not None else loads, routes, [*batchers], held
         )
         drains = [batcher.drain(UNLOAD_DRAIN_S) for batcher in batchers]
-        if not drains:
+        if all(drain.done() for drain in drains):  # none had requests in
             release()
             return
         left = [len(drains)]
