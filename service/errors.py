@@ -17,6 +17,10 @@ class BadRequestError(KilnError):
     title = "Bad request"
 
 
+class AlreadyExistsError(BadRequestError):
+    """A name that is taken: a 400 over HTTP and ALREADY_EXISTS over gRPC, as Triton answers it."""
+
+
 class UnauthorizedError(KilnError):
     status_code = 401
     title = "Unauthorized"

@@ -22,6 +22,7 @@ host, so registering one needs an admin key.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import socket
@@ -31,12 +32,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from service.errors import BadRequestError
-from service.store import Store
+from service.errors import AlreadyExistsError, BadRequestError, NotFoundError
+from service.store import Doc, Store
 from service.tensors import SharedSlice
 
+log = logging.getLogger("kiln.shared_memory")
 T = TypeVar("T")
 KIND = "shm_region"
 SHM_DIR = Path("/dev/shm")
@@ -98,29 +100,54 @@ class SharedMemory:
             name=name, key=key, offset=offset, byte_size=byte_size, device=device, inode=inode
         )
         if not self.store.create_doc(KIND, self._prefix + name, record.model_dump()):
-            raise BadRequestError(f"shared memory region {name!r} is registered already; unregister it first")
+            raise AlreadyExistsError(
+                f"shared memory region {name!r} is registered already; unregister it first"
+            )
 
     def unregister(self, name: str | None = None) -> None:
         """One region, or every region of this host; an unknown name is no error, as in Triton."""
         self._check_on()
-        names = [name] if name is not None else [r.name for r in self.status()]
+        # All: by the stored names, so that a record an older Kiln stored goes too.
+        names = [name] if name is not None else [doc.get("name") for doc in self._stored()]
         for each in names:
-            self.store.delete_doc(KIND, self._prefix + each)
+            if isinstance(each, str):
+                self.store.delete_doc(KIND, self._prefix + each)
 
     def status(self, name: str | None = None) -> list[Region]:
         self._check_on()
         records = [self._registration(name)] if name is not None else self._registrations()
         return [Region.model_validate(r.model_dump()) for r in records]
 
+    def _stored(self) -> list[Doc]:
+        return self.store.list_docs(KIND, self._prefix)
+
     def _registrations(self) -> list[Registration]:
-        docs = self.store.list_docs(KIND, self._prefix)
-        return sorted((Registration.model_validate(doc) for doc in docs), key=lambda r: r.name)
+        records = (self._valid(doc) for doc in self._stored())
+        return sorted((r for r in records if r is not None), key=lambda r: r.name)
 
     def _registration(self, name: str) -> Registration:
         doc = self.store.get_doc(KIND, self._prefix + name)
-        if doc is None:
-            raise BadRequestError(f"no shared memory region {name!r} is registered; register it first")
-        return Registration.model_validate(doc)
+        record = None if doc is None else self._valid(doc)
+        if record is None:  # Triton's NOT_FOUND
+            raise NotFoundError(f"no shared memory region {name!r} is registered; register it first")
+        return record
+
+    def _valid(self, doc: Doc) -> Registration | None:
+        """The stored registration; None for one an older Kiln stored (without the segment's
+        identity, which every access checks): it is deleted, so it is logged once."""
+        try:
+            return Registration.model_validate(doc)
+        except ValidationError as exc:
+            name = doc.get("name")
+            log.warning(
+                "dropped shared memory region %r, whose stored record is not valid (an older "
+                "Kiln's); register it again: %s",
+                name,
+                exc,
+            )
+            if isinstance(name, str):
+                self.store.delete_doc(KIND, self._prefix + name)
+            return None
 
     def bind(self, where: SharedSlice, what: str) -> SharedSlice:
         """The slice with its region looked up now, and its range checked against it."""

@@ -10,6 +10,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
@@ -204,6 +205,10 @@ def _from_json(doc: Mapping[str, Any], name: str, shape: tuple[int, ...], dtype:
             f"tensor {name!r}: shape {list(shape)} holds {count} elements, but `data` has {raw.size}"
         )
     datatype = datatype_of(dtype, name)
+    if count and dtype.kind != "b" and _bool_among_numbers(doc["data"], raw):
+        raise BadRequestError(
+            f"tensor {name!r}: {datatype} data must be {_JSON_WHAT[dtype.kind]}, not true/false"
+        )
     kind = raw.dtype.kind
     if dtype.kind in "iu" and kind in "fO":
         # numpy makes floats of integers past INT64 (UINT64's top half): keep them exact instead.
@@ -220,13 +225,38 @@ def _from_json(doc: Mapping[str, Any], name: str, shape: tuple[int, ...], dtype:
     return raw.astype(dtype).reshape(shape)
 
 
+def _bool_among_numbers(data: object, parsed: np.ndarray) -> bool:
+    """Whether JSON `data` holds a true or false that numpy took for a 1 or a 0 among numbers.
+    On the hot path: a look at every element costs about as much as numpy's parse, so numbers
+    are looked at only where they are 0 or 1."""
+    kind = parsed.dtype.kind
+    # A scalar, or gRPC's typed contents (an array of their type), holds no JSON true or false.
+    if not isinstance(data, list) or kind not in "iufO":
+        return False
+    leaves: Iterable[Any] = data  # a regular array: nested as deep as it has dims
+    for _ in range(parsed.ndim - 1):
+        leaves = chain.from_iterable(leaves)
+    if kind != "O":
+        at = np.flatnonzero((parsed == 0) | (parsed == 1))
+        if not at.size:
+            return False
+        if at.size * 2 <= parsed.size:  # a few: each by its index rather than all in turn
+            flat = data if parsed.ndim == 1 else list(leaves)
+            leaves = map(flat.__getitem__, at.tolist())
+    return bool in map(type, leaves)
+
+
 def decode_tensors(
-    docs: object, binary: bytes | memoryview = b"", shared: SharedAccess = UNSHARED
+    docs: object,
+    binary: bytes | memoryview = b"",
+    shared: SharedAccess = UNSHARED,
+    binary_source: str = "binary_data_size",
 ) -> dict[str, np.ndarray]:
     """v2 tensor objects (plus the binary bytes after the JSON header) -> name -> array.
 
     Binary tensors take consecutive slices of `binary` in the order they are listed; a tensor
-    whose parameters name a shared-memory region is read from there by `shared`.
+    whose parameters name a shared-memory region is read from there by `shared`. Errors call a
+    binary tensor's bytes `binary_source` (gRPC's raw_input_contents).
     """
     if not isinstance(docs, list) or not docs:
         raise BadRequestError("`inputs` must be a non-empty list of tensors")
@@ -257,7 +287,7 @@ def decode_tensors(
                 f"tensor {name!r}: binary_data_size {size} runs past the end of the body "
                 f"({len(view) - offset} bytes left)"
             )
-        tensors[name] = _from_bytes(view[offset : offset + size], name, shape, dtype)
+        tensors[name] = _from_bytes(view[offset : offset + size], name, shape, dtype, binary_source)
         offset += size
     if offset != len(view):
         raise BadRequestError(

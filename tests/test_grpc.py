@@ -188,7 +188,15 @@ def test_each_error_has_its_status(stub: pb_grpc.GRPCInferenceServiceStub) -> No
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "expected datatype FP32, received FP64" in message
     code, message = infer(pb.ModelInferRequest(model_name="mlp", inputs=[raw], raw_input_contents=[bytes(8)]))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "needs 256" in message
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "tensor 'x': raw_input_contents is 8 bytes, but shape [1, 64] of FP32 needs 256" in message
+    # FP16 has no typed contents, but a tensor of no elements needs no bytes: it decodes.
+    empty = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP16", shape=[0, 64])
+    code, message = infer(pb.ModelInferRequest(model_name="mlp", inputs=[empty]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "expected datatype FP32, received FP16" in message
+    half = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP16", shape=[1, 64])
+    code, message = infer(pb.ModelInferRequest(model_name="mlp", inputs=[half]))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "send FP16 in raw_input_contents" in message
     code, message = infer(pb.ModelInferRequest(model_name="mlp", inputs=[raw]))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "shape [1, 64] holds 64 elements" in message
     two = pb.ModelInferRequest(model_name="mlp", inputs=[raw, raw], raw_input_contents=[x.tobytes()])

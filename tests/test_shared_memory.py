@@ -1,6 +1,6 @@
 """Triton's system shared-memory extension against a real server: tritonclient's own shared-memory
-utilities and its HTTP and gRPC clients, unchanged, and a 400 that says what to fix for each
-misuse."""
+utilities and its HTTP and gRPC clients, unchanged, and for each misuse Triton's status with a
+message that says what to fix."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from service import shared_memory
-from service.shared_memory import SharedMemory
+from service.shared_memory import KIND, SharedMemory
 from service.store import LocalStore, RedisStore, Store
 from service.tensors import SharedSlice
 from tests import models
@@ -236,7 +236,88 @@ def test_grpc_refuses_an_input_in_shared_memory_that_sends_contents_too(server: 
     assert "names a shared memory region and sends contents too" in str(caught.value.details())
 
 
-def test_each_misuse_is_a_400_that_says_what_to_fix(server: KilnServer, segments: dict[str, object]) -> None:
+def test_grpc_answers_tritons_status_codes(
+    server: KilnServer, grpc_client: triton_grpc.InferenceServerClient, segments: dict[str, object]
+) -> None:
+    """ALREADY_EXISTS for a name registered already and NOT_FOUND for one that is not, as Triton's
+    shared memory manager answers; unregistering an unknown name is no error there either."""
+    admin, infer = tuple(bearer(ADMIN).items()), tuple(bearer(INFER).items())
+    grpc_client.register_system_shared_memory("r", segments["in_key"], IN_BYTES, headers=bearer(ADMIN))
+    tensor = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[BATCH, 64])
+    tensor.parameters["shared_memory_region"].string_param = "nope"
+    tensor.parameters["shared_memory_byte_size"].int64_param = IN_BYTES
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+
+        def refused(
+            method: str, request: object, metadata: tuple[tuple[str, str], ...]
+        ) -> tuple[object, str]:
+            with pytest.raises(grpc.RpcError) as caught:
+                getattr(stub, method)(request, metadata=metadata)
+            return caught.value.code(), str(caught.value.details())
+
+        again = pb.SystemSharedMemoryRegisterRequest(
+            name="r", key=str(segments["in_key"]), byte_size=IN_BYTES
+        )
+        code, message = refused("SystemSharedMemoryRegister", again, admin)
+        assert code == grpc.StatusCode.ALREADY_EXISTS and "region 'r' is registered already" in message
+        unknown = "no shared memory region 'nope' is registered"
+        code, message = refused(
+            "SystemSharedMemoryStatus", pb.SystemSharedMemoryStatusRequest(name="nope"), infer
+        )
+        assert code == grpc.StatusCode.NOT_FOUND and unknown in message
+        code, message = refused("ModelInfer", pb.ModelInferRequest(model_name="mlp", inputs=[tensor]), infer)
+        assert code == grpc.StatusCode.NOT_FOUND and unknown in message
+        stub.SystemSharedMemoryUnregister(pb.SystemSharedMemoryUnregisterRequest(name="nope"), metadata=admin)
+
+
+def test_a_region_an_older_kiln_stored_is_dropped(server: KilnServer, segments: dict[str, object]) -> None:
+    """A record without the segment's identity (an older Kiln's) cannot be used: the status
+    leaves it out, a request that names it finds no region, and each is deleted, and logged
+    once; unregistering every region removes such records too."""
+    store = LocalStore(Path(server.env["KILN_DATA_DIR"]))
+    prefix = f"{shared_memory._this_host()}/"
+    admin = httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30)
+    base = "/v2/systemsharedmemory"
+
+    def store_old(name: str) -> None:
+        store.put_doc(
+            KIND, prefix + name, {"name": name, "key": segments["in_key"], "offset": 0, "byte_size": 16}
+        )
+
+    def dropped() -> list[str]:
+        return [
+            line["message"] for line in server.json_lines() if "stored record is not valid" in line["message"]
+        ]
+
+    try:
+        store_old("old")
+        body = {"key": segments["in_key"], "offset": 0, "byte_size": IN_BYTES}
+        assert admin.post(f"{base}/region/new/register", json=body).status_code == 200
+        for _ in range(2):
+            response = admin.get(f"{base}/status")
+            assert response.status_code == 200, response.text
+            assert [r["name"] for r in response.json()] == ["new"]
+        assert store.get_doc(KIND, prefix + "old") is None
+        assert len(dropped()) == 1 and "'old'" in dropped()[0]
+
+        store_old("old")
+        response = admin.get(f"{base}/region/old/status")
+        assert response.status_code == 404, response.text
+        assert "no shared memory region 'old' is registered" in response.json()["error"]
+        assert store.get_doc(KIND, prefix + "old") is None
+
+        store_old("old")
+        assert admin.post(f"{base}/unregister").status_code == 200
+        assert store.list_docs(KIND, prefix) == []
+    finally:
+        admin.post(f"{base}/unregister")
+        admin.close()
+        store.close()
+
+
+def test_each_misuse_says_what_to_fix(server: KilnServer, segments: dict[str, object]) -> None:
+    """A 400, or as in Triton a 404 for a region that is not registered; `{"error"}` either way."""
     admin = httpx.Client(base_url=server.url, headers=bearer(ADMIN), timeout=30)
     base = "/v2/systemsharedmemory"
 
@@ -252,8 +333,8 @@ def test_each_misuse_is_a_400_that_says_what_to_fix(server: KilnServer, segments
             doc["outputs"] = outputs
         return admin.post("/v2/models/mlp/infer", json=doc)
 
-    def refused(response: httpx.Response, message: str) -> None:
-        assert response.status_code == 400, response.text
+    def refused(response: httpx.Response, message: str, status: int = 400) -> None:
+        assert response.status_code == status, response.text
         assert message in response.json()["error"]
 
     try:
@@ -268,12 +349,16 @@ def test_each_misuse_is_a_400_that_says_what_to_fix(server: KilnServer, segments
         refused(register("r", segments["in_key"], IN_BYTES, offset=8), f"which is {IN_BYTES} bytes")
         assert register("r", segments["in_key"], IN_BYTES).status_code == 200
         refused(register("r", segments["in_key"], 8), "region 'r' is registered already")
-        refused(admin.get(f"{base}/region/nope/status"), "no shared memory region 'nope' is registered")
+        unknown = "no shared memory region 'nope' is registered"
+        refused(admin.get(f"{base}/region/nope/status"), unknown, 404)
         assert admin.post(f"{base}/region/nope/unregister").status_code == 200  # as in Triton
 
         x = sample(MLP, BATCH)
         shm.set_shared_memory_region(segments["in"], [x])
         full = {"shared_memory_region": "r", "shared_memory_byte_size": IN_BYTES}
+        refused(infer({**full, "shared_memory_region": "nope"}), unknown, 404)
+        nope = {"shared_memory_region": "nope", "shared_memory_byte_size": OUT_BYTES}
+        refused(infer(full, [{"name": "output0", "parameters": nope}]), unknown, 404)
         refused(infer({**full, "shared_memory_byte_size": IN_BYTES - 4}), "shared_memory_byte_size is")
         refused(infer({**full, "shared_memory_offset": 4}), "runs past the end of shared memory region 'r'")
         refused(infer({"shared_memory_region": "r"}), "shared_memory_byte_size is missing")

@@ -146,6 +146,16 @@ def tensor(**fields: object) -> dict[str, object]:
         (tensor(datatype="INT8", data=[1, 300]), "out of the range of INT8"),
         (tensor(datatype="UINT8", data=[-1, 0]), "out of the range of UINT8"),
         (tensor(datatype="BOOL", data=[0, 1]), "BOOL data must be true/false"),
+        # numpy takes true for 1 and false for 0 beside numbers: refused, as a list of them is.
+        (tensor(data=[True, False]), "FP32 data must be numbers"),
+        (tensor(data=[True, 0.0]), "FP32 data must be numbers, not true/false"),
+        (tensor(shape=[2, 2], data=[[0.5, 2.0], [3.0, False]]), "FP32 data must be numbers, not true/false"),
+        (
+            tensor(datatype="INT64", shape=[4], data=[True, 1, 1, 1]),
+            "INT64 data must be integers, not true/false",
+        ),
+        (tensor(datatype="UINT64", data=[True, 2**64 - 1]), "UINT64 data must be integers, not true/false"),
+        (tensor(datatype="UINT64", data=[False, 2**70]), "UINT64 data must be integers, not true/false"),
         ({"datatype": "FP32", "shape": [1], "data": [1]}, "needs a string `name`"),
         ({"name": "x", "datatype": "FP32", "shape": [1]}, "neither `data` nor"),
         (tensor(parameters={"binary_data_size": 8}), "both `data` and binary_data_size"),
@@ -187,6 +197,7 @@ def test_binary_sizes_must_match() -> None:
         (request_body([tensor()]), "-1", "Inference-Header-Content-Length is -1"),
         (request_body([tensor()]), "ten", "must be an integer"),
         (request_body([tensor()], id=7), None, "`id` must be a string"),
+        (request_body([tensor(data=[1.5, True])]), None, "FP32 data must be numbers, not true/false"),
         (request_body([tensor()], parameters={"binary_data_output": "yes"}), None, "true or false"),
         (request_body([tensor()], outputs=[{"parameters": {}}]), None, "needs a string `name`"),
         (

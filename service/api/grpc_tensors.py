@@ -87,8 +87,10 @@ def decode(request: Any, shared: SharedAccess) -> InferRequest:
             doc["parameters"] = {"binary_data_size": len(next(contents))}
         elif tensor.datatype in CONTENTS_FIELD:
             doc["data"] = np.asarray(getattr(tensor.contents, CONTENTS_FIELD[tensor.datatype]))
-        elif tensor.datatype in DATATYPES:
-            raise BadRequestError(f"tensor {tensor.name!r}: send {tensor.datatype} in raw_input_contents")
+        elif tensor.datatype in DATATYPES:  # FP16, which has no typed contents
+            if 0 not in tensor.shape:
+                raise BadRequestError(f"tensor {tensor.name!r}: send {tensor.datatype} in raw_input_contents")
+            doc["parameters"] = {"binary_data_size": 0}  # no elements: no bytes to send
         docs.append(doc)
     wanted = [o.name for o in request.outputs]
     shared_outputs, counts = {}, {}
@@ -102,7 +104,7 @@ def decode(request: Any, shared: SharedAccess) -> InferRequest:
             counts[output.name] = count
     return InferRequest(
         id=request.id or None,
-        inputs=decode_tensors(docs, b"".join(raw), shared),
+        inputs=decode_tensors(docs, b"".join(raw), shared, "raw_input_contents"),
         outputs=dict.fromkeys(wanted, True) if wanted else None,
         binary_output=True,
         timeout_us=timeout_parameter(parameter(request.parameters, "timeout")),

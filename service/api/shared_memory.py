@@ -49,6 +49,7 @@ def status(svc: ServicesDep) -> list[Region]:
     operation_id="v2_shared_memory_region_status",
     summary="One registered region.",
     dependencies=infer_scope,
+    responses={404: {"model": ProtocolError, "description": "No region of that name is registered."}},
 )
 def region_status(name: str, svc: ServicesDep) -> list[Region]:
     return svc.shared_memory.status(name)

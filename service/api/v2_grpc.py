@@ -38,7 +38,14 @@ from service.api.health import readiness
 from service.api.middleware import incoming_or_new
 from service.api.problems import validation_detail
 from service.api.triton_load import load_request
-from service.errors import BadRequestError, ConflictError, KilnError, NotFoundError, NotReadyError
+from service.errors import (
+    AlreadyExistsError,
+    BadRequestError,
+    ConflictError,
+    KilnError,
+    NotFoundError,
+    NotReadyError,
+)
 from service.log_settings import LogSettingsIn
 from service.logs import request_id
 from service.settings import Settings
@@ -58,6 +65,8 @@ GRPC_STATUS = {
     422: grpc.StatusCode.INVALID_ARGUMENT,
     503: grpc.StatusCode.UNAVAILABLE,
 }
+# Errors whose gRPC status is not their HTTP status's: Triton answers ALREADY_EXISTS with a 400.
+GRPC_STATUS_OF: dict[type[Exception], grpc.StatusCode] = {AlreadyExistsError: grpc.StatusCode.ALREADY_EXISTS}
 SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 # The service's methods, by the path a call names them with.
 METHODS = {f"/{SERVICE.full_name}/{name}": name for name in SERVICE.methods_by_name}
@@ -99,7 +108,7 @@ def parsed(doc: Mapping[str, Any], message: Message) -> Any:
 def failure(method: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
     """The gRPC status of the error's HTTP status, and its message; counted as HTTP's are."""
     status, message = protocol.error_of(exc, f"gRPC {method}")
-    code = GRPC_STATUS.get(status, grpc.StatusCode.INTERNAL)
+    code = GRPC_STATUS_OF.get(type(exc)) or GRPC_STATUS.get(status, grpc.StatusCode.INTERNAL)
     metrics.GRPC_ERRORS.labels(code.name, method).inc()
     return code, message
 

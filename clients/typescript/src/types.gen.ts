@@ -2999,6 +2999,10 @@ export type V2SharedMemoryRegionStatusErrors = {
      */
     403: ProtocolError;
     /**
+     * No region of that name is registered.
+     */
+    404: ProtocolError;
+    /**
      * The store (Redis) is unavailable, or the model's queue is full (max_queue_size): retry after the Retry-After header's seconds.
      */
     503: ProtocolError;

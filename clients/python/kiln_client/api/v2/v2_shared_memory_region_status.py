@@ -50,6 +50,11 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
 
         return response_403
 
+    if response.status_code == 404:
+        response_404 = ProtocolError.from_dict(response.json())
+
+        return response_404
+
     if response.status_code == 503:
         response_503 = ProtocolError.from_dict(response.json())
 
