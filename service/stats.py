@@ -9,7 +9,7 @@ import asyncio
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -264,8 +264,16 @@ class Stats:
             stats.compute.add(timing, len(timing.queued_s))
             stats.batches[timing.batch_size].add(timing, 1)
 
-    def doc(self, name: str | None = None, version: int | None = None) -> list[dict[str, Any]]:
+    def doc(
+        self, name: str | None = None, version: int | None = None, ready: Iterable[tuple[str, int]] = ()
+    ) -> list[dict[str, Any]]:
+        """The statistics of the versions counted here, and of those `ready` at 0, as Triton lists
+        every version it has loaded: a client (perf_analyzer) reads them before its first request."""
         with self._lock:
+            zero = ModelStats(
+                _Count(), _Count(), _Duration(), _Duration(), _Compute(), _Duration(), _Duration()
+            )
+            counted = {**dict.fromkeys(set(ready) - self._deleted, zero), **self._models}
             return [
                 {
                     "name": n,
@@ -283,6 +291,6 @@ class Stats:
                     },
                     "batch_stats": [{"batch_size": size, **c.doc()} for size, c in sorted(s.batches.items())],
                 }
-                for (n, v), s in sorted(self._models.items())
+                for (n, v), s in sorted(counted.items())
                 if (name is None or n == name) and (version is None or v == version)
             ]

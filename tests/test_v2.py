@@ -625,3 +625,19 @@ def test_labels_are_checked_when_changed(admin: httpx.Client) -> None:
         assert response.status_code == 422, response.text
         assert message in response.json()["detail"]
     assert admin.get("/v1/models/heads/versions/1").json()["serving"]["labels"] == {}
+
+
+def test_statistics_list_a_ready_version_before_its_first_request(
+    client: triton.InferenceServerClient, admin: httpx.Client
+) -> None:
+    """As Triton lists every version it has loaded: a client such as perf_analyzer reads a
+    model's statistics before its first request, and finds the version at 0; not once unloaded."""
+    assert upload(admin, MLP, "unasked", backends=[]).status_code == 202
+    [stats] = client.get_inference_statistics("unasked", headers=auth())["model_stats"]
+    assert (stats["name"], stats["version"], stats["inference_count"]) == ("unasked", "1", 0)
+    assert stats["inference_stats"]["success"] == {"count": 0, "ns": 0}
+    assert client.get_inference_statistics("unasked", "1", headers=auth())["model_stats"] == [stats]
+    every = client.get_inference_statistics(headers=auth())["model_stats"]
+    assert ("unasked", "1") in {(s["name"], s["version"]) for s in every}
+    assert admin.post("/v2/repository/models/unasked/unload").status_code == 200
+    assert client.get_inference_statistics("unasked", headers=auth())["model_stats"] == []

@@ -21,7 +21,8 @@ from service.api.protocol import ProtocolRoute, version_number
 from service.api.schemas import ProtocolError, error_responses
 from service.api.triton_load import LoadRequest, load_request, load_with
 from service.errors import BadRequestError, NotFoundError, PayloadTooLargeError
-from service.router import serving_version
+from service.registry import ModelView
+from service.router import servable, serving_version
 
 log = logging.getLogger("kiln.api")
 
@@ -156,15 +157,15 @@ def out_of_service(svc: Services, name: str) -> None:
 
 @router.get("/v2/models/stats", operation_id="v2_all_stats", summary="Inference statistics of every model.")
 def all_stats(svc: ServicesDep) -> dict[str, Any]:
-    return {"model_stats": svc.runtime.stats.doc()}
+    return {"model_stats": svc.runtime.stats.doc(ready=ready_versions(svc, svc.registry.list_models()))}
 
 
 @router.get(
     "/v2/models/{name}/stats", operation_id="v2_model_stats", summary="A model's inference statistics."
 )
 def model_stats(name: str, svc: ServicesDep) -> dict[str, Any]:
-    svc.registry.get_model(name)
-    return {"model_stats": svc.runtime.stats.doc(name)}
+    view = svc.registry.get_model(name)
+    return {"model_stats": svc.runtime.stats.doc(name, ready=ready_versions(svc, [view]))}
 
 
 @router.get(
@@ -175,4 +176,16 @@ def model_stats(name: str, svc: ServicesDep) -> dict[str, Any]:
 def model_version_stats(name: str, version: str, svc: ServicesDep) -> dict[str, Any]:
     number = version_number(version)
     svc.registry.get_version(name, number)
-    return {"model_stats": svc.runtime.stats.doc(name, number)}
+    ready = ready_versions(svc, [svc.registry.get_model(name)])
+    return {"model_stats": svc.runtime.stats.doc(name, number, ready)}
+
+
+def ready_versions(svc: Services, views: list[ModelView]) -> list[tuple[str, int]]:
+    """The versions that would serve here: not unloaded, with a variant ready on this host."""
+    return [
+        (view.name, record.version)
+        for view in views
+        if not view.unloaded
+        for record, variants in view.versions
+        if servable(variants, svc.runtime.targets)
+    ]
