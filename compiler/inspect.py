@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +31,9 @@ def inspect_model(
     batch size is reported as -1, as is one that follows the inputs' other dynamic dimensions
     (a sequence's length, say: those are at TRACE_FILL, and the model runs once more with them
     at VARIED_FILL). An output
-    whose first row in the largest batch changes with the rows after it depends on the batch's
-    other rows: `rows_apart` false. An output of a dtype no protocol carries (complex, say) is an
-    InvalidModelError.
+    of which a row in the largest batch changes with the batch's other rows, its own unchanged,
+    depends on them: `rows_apart` false. An output of a dtype no protocol carries (complex, say)
+    is an InvalidModelError.
     Meant for a sandboxed child process: a hostile or broken model can only crash the child.
     """
     set_threads(1)
@@ -52,17 +53,14 @@ def inspect_model(
     batches = sorted({1, spec.max_batch_size}) if spec.batched else [1]
     shapes = ", ".join(str(t) for t in spec.inputs)
     inputs = [spec.random_inputs(b, rng) for b in batches]
-    # The largest batch again, and with other rows after its first; made before a run may write
-    # to the inputs it is given.
-    probes = []
-    if len(batches) > 1:
-        fresh = spec.random_inputs(batches[-1], rng)
-        probes = [
-            {k: v.copy() for k, v in inputs[-1].items()},
-            {k: np.concatenate([v[:1], fresh[k][1:]]) for k, v in inputs[-1].items()},
-        ]
+    # The largest batch again, then with rows changed: from its inputs copied before a run may
+    # write to them.
+    changed = _changed_rows(batches[-1]) if len(batches) > 1 else np.zeros((0, 1), bool)
+    base = {k: v.copy() for k, v in inputs[-1].items()}
+    fresh = spec.random_inputs(batches[-1], rng) if len(changed) else {}
     runs = [_run(runner, x, f"inputs {shapes} at batch {b}") for b, x in zip(batches, inputs, strict=True)]
-    repeated, mixed = [_run(runner, x, f"inputs {shapes} at batch {batches[-1]}") for x in probes] or [{}, {}]
+    largest = f"inputs {shapes} at batch {batches[-1]}"
+    repeated, *mixed = [_run(runner, _mix(base, fresh, rows), largest) for rows in changed] or [{}]
     for i, sample in enumerate(samples):  # what verification will run every variant on
         _run(runner, spec.coerce(sample), f"samples[{i}]")
     varied = _varied(runner, spec, rng)
@@ -86,15 +84,14 @@ def inspect_model(
             free = 1 if spec.batched else 0
             pairs = zip(shape[free:], varied[name][free:], strict=True)
             shape[free:] = [-1 if other != d else d for d, other in pairs]
-        largest = runs[-1][name]
-        # Kernels do the same sums for a batch of the same size, so a first row that follows
-        # what comes after it depends on the other rows; unless the model answers otherwise
-        # each time (it samples noise), where merging leaks nothing.
+        # Kernels do the same sums for a batch of the same size, so a row that follows the
+        # others depends on them; unless the model answers otherwise each time (it samples
+        # noise), where merging leaks nothing.
         apart = (
             shape[:1] != [-1]
-            or name not in mixed
-            or not _same(repeated[name], largest)
-            or _same(mixed[name][:1], largest[:1])
+            or not repeated
+            or not _same(repeated[name], runs[-1][name])
+            or _rows_kept(name, [runs[-1], *mixed], changed)
         )
         outputs.append({"name": name, "dtype": first.dtype.name, "shape": shape, "rows_apart": apart})
     return {"inputs": spec.names, "outputs": outputs}
@@ -103,6 +100,36 @@ def inspect_model(
 def _same(a: np.ndarray, b: np.ndarray) -> bool:
     """Equal to the bit, NaN where NaN is."""
     return a.shape == b.shape and bool(np.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+
+
+def _changed_rows(batch: int) -> np.ndarray:
+    """Which rows of a batch each run changes: none in the first, and row i in those after it
+    of the bits of i + 1. For rows i and j, two runs give i the same inputs and j others: the
+    first and one that changes j but not i; or, where every run that changes j changes i, one
+    of those and one that changes i but not j. So every row is checked against every other,
+    in batch.bit_length() runs more."""
+    bits = (np.arange(1, batch + 1) & (1 << np.arange(batch.bit_length())[:, None])) > 0
+    return np.vstack([np.zeros((1, batch), bool), bits])
+
+
+def _mix(
+    base: dict[str, np.ndarray], fresh: dict[str, np.ndarray], rows: np.ndarray
+) -> dict[str, np.ndarray]:
+    """`base` with `rows` (a mask over the batch) taken from `fresh`, in new arrays."""
+    mixed = {k: v.copy() for k, v in base.items()}
+    for k, v in mixed.items():
+        v[rows] = fresh[k][rows]
+    return mixed
+
+
+def _rows_kept(name: str, runs: Sequence[dict[str, np.ndarray]], changed: np.ndarray) -> bool:
+    """Whether output `name` is, in every two runs, the same to the bit in the rows whose inputs
+    were the same."""
+    for (a, in_a), (b, in_b) in combinations(zip(runs, changed, strict=True), 2):
+        same = in_a == in_b
+        if a[name].shape != b[name].shape or not _same(a[name][same], b[name][same]):
+            return False
+    return True
 
 
 def _run(runner: TorchScriptRunner, inputs: dict[str, np.ndarray], what: str) -> dict[str, np.ndarray]:
