@@ -62,6 +62,10 @@ def test_rate_count_and_a_models_own_settings() -> None:
     assert traced(traces, "b", 4) == [2]  # the server's count and rate, shared by both models
     assert traced(traces, "a", 9) == []  # none left
     assert traces.settings("a").trace_count == "0"
+    # A model's own rate, with the server's count: it starts from what the server has left.
+    traces.apply({None: on, "a": on.model_copy(update={"trace_rate": 1})})
+    assert traced(traces, "a", 3) == []
+    assert traces.settings("a").trace_count == "0"
 
     # A model's own settings count apart; unchanged settings keep their counts.
     own = TraceSettings(trace_level=["TIMESTAMPS"], trace_rate=1, trace_count=-1)
