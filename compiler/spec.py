@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from itertools import chain
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -204,9 +205,10 @@ def to_array(value: object, dtype: str | None, name: str) -> np.ndarray:
         return raw
     want = DTYPES[dtype]
     if raw.dtype.kind not in _ACCEPTS[want.kind]:
-        raise InputMismatchError(
-            f"input {name!r}: expected dtype {dtype}, received values of kind {raw.dtype.name}"
-        )
+        received = _JSON_KINDS.get(raw.dtype.kind, f"values of kind {raw.dtype.name}")
+        raise InputMismatchError(f"input {name!r}: expected dtype {dtype}, received {received}")
+    if raw.size and want.kind != "b" and bool_among_numbers(value, raw):
+        raise InputMismatchError(f"input {name!r}: expected dtype {dtype}, received true/false among numbers")
     if raw.size and want.kind in "iu":  # an int past the dtype's range would wrap around
         info = np.iinfo(want)
         if int(raw.min()) < info.min or int(raw.max()) > info.max:
@@ -218,3 +220,31 @@ def to_array(value: object, dtype: str | None, name: str) -> np.ndarray:
 
 # Which JSON-derived array kinds each dtype kind accepts: bool < int < float, never downwards.
 _ACCEPTS = {"f": "biuf", "i": "biu", "u": "biu", "b": "b"}
+# What JSON values numpy made an array of each kind from, in the words of JSON.
+_JSON_KINDS = {
+    "b": "true/false",
+    "f": "numbers with a fraction (or integers past the range of int64 and uint64)",
+    "U": "strings",
+    "O": "values of several kinds, or integers past the range of int64 and uint64",
+}
+
+
+def bool_among_numbers(data: object, parsed: np.ndarray) -> bool:
+    """Whether JSON `data` holds a true or false that numpy took for a 1 or a 0 among numbers.
+    On the hot path: a look at every element costs about as much as numpy's parse, so numbers
+    are looked at only where they are 0 or 1."""
+    kind = parsed.dtype.kind
+    # A scalar, or gRPC's typed contents (an array of their type), holds no JSON true or false.
+    if not isinstance(data, list) or kind not in "iufO":
+        return False
+    leaves: Iterable[Any] = data  # a regular array: nested as deep as it has dims
+    for _ in range(parsed.ndim - 1):
+        leaves = chain.from_iterable(leaves)
+    if kind != "O":
+        at = np.flatnonzero((parsed == 0) | (parsed == 1))
+        if not at.size:
+            return False
+        if at.size * 2 <= parsed.size:  # a few: each by its index rather than all in turn
+            flat = data if parsed.ndim == 1 else list(leaves)
+            leaves = map(flat.__getitem__, at.tolist())
+    return bool in map(type, leaves)

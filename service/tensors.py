@@ -10,11 +10,11 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import chain
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
+from compiler.spec import bool_among_numbers
 from service.errors import BadRequestError
 
 DATATYPES: dict[str, np.dtype] = {
@@ -205,7 +205,7 @@ def _from_json(doc: Mapping[str, Any], name: str, shape: tuple[int, ...], dtype:
             f"tensor {name!r}: shape {list(shape)} holds {count} elements, but `data` has {raw.size}"
         )
     datatype = datatype_of(dtype, name)
-    if count and dtype.kind != "b" and _bool_among_numbers(doc["data"], raw):
+    if count and dtype.kind != "b" and bool_among_numbers(doc["data"], raw):
         raise BadRequestError(
             f"tensor {name!r}: {datatype} data must be {_JSON_WHAT[dtype.kind]}, not true/false"
         )
@@ -223,27 +223,6 @@ def _from_json(doc: Mapping[str, Any], name: str, shape: tuple[int, ...], dtype:
             raise BadRequestError(f"tensor {name!r}: values out of the range of {datatype}")
     # Nesting is only a notation: the data is row-major, and `shape` is the truth.
     return raw.astype(dtype).reshape(shape)
-
-
-def _bool_among_numbers(data: object, parsed: np.ndarray) -> bool:
-    """Whether JSON `data` holds a true or false that numpy took for a 1 or a 0 among numbers.
-    On the hot path: a look at every element costs about as much as numpy's parse, so numbers
-    are looked at only where they are 0 or 1."""
-    kind = parsed.dtype.kind
-    # A scalar, or gRPC's typed contents (an array of their type), holds no JSON true or false.
-    if not isinstance(data, list) or kind not in "iufO":
-        return False
-    leaves: Iterable[Any] = data  # a regular array: nested as deep as it has dims
-    for _ in range(parsed.ndim - 1):
-        leaves = chain.from_iterable(leaves)
-    if kind != "O":
-        at = np.flatnonzero((parsed == 0) | (parsed == 1))
-        if not at.size:
-            return False
-        if at.size * 2 <= parsed.size:  # a few: each by its index rather than all in turn
-            flat = data if parsed.ndim == 1 else list(leaves)
-            leaves = map(flat.__getitem__, at.tolist())
-    return bool in map(type, leaves)
 
 
 def decode_tensors(

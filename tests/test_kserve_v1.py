@@ -264,6 +264,19 @@ BAD_REQUESTS: dict[str, tuple[str, Any, int, str]] = {
         400,
         "expected dtype int64",
     ),
+    "true among integers": (
+        "heads",
+        {"inputs": {"x": [[0.5] * 4], "k": [[True, 1, 1, 1]]}},
+        400,
+        "input 'k': expected dtype int64, received true/false among numbers",
+    ),
+    "a string among numbers": ("mlp", {"instances": [[*ROW[:63], "a"]]}, 400, "float32, received strings"),
+    "an integer past uint64": (
+        "heads",
+        {"inputs": {"x": [[0.5] * 4], "k": [[2**65, 1, 1, 1]]}},
+        400,
+        "int64, received values of several kinds, or integers past the range of int64 and uint64",
+    ),
     "columnar values for several inputs": (
         "heads",
         {"inputs": [[0.5] * 4]},
