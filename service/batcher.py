@@ -385,9 +385,10 @@ class Batcher(Generic[T]):
 
     def drain(self, limit_s: float) -> Future[None]:
         """Take no more requests (a 503) and stop once those in are answered, as Triton unloads
-        a model: the requests waiting and running still run. Those still waiting `limit_s` from
-        now get a 503, as on close. Safe from any thread; the future is done once every request
-        is answered."""
+        a model: the requests waiting and running still run. Those still waiting for a batch
+        `limit_s` from now get a 503; the batches running then finish, and the requests of a
+        model that cannot batch all run, as they wait for a thread rather than a batch. Safe from
+        any thread; the future is done once every request is answered."""
         drained: Future[None] = Future()
         self._drained = drained  # one attribute, set from any thread: from now, submit refuses
         if not self._pending:  # idle: done now, so that an unload of an idle model frees it at once
@@ -395,7 +396,7 @@ class Batcher(Generic[T]):
             return drained
 
         def start() -> None:
-            self._events.call_later(limit_s, self.close)
+            self._events.call_later(limit_s, self._give_up_waiting)
             self._stop_if_drained()
 
         try:
@@ -403,6 +404,14 @@ class Batcher(Generic[T]):
         except RuntimeError:  # the loop is closed: no request is left to answer
             drained.set_result(None)
         return drained
+
+    def _give_up_waiting(self) -> None:
+        """A drain's limit: the requests not yet in a running batch get a 503."""
+        waiting = [*self._batch, *self._queue]
+        self._queue.clear()
+        for r in waiting:  # one in the batch being collected is then skipped there, as expired
+            if not r.future.done():
+                r.future.set_exception(_stopped())
 
     def _stop_if_drained(self) -> None:
         if self._drained is not None and not self._pending and not self._drained.done():

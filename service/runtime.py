@@ -161,9 +161,11 @@ class Runtime:
         # Model -> when a refresh last found it unloaded: until a TTL later, its requests are
         # refused without asking the store, as a ready model's are served from its route.
         self._unloaded_at: dict[str, float] = {}
-        # Per model, how many times it was loaded again (rerouted): an unload's runners go once
-        # its requests are answered unless it was loaded again meanwhile, and serves on them.
+        # Per model, how many times it was loaded again, and that count at its latest unload: an
+        # unload's runners go once its requests are answered, unless the model was loaded again
+        # since, and serves on them.
         self._loads: defaultdict[str, int] = defaultdict(int)
+        self._loads_at_unload: dict[str, int] = {}
         # Variant id -> when to try loading it again.
         self._unloadable: dict[str, float] = {}
         # Refreshes run here: with a hung store each takes its socket timeout, so enough threads
@@ -302,13 +304,13 @@ class Runtime:
         if seen is not None and time.monotonic() - seen < self.settings.route_ttl_s:
             raise _unloaded(name)
 
-    def reroute(self, name: str) -> None:
-        """A model was loaded again, or given another default version: its next request reads
+    def reroute(self, name: str, loaded: bool = False) -> None:
+        """A model was `loaded` again, or given another default version: its next request reads
         its route afresh, without joining or keeping a refresh in flight, which may have read
         the model still unloaded or the old default."""
         with self._lock:
             self._new_generation(name)
-            self._loads[name] += 1
+            self._loads[name] += loaded
             self._unloaded_at.pop(name, None)
             self._routes.pop((name, None), None)
 
@@ -497,8 +499,9 @@ class Runtime:
         try:
             return loaded.runner.run(arrays), variant
         except Exception as exc:
-            pinned = backend is not None and isinstance(exc, OutsideDimsError)  # a 400 that says why
-            if variant.backend == REFERENCE or pinned or out_of_memory(exc):
+            # A pinned backend's refusal of sizes is a 400 that says why; its lack of memory, the host's.
+            pinned = backend is not None and (isinstance(exc, OutsideDimsError) or out_of_memory(exc))
+            if variant.backend == REFERENCE or pinned:
                 fail_request(exc)
             failed = exc
         # TorchScript, the model as uploaded, tells whose failure it was: the inputs' (an index
@@ -510,7 +513,7 @@ class Runtime:
             fail_request(exc)
         if backend is not None:
             raise failed  # the pinned backend's answer was asked for, and it has none: Kiln's fault
-        if not isinstance(failed, OutsideDimsError):
+        if not isinstance(failed, OutsideDimsError) and not out_of_memory(failed):
             # Left out as one that fails to load is: not run, and logged, at every batch.
             self._unloadable[variant.id] = time.monotonic() + UNLOADABLE_RETRY_S
             log.warning(
@@ -677,12 +680,15 @@ class Runtime:
         and warm it up at `warm_batches` before any request can use it. The runner is used but
         not kept when its model was unloaded or deleted, or the runtime closed, since `unloads`
         (the model's count of unloads when the caller chose it; by default, when this load
-        began): it must not outlive them in memory."""
+        began): it must not outlive them in memory. Nor is one that an unload's requests still
+        running began or ended among: those are the last it serves."""
         key = runner_key(version, variant)
         self.stats.start(version.name, version.version)
+        ours = (version.name, version.version)
         with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
             unloads = self._unloads[version.name] if unloads is None else unloads
+            draining = ours in self._draining.values()
         evicted, kept = 0, False
         try:
             with loading:
@@ -695,6 +701,8 @@ class Runtime:
                             not self._closed
                             and self._unloads[version.name] == unloads
                             and not self.stats.deleted(version.name, version.version)
+                            and not draining
+                            and ours not in self._draining.values()
                         )
                         if kept:
                             self._loaded[key] = loaded
@@ -751,8 +759,8 @@ class Runtime:
 
     def unload(self, name: str, version: int | None = None) -> None:
         """Take a model, or one of its versions, out of service in this process (deleted, or
-        unloaded): new requests no longer find it, those already in run to their answer (for up
-        to UNLOAD_DRAIN_S), and then its runners go."""
+        unloaded): new requests no longer find it, those already in run to their answer (see
+        Batcher.drain, UNLOAD_DRAIN_S), and then its runners go."""
 
         def gone(model: str, number: int) -> bool:
             return model == name and version in (None, number)
@@ -761,7 +769,7 @@ class Runtime:
             self._generations[name] += 1  # refreshes in flight now keep nothing they read
             if version is None:  # loads in flight are not kept (a deleted version's: Stats.deleted)
                 self._unloads[name] += 1
-            loads = self._loads[name]
+                self._loads_at_unload[name] = self._loads[name]
         self._responses.drop(name, version)  # its answers go with its runners
         routes = {}
         # Copies: requests on the event loop may add entries meanwhile.
@@ -777,11 +785,7 @@ class Runtime:
         with self._lock:
             self._draining_routes.update(routes)
             self._draining.update(batchers)
-            held = {k: x for k, x in self._loaded.items() if gone(x.model, x.version)}
-        # A deleted version never serves again; a model unloaded may be loaded again meanwhile.
-        release = partial(
-            self._release, name, None if version is not None else loads, routes, [*batchers], held
-        )
+        release = partial(self._release, name, version, routes, [*batchers])
         drains = [batcher.drain(UNLOAD_DRAIN_S) for batcher in batchers]
         if all(drain.done() for drain in drains):  # none had requests in
             release()
@@ -802,15 +806,14 @@ class Runtime:
     def _release(
         self,
         name: str,
-        loads: int | None,
+        version: int | None,
         routes: dict[tuple[str, int], Route],
         batchers: list[Batcher[VariantRecord]],
-        held: dict[str, Loaded],
     ) -> None:
-        """Once an unload's requests are answered, its runners go, and the memory they held:
-        not those that another unload's requests still run on (one read from the store when
-        this one began, say), which go with those; nor any once the model was loaded again
-        since `loads` (None: never), which serves on them."""
+        """Once an unload's requests are answered, its runners go (those loaded while they ran
+        too), and the memory they held: not those that another unload's requests still run on,
+        which go with those; nor, for a model, once it was loaded again since its latest unload
+        (it serves on them). A deleted version never serves again."""
         with self._lock:
             for batcher in batchers:
                 self._draining.pop(batcher, None)
@@ -819,11 +822,13 @@ class Runtime:
                     del self._draining_routes[route_key]
             busy = set(self._draining.values())
             going = []
-            if loads is None or self._loads[name] == loads:
+            if version is not None or self._loads[name] == self._loads_at_unload.get(name):
                 going = [
                     key
-                    for key, loaded in held.items()
-                    if self._loaded.get(key) is loaded and (loaded.model, loaded.version) not in busy
+                    for key, loaded in self._loaded.items()
+                    if loaded.model == name
+                    and version in (None, loaded.version)
+                    and (loaded.model, loaded.version) not in busy
                 ]
             for key in going:
                 del self._loaded[key]

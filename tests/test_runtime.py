@@ -568,6 +568,59 @@ def test_an_unload_lets_the_requests_in_flight_finish(
     assert runtime.loaded_runners == 0
 
 
+@pytest.mark.parametrize("meanwhile", ["nothing", "a load and an unload", "a default version"])
+def test_an_unloads_runners_go_once_its_requests_are_answered(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    """Whatever comes while the requests in flight run (ONNX Runtime loading for the batch of
+    8 they merge into, TorchScript standing in; a load and another unload; another default
+    version), the runners of a model that stays unloaded go once those requests are answered."""
+    gate, running = threading.Event(), threading.Event()
+    gate.set()
+
+    def held(backend: str, inputs: Mapping[str, np.ndarray]) -> None:
+        running.set()
+        gate.wait(10)
+
+    runs = failing(monkeypatch, held)
+    route = runtime.route("mlp", None)
+    runtime.load(route.version, next(v for v in route.variants if v.backend == "torchscript"))
+    gate.clear()
+    running.clear()
+    x = np.random.default_rng(0).standard_normal((9, 64)).astype(np.float32)
+
+    async def main() -> list[Prediction]:
+        # TorchScript at batch 1, held: the eight behind it merge into a batch of 8, which ONNX
+        # Runtime serves best, and which loads while TorchScript stands in.
+        first = asyncio.ensure_future(runtime.predict("mlp", None, {"x": x[:1]}))
+        await asyncio.to_thread(running.wait, 10)
+        queued = [
+            asyncio.ensure_future(runtime.predict("mlp", None, {"x": x[i : i + 1]})) for i in range(1, 9)
+        ]
+        await asyncio.sleep(0.1)
+        registry = runtime.registry
+        registry.set_unloaded("mlp", True)
+        await asyncio.to_thread(runtime.unload, "mlp")
+        if meanwhile == "a load and an unload":
+            assert registry.serve_again("mlp", registry.last_unload("mlp"))
+            runtime.reroute("mlp", loaded=True)
+            registry.set_unloaded("mlp", True)
+            await asyncio.to_thread(runtime.unload, "mlp")
+        elif meanwhile == "a default version":
+            registry.set_default_version("mlp", 1)
+            runtime.reroute("mlp")
+        gate.set()
+        return list(await asyncio.gather(first, *queued))
+
+    for i, prediction in enumerate(asyncio.run(main())):
+        np.testing.assert_allclose(
+            prediction.outputs["output0"], expected(x[i : i + 1]), rtol=1e-5, atol=1e-6
+        )
+    time.sleep(1)  # a load behind the batch may end after its requests are answered
+    assert "onnxruntime" in runs
+    assert runtime.loaded_runners == 0, runs
+
+
 def test_inputs_the_model_itself_fails_on_leave_the_variant_in_service(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:

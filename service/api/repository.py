@@ -131,7 +131,7 @@ def in_service(svc: Services, name: str, since: str | None) -> bool:
     if not svc.registry.serve_again(name, since):
         log.info("model %r was unloaded while it loaded: it stays unloaded", name)
         return False
-    svc.runtime.reroute(name)
+    svc.runtime.reroute(name, loaded=True)
     return True
 
 
