@@ -15,6 +15,10 @@ from compiler.errors import InvalidModelError, raised_as
 from compiler.spec import CARRIED, VARIED_FILL, InputSpec
 from compiler.threads import set_threads
 
+# Every row of a batch is checked against every other in bit_length(rows) runs more: a larger
+# batch is probed at this many rows, which a model whose rows mix shows as well.
+PROBE_ROWS = 16
+
 
 def inspect_model(
     path: str,
@@ -30,9 +34,9 @@ def inspect_model(
     backend matches them; others in the order given. An output dimension that follows the
     batch size is reported as -1, as is one that follows the inputs' other dynamic dimensions
     (a sequence's length, say: those are at TRACE_FILL, and the model runs once more with them
-    at VARIED_FILL). An output
-    of which a row in the largest batch changes with the batch's other rows, its own unchanged,
-    depends on them: `rows_apart` false. An output of a dtype no protocol carries (complex, say)
+    at VARIED_FILL). An output of which a row in the largest batch (probed at PROBE_ROWS rows
+    at most) changes with the batch's other rows, its own unchanged, depends on them:
+    `rows_apart` false. An output of a dtype no protocol carries (complex, say)
     is an InvalidModelError.
     Meant for a sandboxed child process: a hostile or broken model can only crash the child.
     """
@@ -53,14 +57,20 @@ def inspect_model(
     batches = sorted({1, spec.max_batch_size}) if spec.batched else [1]
     shapes = ", ".join(str(t) for t in spec.inputs)
     inputs = [spec.random_inputs(b, rng) for b in batches]
-    # The largest batch again, then with rows changed: from its inputs copied before a run may
-    # write to them.
-    changed = _changed_rows(batches[-1]) if len(batches) > 1 else np.zeros((0, 1), bool)
-    base = {k: v.copy() for k, v in inputs[-1].items()}
-    fresh = spec.random_inputs(batches[-1], rng) if len(changed) else {}
+    # Whether rows stand apart is probed at the largest batch, or at PROBE_ROWS rows for a larger
+    # one: its inputs again, then with rows changed, from inputs copied before a run may write
+    # to them. Probed at fewer rows, a batch of them is run twice first, for its reference.
+    probing = len(batches) > 1
+    probe = min(batches[-1], PROBE_ROWS)
+    whole = probe == batches[-1]
+    changed = _changed_rows(probe) if probing else np.zeros((0, 1), bool)
+    base = {k: v.copy() for k, v in inputs[-1].items()} if whole else spec.random_inputs(probe, rng)
+    fresh = spec.random_inputs(probe, rng) if probing else {}
     runs = [_run(runner, x, f"inputs {shapes} at batch {b}") for b, x in zip(batches, inputs, strict=True)]
-    largest = f"inputs {shapes} at batch {batches[-1]}"
-    repeated, *mixed = [_run(runner, _mix(base, fresh, rows), largest) for rows in changed] or [{}]
+    at_probe = f"inputs {shapes} at batch {probe}"
+    each = changed if whole else np.vstack([changed[:1], changed])  # the reference, unchanged
+    probed = [_run(runner, _mix(base, fresh, rows), at_probe) for rows in each]
+    reference, repeated, *mixed = ([runs[-1]] if whole else []) + probed if probing else [{}, {}]
     for i, sample in enumerate(samples):  # what verification will run every variant on
         _run(runner, spec.coerce(sample), f"samples[{i}]")
     varied = _varied(runner, spec, rng)
@@ -90,8 +100,8 @@ def inspect_model(
         apart = (
             shape[:1] != [-1]
             or not repeated
-            or not _same(repeated[name], runs[-1][name])
-            or _rows_kept(name, [runs[-1], *mixed], changed)
+            or not _same(repeated[name], reference[name])
+            or _rows_kept(name, [reference, *mixed], changed)
         )
         outputs.append({"name": name, "dtype": first.dtype.name, "shape": shape, "rows_apart": apart})
     return {"inputs": spec.names, "outputs": outputs}

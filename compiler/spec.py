@@ -204,7 +204,7 @@ def to_array(value: object, dtype: str | None, name: str) -> np.ndarray:
     if dtype is None:
         return raw
     want = DTYPES[dtype]
-    if raw.dtype.kind not in _ACCEPTS[want.kind]:
+    if raw.size and raw.dtype.kind not in _ACCEPTS[want.kind]:  # numpy makes floats of []
         received = _JSON_KINDS.get(raw.dtype.kind, f"values of kind {raw.dtype.name}")
         raise InputMismatchError(f"input {name!r}: expected dtype {dtype}, received {received}")
     if raw.size and want.kind != "b" and bool_among_numbers(value, raw):
@@ -223,9 +223,9 @@ _ACCEPTS = {"f": "biuf", "i": "biu", "u": "biu", "b": "b"}
 # What JSON values numpy made an array of each kind from, in the words of JSON.
 _JSON_KINDS = {
     "b": "true/false",
-    "f": "numbers with a fraction (or integers past the range of int64 and uint64)",
+    "f": "numbers with a fraction, or integers too large for int64",
     "U": "strings",
-    "O": "values of several kinds, or integers past the range of int64 and uint64",
+    "O": "values that are not all numbers (null, objects, mixed kinds), or integers too large for int64",
 }
 
 

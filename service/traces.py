@@ -197,17 +197,18 @@ class Traces:
     def apply(self, settings: dict[str | None, TraceSettings]) -> None:
         """Trace by these settings from now: the server's (key None), and those of models that
         set their own. A scope keeps its count of requests, and of traces left unless its
-        trace_count was set since, as Triton's; a model's new scope that takes the server's
-        trace_count starts from the traces the server has left, as Triton copies them."""
+        trace_count was set since, as Triton's; a model's scope that takes the server's
+        trace_count anew (new, or its own cleared) starts from the traces the server has left,
+        as Triton copies them."""
         with self._lock:
             old, self._scopes = self._scopes, {}
             for key, new in settings.items():
                 was = old.get(key)
                 server = old.get(None)
-                if was is None and server is not None and server.settings.count == new.count:
-                    self._scopes[key] = _Scope(new, server.remaining, 0)
-                elif was is not None and was.settings.count == new.count:
+                if was is not None and was.settings.count == new.count:
                     self._scopes[key] = _Scope(new, was.remaining, was.seen)
+                elif server is not None and server.settings.count == new.count:  # the server's count
+                    self._scopes[key] = _Scope(new, server.remaining, 0 if was is None else was.seen)
                 else:
                     self._scopes[key] = _Scope(new, new.trace_count, 0 if was is None else was.seen)
             self.on = any(s.settings.tracing for s in self._scopes.values())

@@ -197,6 +197,15 @@ def test_upload_over_limit(http: httpx.Client) -> None:
     assert "KILN_MAX_UPLOAD_MB allows" in problem(response, 413)
     assert response.headers["x-request-id"] == "big-upload"
     assert value(scrape(http), "kiln_http_errors_total", code="413", route="/v1/models") == before + 1
+    # Sent in chunks, with no length declared: refused as it passes the limit, in the same words.
+    start = b'--kiln\r\nContent-Disposition: form-data; name="file"; filename="m.pt"\r\n\r\n'
+    chunked = http.post(
+        "/v1/models",
+        content=iter([start, big[: 1024 * 1024], big[1024 * 1024 :], b"\r\n--kiln--\r\n"]),
+        headers={"Content-Type": "multipart/form-data; boundary=kiln"},
+    )
+    assert "larger than KILN_MAX_UPLOAD_MB allows" in problem(chunked, 413)
+    assert chunked.json()["title"] == "Payload too large"
     assert http.get("/v1/models/mlp").json()["versions"][0]["version"] == 1  # nothing was lost
 
 

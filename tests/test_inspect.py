@@ -127,7 +127,7 @@ class LastReadsPrevious(nn.Module):
         return torch.cat([x[:-1], x[-1:] + x[-2:-1]])
 
 
-@pytest.mark.parametrize("max_batch_size", [2, 3, 7, 8, 9])
+@pytest.mark.parametrize("max_batch_size", [2, 3, 7, 8, 9, 17, 64])
 @pytest.mark.parametrize(
     ("module", "apart"),
     [(MLP(), True), (RunningSum(), False), (LessTheFirst(), False), (LastReadsPrevious(), False)],

@@ -275,7 +275,7 @@ BAD_REQUESTS: dict[str, tuple[str, Any, int, str]] = {
         "heads",
         {"inputs": {"x": [[0.5] * 4], "k": [[2**65, 1, 1, 1]]}},
         400,
-        "int64, received values of several kinds, or integers past the range of int64 and uint64",
+        "int64, received values that are not all numbers (null, objects, mixed kinds), or integers too large",
     ),
     "columnar values for several inputs": (
         "heads",

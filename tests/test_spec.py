@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from compiler.errors import InputMismatchError, InvalidSpecError
-from compiler.spec import InputSpec, TensorSpec
+from compiler.spec import InputSpec, TensorSpec, to_array
 
 
 def test_parse_cli_form() -> None:
@@ -59,3 +59,11 @@ def test_random_inputs_follow_the_spec() -> None:
     spec = InputSpec.parse(["x:float32[-1,2]", "i:int64[-1,3]"], max_batch_size=8)
     arrays = spec.random_inputs(5, np.random.default_rng(0))
     assert spec.check(arrays) == 5
+
+
+def test_no_values_for_an_integer_input_are_an_empty_array() -> None:
+    """numpy makes floats of `[]`: no values, which v2 takes too, are not refused as fractions."""
+    assert to_array([], "int64", "k").dtype == np.int64
+    assert to_array([[]], "int64", "k").shape == (1, 0)
+    with pytest.raises(InputMismatchError, match="received numbers with a fraction"):
+        to_array([0.5], "int64", "k")

@@ -66,6 +66,13 @@ def test_rate_count_and_a_models_own_settings() -> None:
     traces.apply({None: on, "a": on.model_copy(update={"trace_rate": 1})})
     assert traced(traces, "a", 3) == []
     assert traces.settings("a").trace_count == "0"
+    # Its own count, then cleared: the server's again, and what the server has left.
+    traces.apply(
+        {None: on, "a": on.model_copy(update={"trace_rate": 1, "trace_count": 5, "count_set": "own"})}
+    )
+    assert traced(traces, "a", 1) == [1]
+    traces.apply({None: on, "a": on.model_copy(update={"trace_rate": 1})})
+    assert traced(traces, "a", 3) == []
 
     # A model's own settings count apart; unchanged settings keep their counts.
     own = TraceSettings(trace_level=["TIMESTAMPS"], trace_rate=1, trace_count=-1)

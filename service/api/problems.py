@@ -97,6 +97,13 @@ class DeclaredTooLarge:
         await self.app(scope, receive, sending)
 
 
+def http_detail(exc: HTTPException) -> str:
+    """What Starlette's own HTTP error says, in words that say what to fix."""
+    if exc.status_code == 413:  # a body sent in chunks, past max_body_size
+        return "the request body is larger than KILN_MAX_UPLOAD_MB allows"
+    return str(exc.detail)
+
+
 def _plain(start: Message) -> bool:
     return MutableHeaders(raw=start["headers"]).get("content-type", "").startswith("text/plain")
 
@@ -153,7 +160,8 @@ def install(app: FastAPI) -> None:
         if isinstance(unwrapped(exc), ClientDisconnect):
             status, title = STATUS_OF[ClientDisconnect]
             return problem(status, title, "the client closed the connection before its request was in")
-        return problem(exc.status_code, "HTTP error", str(exc.detail))
+        title = PayloadTooLargeError.title if exc.status_code == 413 else "HTTP error"
+        return problem(exc.status_code, title, http_detail(exc))
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -16,7 +16,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from service.api.auth import Scope, require
-from service.api.problems import STATUS_OF, unwrapped, validation_detail
+from service.api.problems import STATUS_OF, http_detail, unwrapped, validation_detail
 from service.errors import BadRequestError, KilnError
 
 log = logging.getLogger("kiln.api")
@@ -32,7 +32,7 @@ def error_of(exc: Exception, where: str) -> tuple[int, str]:
     if isinstance(exc, KilnError):
         return exc.status_code, str(exc)
     if isinstance(exc, HTTPException):
-        return exc.status_code, str(exc.detail)
+        return exc.status_code, http_detail(exc)
     if isinstance(exc, RequestValidationError):
         return 400, validation_detail(exc)
     for exc_type, (status, _) in STATUS_OF.items():

@@ -241,7 +241,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
     @answered
     async def ModelStatistics(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         if not request.name:
-            doc = repository.all_stats(self.svc)
+            doc = await run_in_threadpool(repository.all_stats, self.svc)  # reads the store
         elif not request.version:
             doc = await run_in_threadpool(repository.model_stats, request.name, self.svc)
         else:
