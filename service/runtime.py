@@ -796,9 +796,8 @@ class Runtime:
             with self._lock:
                 left[0] -= 1
                 last = not left[0]
-            if last:  # off the event loop: freeing memory collects garbage
-                with contextlib.suppress(RuntimeError):  # closing: the runners go with the runtime
-                    self._load_pool.submit(release)
+            if last:  # off the event loop, as freeing memory collects garbage; behind no load
+                threading.Thread(target=release, name="kiln-release", daemon=True).start()
 
         for drain in drains:
             drain.add_done_callback(drained)
