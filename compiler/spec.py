@@ -218,11 +218,14 @@ def to_array(value: object, dtype: str | None, name: str) -> np.ndarray:
     return raw.astype(want)
 
 
-# Which JSON-derived array kinds each dtype kind accepts: bool < int < float, never downwards.
-_ACCEPTS = {"f": "biuf", "i": "biu", "u": "biu", "b": "b"}
+# Which JSON-derived array kinds each dtype kind accepts: int < float, never downwards; true/false
+# only for BOOL, as in v2.
+_ACCEPTS = {"f": "iuf", "i": "iu", "u": "iu", "b": "b"}
 # What JSON values numpy made an array of each kind from, in the words of JSON.
 _JSON_KINDS = {
     "b": "true/false",
+    "i": "integers",
+    "u": "integers",
     "f": "numbers with a fraction, or integers too large for int64",
     "U": "strings",
     "O": "values that are not all numbers (null, objects, mixed kinds), or integers too large for int64",

@@ -29,7 +29,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future, InvalidStateError
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Generic, TypeVar
@@ -208,6 +208,7 @@ class Batcher(Generic[T]):
         self._task: asyncio.Task[None] | None = None
         self._events = asyncio.get_running_loop()  # made by a request: `drain` reaches it from threads
         self._drained: Future[None] | None = None  # draining: answered once no request is pending
+        self._limit: asyncio.TimerHandle | None = None  # when a drain gives up on those waiting
         self._pending = 0  # submitted and not yet answered; only touched on the event loop
         # The most requests pending at once in this batch cycle, and in the last PEAK_CYCLES; a
         # new batcher has seen no load yet, so it waits as if batches could fill.
@@ -259,10 +260,10 @@ class Batcher(Generic[T]):
             finally:
                 if expiry is not None:
                     expiry.cancel()
-                if not request.started:
+                if future.cancelled() and not request.started:
                     # Given up on (a gRPC call cancelled, a stream closed): out of the queue,
                     # with its inputs, as it is out of the count that max_queue_size bounds.
-                    with contextlib.suppress(ValueError):
+                    with contextlib.suppress(ValueError):  # taken into the batch forming
                         self._queue.remove(request)
         finally:
             waiting.left()
@@ -383,20 +384,23 @@ class Batcher(Generic[T]):
         del self._running[running]
         self._free(lane)
 
+    @property
+    def pending(self) -> int:
+        """Requests submitted and not yet answered."""
+        return self._pending
+
     def drain(self, limit_s: float) -> Future[None]:
         """Take no more requests (a 503) and stop once those in are answered, as Triton unloads
         a model: the requests waiting and running still run. Those still waiting for a batch
         `limit_s` from now get a 503; the batches running then finish, and the requests of a
         model that cannot batch all run, as they wait for a thread rather than a batch. Safe from
-        any thread; the future is done once every request is answered."""
+        any thread; the future is done once every request is answered (at once, on the event
+        loop, for a batcher with none)."""
         drained: Future[None] = Future()
-        self._drained = drained  # one attribute, set from any thread: from now, submit refuses
-        if not self._pending:  # idle: done now, so that an unload of an idle model frees it at once
-            self._stop_if_drained()
-            return drained
 
-        def start() -> None:
-            self._events.call_later(limit_s, self._give_up_waiting)
+        def start() -> None:  # on the event loop, as submit's check of it is
+            self._drained = drained
+            self._limit = self._events.call_later(limit_s, self._give_up_waiting)
             self._stop_if_drained()
 
         try:
@@ -416,8 +420,9 @@ class Batcher(Generic[T]):
     def _stop_if_drained(self) -> None:
         if self._drained is not None and not self._pending and not self._drained.done():
             self.close()
-            with contextlib.suppress(InvalidStateError):  # a drain's thread and the loop both saw it idle
-                self._drained.set_result(None)
+            if self._limit is not None:
+                self._limit.cancel()
+            self._drained.set_result(None)
 
     def close(self) -> None:
         """Stop the batching task; the requests still waiting get a 503. Safe from any thread."""

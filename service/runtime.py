@@ -8,6 +8,7 @@ evicting one never drops a request in flight.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import logging
@@ -16,7 +17,7 @@ import threading
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from functools import partial
@@ -65,6 +66,8 @@ UNLOADABLE_RETRY_S = 60.0
 # How long an unload lets the requests already in run before it answers the rest with 503:
 # Triton lets a model's requests in flight finish before it unloads it.
 UNLOAD_DRAIN_S = 30.0
+# How long an unload waits for its model's batchers to say they are idle (a turn of the event loop).
+IDLE_DRAIN_WAIT_S = 1.0
 # At most one background load of a runner this often: when the budget holds only one of a
 # version's runners, each load would evict the stand-in and the next batch size load it back.
 LOAD_BEHIND_EVERY_S = 60.0
@@ -164,8 +167,8 @@ class Runtime:
         # Per model, how many times it was loaded again, and that count at its latest unload: an
         # unload's runners go once its requests are answered, unless the model was loaded again
         # since, and serves on them.
-        self._loads: defaultdict[str, int] = defaultdict(int)
-        self._loads_at_unload: dict[str, int] = {}
+        self._reloads: defaultdict[str, int] = defaultdict(int)
+        self._reloads_at_unload: dict[str, int] = {}
         # Variant id -> when to try loading it again.
         self._unloadable: dict[str, float] = {}
         # Refreshes run here: with a hung store each takes its socket timeout, so enough threads
@@ -288,7 +291,8 @@ class Runtime:
 
     def _check_loaded(self, name: str, unloaded: bool, generation: int) -> None:
         """An unload received by another process reaches this one at its next refresh of the
-        model's route, which then frees the runners here too; unless a load came meanwhile."""
+        model's route, which then unloads it here too (its runners go once the requests here
+        are answered); unless a load came meanwhile."""
         if not unloaded:
             return
         with self._lock:
@@ -310,7 +314,10 @@ class Runtime:
         the model still unloaded or the old default."""
         with self._lock:
             self._new_generation(name)
-            self._loads[name] += loaded
+            self._reloads[name] += loaded
+            if loaded:  # what a drain's requests loaded behind was not kept: load it again now
+                for key in [k for k in self._loaded_behind_at if k.startswith(f"{name}/")]:
+                    del self._loaded_behind_at[key]
             self._unloaded_at.pop(name, None)
             self._routes.pop((name, None), None)
 
@@ -688,7 +695,7 @@ class Runtime:
         with self._lock:
             loading = self._loading.setdefault(key, threading.Lock())
             unloads = self._unloads[version.name] if unloads is None else unloads
-            draining = ours in self._draining.values()
+            draining = self._draining_out(*ours)
         evicted, kept = 0, False
         try:
             with loading:
@@ -702,7 +709,7 @@ class Runtime:
                             and self._unloads[version.name] == unloads
                             and not self.stats.deleted(version.name, version.version)
                             and not draining
-                            and ours not in self._draining.values()
+                            and not self._draining_out(*ours)
                         )
                         if kept:
                             self._loaded[key] = loaded
@@ -769,7 +776,7 @@ class Runtime:
             self._generations[name] += 1  # refreshes in flight now keep nothing they read
             if version is None:  # loads in flight are not kept (a deleted version's: Stats.deleted)
                 self._unloads[name] += 1
-                self._loads_at_unload[name] = self._loads[name]
+                self._reloads_at_unload[name] = self._reloads[name]
         self._responses.drop(name, version)  # its answers go with its runners
         routes = {}
         # Copies: requests on the event loop may add entries meanwhile.
@@ -787,7 +794,12 @@ class Runtime:
             self._draining.update(batchers)
         release = partial(self._release, name, version, routes, [*batchers])
         drains = [batcher.drain(UNLOAD_DRAIN_S) for batcher in batchers]
-        if all(drain.done() for drain in drains):  # none had requests in
+        # A batcher with no request in is drained at once, on the event loop: then the runners
+        # go before this returns (unless this runs on the event loop, which must not wait).
+        idle = [drain for drain, batcher in zip(drains, batchers, strict=True) if not batcher.pending]
+        if idle and not on_event_loop():
+            wait(idle, timeout=IDLE_DRAIN_WAIT_S)
+        if all(drain.done() for drain in drains):
             release()
             return
         left = [len(drains)]
@@ -802,6 +814,13 @@ class Runtime:
         for drain in drains:
             drain.add_done_callback(drained)
 
+    def _draining_out(self, name: str, number: int) -> bool:
+        """Under the lock: whether an unload's requests still run on this version's runners,
+        the last it serves (a deleted version, or a model not loaded again since)."""
+        if (name, number) not in self._draining.values():
+            return False
+        return self.stats.deleted(name, number) or self._reloads[name] == self._reloads_at_unload.get(name)
+
     def _release(
         self,
         name: str,
@@ -813,6 +832,7 @@ class Runtime:
         too), and the memory they held: not those that another unload's requests still run on,
         which go with those; nor, for a model, once it was loaded again since its latest unload
         (it serves on them). A deleted version never serves again."""
+        self._responses.drop(name, version)  # what its requests answered meanwhile
         with self._lock:
             for batcher in batchers:
                 self._draining.pop(batcher, None)
@@ -821,7 +841,7 @@ class Runtime:
                     del self._draining_routes[route_key]
             busy = set(self._draining.values())
             going = []
-            if version is not None or self._loads[name] == self._loads_at_unload.get(name):
+            if version is not None or self._reloads[name] == self._reloads_at_unload.get(name):
                 going = [
                     key
                     for key, loaded in self._loaded.items()
@@ -847,7 +867,9 @@ class Runtime:
         metrics.LOADED_BYTES.set(sum(x.size_bytes for x in self._loaded.values()))
 
     def close(self) -> None:
-        for batcher in [*self._batchers.values(), *self._draining]:
+        with self._lock:
+            draining = list(self._draining)
+        for batcher in [*self._batchers.values(), *draining]:
             batcher.close()
         self._batchers.clear()
         with self._lock:
@@ -858,6 +880,14 @@ class Runtime:
             executor.shutdown(wait=False, cancel_futures=True)
         self._route_pool.shutdown(wait=False, cancel_futures=True)
         self._load_pool.shutdown(wait=False, cancel_futures=True)
+
+
+def on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def fail_request(exc: Exception) -> NoReturn:

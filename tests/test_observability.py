@@ -516,7 +516,7 @@ def test_a_forgotten_version_never_counts_again_and_a_newer_one_stays() -> None:
     stats.forget(name, held, stored=set())
     assert stats.versions(name) == {2} and versions_in_series() == {"2"}
     assert stats.models() == {name}  # the model's series are kept while a version is counted
-    stats.failed(name, 1, 0.001, "CANCELED")  # v1's request in flight, its batcher closed
+    stats.failed(name, 1, 0.001, "CANCELED")  # v1's request in flight, as its batcher drains
     stats.cache_hit(name, 1, 0.001, 0.001)
     assert [s["version"] for s in stats.doc(name)] == ["2"] and versions_in_series() == {"2"}
     # One not yet at its batch or its load fails as if sent after the delete.

@@ -527,6 +527,13 @@ def test_a_variant_that_fails_on_a_batch_gives_way_to_torchscript(
         asyncio.run(runtime.predict("mlp", None, {"x": x}, backend="onnxruntime"))
 
 
+async def in_batchers(runtime: Runtime, count: int) -> None:
+    """Wait until `count` requests are in the model's batchers (and so past their route)."""
+    deadline = time.monotonic() + 30
+    while sum(b.pending for b in runtime._batchers.values()) < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
 def test_an_unload_lets_the_requests_in_flight_finish(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -547,7 +554,7 @@ def test_an_unload_lets_the_requests_in_flight_finish(
         first = asyncio.ensure_future(runtime.predict("mlp", None, {"x": x[:1]}))
         await asyncio.to_thread(running.wait, 10)  # its batch runs
         queued = [asyncio.ensure_future(runtime.predict("mlp", None, {"x": x[i : i + 1]})) for i in (1, 2, 3)]
-        await asyncio.sleep(0.05)
+        await in_batchers(runtime, 4)
         runtime.registry.set_unloaded("mlp", True)  # as the unload endpoint does
         await asyncio.to_thread(runtime.unload, "mlp")
         with pytest.raises(ConflictError, match="unloaded"):
@@ -597,7 +604,7 @@ def test_an_unloads_runners_go_once_its_requests_are_answered(
         queued = [
             asyncio.ensure_future(runtime.predict("mlp", None, {"x": x[i : i + 1]})) for i in range(1, 9)
         ]
-        await asyncio.sleep(0.1)
+        await in_batchers(runtime, 9)
         registry = runtime.registry
         registry.set_unloaded("mlp", True)
         await asyncio.to_thread(runtime.unload, "mlp")
@@ -618,11 +625,49 @@ def test_an_unloads_runners_go_once_its_requests_are_answered(
         )
     # The load behind the batch may end after its requests are answered: it is not kept either.
     deadline = time.monotonic() + 30
-    while ("onnxruntime" not in runs or runtime.loaded_runners) and time.monotonic() < deadline:
+    while (
+        "onnxruntime" not in runs or runtime._loading or runtime._draining
+    ) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "onnxruntime" in runs
-    time.sleep(0.2)  # and nothing comes back
     assert runtime.loaded_runners == 0, runs
+
+
+def test_a_model_loaded_again_while_its_requests_drain_keeps_what_it_loads(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load that comes while an unload's requests still run serves again at once: the
+    runners its warm-up loads stay, and so do those the requests ran on."""
+    gate, running = threading.Event(), threading.Event()
+
+    def first_held(backend: str, inputs: Mapping[str, np.ndarray]) -> None:
+        if not running.is_set():
+            running.set()
+            gate.wait(10)
+
+    failing(monkeypatch, first_held)
+    # ONNX Runtime loads only with the warm-up, while the request drains.
+    monkeypatch.setattr(runtime, "_load_other_sizes_behind", lambda route, variant: None)
+    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+
+    async def main() -> Prediction:
+        first = asyncio.ensure_future(runtime.predict("mlp", None, {"x": x}))
+        await asyncio.to_thread(running.wait, 10)
+        registry = runtime.registry
+        registry.set_unloaded("mlp", True)
+        await asyncio.to_thread(runtime.unload, "mlp")
+        assert registry.serve_again("mlp", registry.last_unload("mlp"))
+        runtime.reroute("mlp", loaded=True)
+        warmed = await asyncio.to_thread(runtime.warm, "mlp")
+        assert [v.backend for v in warmed] == ["torchscript", "onnxruntime"]
+        gate.set()
+        return await first
+
+    np.testing.assert_allclose(asyncio.run(main()).outputs["output0"], expected(x), rtol=1e-5, atol=1e-6)
+    deadline = time.monotonic() + 10
+    while runtime._draining and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert runtime.loaded_runners == 2
 
 
 def test_inputs_the_model_itself_fails_on_leave_the_variant_in_service(

@@ -67,3 +67,14 @@ def test_no_values_for_an_integer_input_are_an_empty_array() -> None:
     assert to_array([[]], "int64", "k").shape == (1, 0)
     with pytest.raises(InputMismatchError, match="received numbers with a fraction"):
         to_array([0.5], "int64", "k")
+
+
+def test_true_and_false_are_only_for_bool_inputs() -> None:
+    """As in v2: true/false for a number, alone or among numbers, is refused, not taken as 1/0."""
+    with pytest.raises(InputMismatchError, match="expected dtype float32, received true/false"):
+        to_array([True, False], "float32", "x")
+    with pytest.raises(InputMismatchError, match="received true/false among numbers"):
+        to_array([[True, 2]], "int64", "x")
+    with pytest.raises(InputMismatchError, match="expected dtype bool, received integers"):
+        to_array([1, 0], "bool", "x")
+    assert to_array([True, False], "bool", "x").tolist() == [True, False]

@@ -23,6 +23,7 @@ from service.api.triton_load import LoadRequest, load_request, load_with
 from service.errors import BadRequestError, NotFoundError, PayloadTooLargeError
 from service.registry import ModelView
 from service.router import servable, serving_version
+from service.store import StoreUnavailableError
 
 log = logging.getLogger("kiln.api")
 
@@ -157,7 +158,11 @@ def out_of_service(svc: Services, name: str) -> None:
 
 @router.get("/v2/models/stats", operation_id="v2_all_stats", summary="Inference statistics of every model.")
 def all_stats(svc: ServicesDep) -> dict[str, Any]:
-    return {"model_stats": svc.runtime.stats.doc(ready=ready_versions(svc, svc.registry.list_models()))}
+    try:
+        ready = ready_versions(svc, svc.registry.list_models())
+    except StoreUnavailableError:  # what this process counted, which it has in memory
+        ready = []
+    return {"model_stats": svc.runtime.stats.doc(ready=ready)}
 
 
 @router.get(
