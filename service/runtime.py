@@ -802,17 +802,12 @@ class Runtime:
         if all(drain.done() for drain in drains):
             release()
             return
-        left = [len(drains)]
 
-        def drained(_: Future[None]) -> None:  # on the event loop
-            with self._lock:
-                left[0] -= 1
-                last = not left[0]
-            if last:  # off the event loop, as freeing memory collects garbage; behind no load
-                threading.Thread(target=release, name="kiln-release", daemon=True).start()
+        def release_once_drained() -> None:  # off the event loop, as freeing memory collects garbage
+            wait(drains)
+            release()
 
-        for drain in drains:
-            drain.add_done_callback(drained)
+        threading.Thread(target=release_once_drained, name="kiln-release", daemon=True).start()
 
     def _draining_out(self, name: str, number: int) -> bool:
         """Under the lock: whether an unload's requests still run on this version's runners,

@@ -202,9 +202,9 @@ class Traces:
         as Triton copies them."""
         with self._lock:
             old, self._scopes = self._scopes, {}
+            server = old.get(None)
             for key, new in settings.items():
                 was = old.get(key)
-                server = old.get(None)
                 if was is not None and was.settings.count == new.count:
                     self._scopes[key] = _Scope(new, was.remaining, was.seen)
                 elif server is not None and server.settings.count == new.count:  # the server's count

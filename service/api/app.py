@@ -16,7 +16,7 @@ from fastapi.routing import APIRoute
 from fastapi.telemetry import TelemetryConfig
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute
-from starlette.types import ASGIApp, Scope
+from starlette.types import ASGIApp
 
 from compiler.threads import set_threads
 from service import metrics
@@ -102,7 +102,7 @@ class KilnAPI(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         stack = super().build_middleware_stack()
         if self.max_body_size is not None:
-            stack = problems.DeclaredTooLarge(stack, self.max_body_size, answer)
+            stack = problems.DeclaredTooLarge(stack, self.max_body_size, refusal)
         if self.hot_path:
             # The routers' own routes: FastAPI includes a router as a whole, not route by route.
             routes = [
@@ -122,10 +122,6 @@ def refusal(route: BaseRoute | None) -> Callable[[KilnError], ASGIApp]:
     if isinstance(route, ProtocolRoute | InferRoute):  # the inference protocols' shape
         return lambda exc: JSONResponse({"error": str(exc)}, exc.status_code, exc.headers)
     return lambda exc: problems.problem(exc.status_code, exc.title, str(exc), exc.headers)
-
-
-def answer(scope: Scope) -> Callable[[KilnError], ASGIApp]:
-    return refusal(scope.get("route"))  # set by the router once it matched
 
 
 def body_routes(routers: Iterable[APIRouter]) -> list[BodyRoute]:

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from compiler.errors import (
@@ -67,10 +68,11 @@ def too_large(size: int, limit: int) -> str:
 class DeclaredTooLarge:
     """Starlette answers a body whose declared length is past the app's max_body_size with a
     text/plain 413 of its own, past every exception handler: it goes out as `answer` has the
-    matched route answer its errors (problem+json, or `{"error"}` on the protocols' routes)."""
+    matched route (None: none matched) answer its errors (problem+json, or `{"error"}` on the
+    protocols' routes)."""
 
     def __init__(
-        self, app: ASGIApp, limit: int, answer: Callable[[Scope], Callable[[KilnError], ASGIApp]]
+        self, app: ASGIApp, limit: int, answer: Callable[[BaseRoute | None], Callable[[KilnError], ASGIApp]]
     ) -> None:
         self.app = app
         self.limit = limit
@@ -90,7 +92,8 @@ class DeclaredTooLarge:
                 replaced = True
                 declared = int(Headers(scope=scope).get("content-length", str(self.limit + 1)))
                 error = PayloadTooLargeError(too_large(declared, self.limit))
-                await self.answer(scope)(error)(scope, receive, send)
+                route = scope.get("route")  # set by the router once it matched
+                await self.answer(route)(error)(scope, receive, send)
                 return
             await send(message)
 

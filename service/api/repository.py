@@ -180,9 +180,11 @@ def model_stats(name: str, svc: ServicesDep) -> dict[str, Any]:
 )
 def model_version_stats(name: str, version: str, svc: ServicesDep) -> dict[str, Any]:
     number = version_number(version)
-    svc.registry.get_version(name, number)
-    ready = ready_versions(svc, [svc.registry.get_model(name)])
-    return {"model_stats": svc.runtime.stats.doc(name, number, ready)}
+    record = svc.registry.get_version(name, number)
+    ready = not svc.registry.is_unloaded(name) and servable(
+        svc.registry.variants_of(record), svc.runtime.targets
+    )
+    return {"model_stats": svc.runtime.stats.doc(name, number, [(name, number)] if ready else [])}
 
 
 def ready_versions(svc: Services, views: list[ModelView]) -> list[tuple[str, int]]:
