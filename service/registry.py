@@ -7,6 +7,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -43,6 +44,11 @@ ARTIFACT_BLOB = "artifacts/{key}"
 # and by an upload while it puts back bytes that one collected: the two never interleave.
 MODEL_BLOBS_LOCK = "model-blobs"
 MODEL_BLOBS_LOCK_S = 30.0
+# Held while a model's version is recorded, and while a deletion of its versions is carried out:
+# two identical uploads at once record one version, and a deletion cannot take the model away
+# from under a version being recorded.
+MODEL_LOCK = "model:{name}"
+MODEL_LOCK_S = 30.0
 
 
 def version_id(name: str, version: int) -> str:
@@ -131,6 +137,19 @@ class Registry:
 
         `plan(name, version)` builds the variants and jobs of a new version.
         """
+        with self._model_lock(config.name):
+            return self._create_version(config, sha256, outputs, plan)
+
+    def _model_lock(self, name: str) -> AbstractContextManager[None]:
+        return self.store.lock(MODEL_LOCK.format(name=name), MODEL_LOCK_S)
+
+    def _create_version(
+        self,
+        config: ModelConfig,
+        sha256: str,
+        outputs: list[OutputInfo],
+        plan: Callable[[str, int], tuple[list[VariantRecord], list[JobRecord]]],
+    ) -> NewVersion:
         version = self.uploaded(config, sha256)
         if version is not None:
             wanted = config.serving().model_dump()
@@ -473,6 +492,10 @@ class Registry:
         return finished
 
     def _finish(self, deletion: Deletion) -> None:
+        with self._model_lock(deletion.name):
+            self._carry_out(deletion)
+
+    def _carry_out(self, deletion: Deletion) -> None:
         name, numbers = deletion.name, set(deletion.versions)
         for number in deletion.versions:
             self.store.delete_doc("version", version_id(name, number))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from service.records import (
     Deletion,
     JobRecord,
     ModelConfig,
+    OutputInfo,
     VariantRecord,
     VariantStatus,
     now,
@@ -30,7 +32,7 @@ from service.registry import (
     version_id,
 )
 from service.settings import Settings
-from service.store import StoreUnavailableError
+from service.store import RedisStore, Store, StoreUnavailableError
 from service.store.local import LocalStore
 from tests.models import MODELS
 from tests.registries import ready_version, reference, rejected_tvm
@@ -134,6 +136,61 @@ def test_a_late_deletion_spares_the_model_of_the_names_next_upload(tmp_path: Pat
     registry.store.put_doc("model", mlp.name, {"name": mlp.name, "created_at": now()})
     assert registry.finish_deletions(older_than_s=30) == [mlp.name]
     assert registry.store.get_doc("model", mlp.name) is not None
+
+
+@pytest.fixture(params=["local", "redis"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    if request.param == "local":
+        return LocalStore(tmp_path / "store")
+    return RedisStore(request.getfixturevalue("redis_url"))
+
+
+def test_identical_uploads_at_once_record_one_version(any_store: Store) -> None:
+    """The same bytes and config sent by several requests at once (a deploy script's retries,
+    say) make one version, and every request answers with it."""
+    registry = Registry(any_store)
+    config = ModelConfig.model_validate(MODELS["mlp"].config())
+    outputs = [OutputInfo(name="output0", dtype="float32", shape=[-1, 10])]
+
+    def plan(name: str, number: int) -> tuple[list[VariantRecord], list[JobRecord]]:
+        time.sleep(0.2)  # the window in which another request checked for the same upload
+        return [], []
+
+    answers: list[tuple[int, bool]] = []
+
+    def upload() -> None:
+        made = registry.create_version(config, "a" * 64, outputs, plan)
+        answers.append((made.version.version, made.deduplicated))
+
+    uploads = [threading.Thread(target=upload) for _ in range(4)]
+    for thread in uploads:
+        thread.start()
+    for thread in uploads:
+        thread.join(30)
+    assert sorted(answers) == [(1, False), (1, True), (1, True), (1, True)]
+    assert [version.version for version, _ in registry.get_model(config.name).versions] == [1]
+
+
+def test_a_deletion_cannot_take_the_model_from_under_a_version_being_recorded(any_store: Store) -> None:
+    """DELETE /v1/models/{name} lands while an upload of that name records its version: the
+    deletion takes the versions it saw, and the new version's model stays listed."""
+    registry = Registry(any_store)
+    mlp = MODELS["mlp"]
+    ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE)
+    config = ModelConfig.model_validate(mlp.config(max_batch_size=4))
+    outputs = [OutputInfo(name="output0", dtype="float32", shape=[-1, 10])]
+    deleting = threading.Thread(target=registry.delete_model, args=(mlp.name,))
+
+    def plan(name: str, number: int) -> tuple[list[VariantRecord], list[JobRecord]]:
+        deleting.start()
+        deleting.join(0.5)  # done by now, unless it waits for this upload
+        return [], []
+
+    registry.create_version(config, "b" * 64, outputs, plan)
+    deleting.join(30)
+    assert not deleting.is_alive()
+    assert [view.name for view in registry.list_models()] == [mlp.name]
+    assert [version.version for version, _ in registry.get_model(mlp.name).versions] == [2]
 
 
 def test_a_default_version_that_outlived_its_version_or_model_does_not_apply(tmp_path: Path) -> None:
