@@ -129,8 +129,8 @@ def error_of(response: httpx.Response) -> str:
 @app.command()
 def serve(
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind.")] = 8000,
-    workers: Annotated[int, typer.Option(help="uvicorn worker processes.")] = 1,
+    port: Annotated[int, typer.Option(help="Port to bind.", min=0, max=65535)] = 8000,
+    workers: Annotated[int, typer.Option(help="uvicorn worker processes.", min=1)] = 1,
     model_repository: Annotated[
         Path | None,
         typer.Option(

@@ -112,6 +112,10 @@ def test_bad_arguments_are_named_before_any_work(tmp_path: Path) -> None:
         # Its server decodes %2F before it routes: quoted, it would still name version 1 of m.
         (["delete", "m/versions/1", "--yes", "--url", url], "'m/versions/1' cannot be a name"),
         (["delete", ".", "1", "--yes", "--url", url], "'.' cannot be a name"),
+        # uvicorn took 83861 as 18325 (mod 2**16), and -5 only after the app had started.
+        (["serve", "--port", "83861"], "83861 is not in the range"),
+        (["serve", "--port", "-5"], "-5 is not in the range"),
+        (["serve", "--workers", "0"], "0 is not in the range"),
     ]:
         done = kiln(*args)
         assert done.returncode == 2, done.stdout + done.stderr

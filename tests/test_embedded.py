@@ -199,8 +199,10 @@ def test_a_default_version_rolls_back_and_keeps_the_newer_one(http: httpx.Client
     tensor = {"name": "x", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}
     infer = {"inputs": [tensor]}
     assert http.post(f"/v2/models/{name}/infer", json=infer).json()["model_version"] == "1"
-    entry = next(e for e in http.post("/v2/repository/index").json() if e["name"] == name)
-    assert entry["version"] == "1" and entry["state"] == "READY"
+    index = [
+        (e["version"], e["state"]) for e in http.post("/v2/repository/index").json() if e["name"] == name
+    ]
+    assert index == [("1", "READY"), ("2", "READY")]  # each serves when asked for by number
     # A third upload does not take over while the default is set.
     assert upload(http, MODELS["mlp"], name=name, max_batch_size=2, backends=[]).status_code == 202
     assert predict(http, name, x).json()["model_version"] == 1

@@ -641,3 +641,23 @@ def test_statistics_list_a_ready_version_before_its_first_request(
     assert ("unasked", "1") in {(s["name"], s["version"]) for s in every}
     assert admin.post("/v2/repository/models/unasked/unload").status_code == 200
     assert client.get_inference_statistics("unasked", headers=auth())["model_stats"] == []
+
+
+def test_the_repository_index_lists_each_version_as_tritonserver_does(
+    http: httpx.Client, admin: httpx.Client
+) -> None:
+    """Each version that serves here is its own entry; the body is JSON whatever the request's
+    content type says (Triton's documented `curl -d`), and `ready` is a JSON boolean."""
+    assert upload(admin, MLP, "twice", backends=[]).status_code == 202
+    assert upload(admin, MLP, "twice", backends=[], max_batch_size=4).status_code == 202
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    response = http.post("/v2/repository/index", content=b'{"ready": true}', headers=form)
+    assert response.status_code == 200, response.text
+    entries = [(e["version"], e["state"]) for e in response.json() if e["name"] == "twice"]
+    assert entries == [("1", "READY"), ("2", "READY")]
+    assert admin.post("/v2/repository/models/twice/unload").status_code == 200
+    assert "twice" not in {e["name"] for e in http.post("/v2/repository/index", json={"ready": True}).json()}
+    index = http.post("/v2/repository/index").json()
+    unloaded = [(e["version"], e["state"], e["reason"]) for e in index if e["name"] == "twice"]
+    assert unloaded == [("1", "UNAVAILABLE", "unloaded"), ("2", "UNAVAILABLE", "unloaded")]
+    assert "ready" in error(http.post("/v2/repository/index", json={"ready": "yes"}), 400)

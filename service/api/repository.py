@@ -20,9 +20,9 @@ from service.api.deps import Services, ServicesDep
 from service.api.protocol import ProtocolRoute, version_number
 from service.api.schemas import ProtocolError, error_responses
 from service.api.triton_load import LoadRequest, load_request, load_with
-from service.errors import BadRequestError, NotFoundError, PayloadTooLargeError
+from service.errors import BadRequestError, PayloadTooLargeError
 from service.registry import ModelView
-from service.router import servable, serving_version
+from service.router import servable
 from service.store import StoreUnavailableError
 
 log = logging.getLogger("kiln.api")
@@ -36,7 +36,7 @@ router = APIRouter(
 
 
 class IndexRequest(BaseModel):
-    ready: bool = False
+    ready: bool = Field(False, strict=True, description="Only the versions that are ready.")
 
 
 class LoadIn(BaseModel):
@@ -48,30 +48,47 @@ class LoadIn(BaseModel):
     )
 
 
-@router.post("/v2/repository/index", operation_id="v2_repository_index", summary="Every model and its state.")
-def repository_index(svc: ServicesDep, body: IndexRequest | None = None) -> list[dict[str, Any]]:
-    """The store's models, and the model repository's directories that deployed none, with why."""
-    index = []
+@router.post(
+    "/v2/repository/index",
+    operation_id="v2_repository_index",
+    summary="Every version and its state.",
+    openapi_extra={
+        "requestBody": {"content": {"application/json": {"schema": IndexRequest.model_json_schema()}}}
+    },
+)
+async def repository_index(request: Request, svc: ServicesDep) -> list[dict[str, Any]]:
+    # JSON whatever the content type, as tritonserver reads it (`curl -d` says a form's), and
+    # none at all from tritonclient.
+    body = await request.body()
+    ready = parsed(body, IndexRequest, '{"ready": true or false}').ready if body.strip() else False
+    return await run_in_threadpool(index, svc, ready)
+
+
+def index(svc: Services, ready_only: bool) -> list[dict[str, Any]]:
+    """Blocking: each version in the store and its state here, as tritonserver lists each version
+    it has loaded; and the model repository's directories that deployed none, with why."""
+    entries = []
     views = svc.registry.list_models()
     for view in views:
-        try:
-            version, _ = serving_version(view, svc.runtime.targets)
-            number, state, reason = str(version.version), "READY", ""
-        except NotFoundError as exc:
-            number, state, reason = "", "UNAVAILABLE", str(exc)
-        if view.unloaded:
-            state, reason = "UNAVAILABLE", "unloaded"
-        entry = {"name": view.name, "version": number, "state": state, "reason": reason}
-        if entry["state"] == "READY" or not (body and body.ready):
-            index.append(entry)
-    if svc.repository is not None and not (body and body.ready):
+        for version, variants in sorted(view.versions, key=lambda pair: pair[0].version):
+            if view.unloaded:
+                state, reason = "UNAVAILABLE", "unloaded"
+            elif servable(variants, svc.runtime.targets):
+                state, reason = "READY", ""
+            else:
+                state, reason = "UNAVAILABLE", "no variant of this version is ready on this host"
+            if state == "READY" or not ready_only:
+                entries.append(
+                    {"name": view.name, "version": str(version.version), "state": state, "reason": reason}
+                )
+    if svc.repository is not None and not ready_only:
         names = {view.name for view in views}
-        index += [
+        entries += [
             {"name": name, "version": "", "state": "UNAVAILABLE", "reason": why}
             for name, why in list(svc.repository.failures.items())  # a poll may change it meanwhile
             if name not in names  # else an earlier deploy's versions stand
         ]
-    return sorted(index, key=lambda entry: entry["name"])
+    return sorted(entries, key=lambda entry: entry["name"])  # stable: a model's versions in order
 
 
 @router.post(

@@ -252,8 +252,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     @answered
     async def RepositoryIndex(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        body = repository.IndexRequest(ready=request.ready)
-        index = await run_in_threadpool(repository.repository_index, self.svc, body)
+        index = await run_in_threadpool(repository.index, self.svc, request.ready)
         return parsed({"models": index}, pb.RepositoryIndexResponse())
 
     @answered

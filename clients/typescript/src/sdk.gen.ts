@@ -297,9 +297,7 @@ export const v2ModelVersionReady = <ThrowOnError extends boolean = false>(option
 export const v2ModelVersionStats = <ThrowOnError extends boolean = false>(options: Options<V2ModelVersionStatsData, ThrowOnError>) => (options.client ?? client).get<V2ModelVersionStatsResponses, V2ModelVersionStatsErrors, ThrowOnError>({ url: '/v2/models/{name}/versions/{version}/stats', ...options });
 
 /**
- * Every model and its state.
- *
- * The store's models, and the model repository's directories that deployed none, with why.
+ * Every version and its state.
  */
 export const v2RepositoryIndex = <ThrowOnError extends boolean = false>(options?: Options<V2RepositoryIndexData, ThrowOnError>) => (options?.client ?? client).post<V2RepositoryIndexResponses, V2RepositoryIndexErrors, ThrowOnError>({
     url: '/v2/repository/index',

@@ -138,16 +138,6 @@ export type DefaultVersionIn = {
 };
 
 /**
- * IndexRequest
- */
-export type IndexRequest = {
-    /**
-     * Ready
-     */
-    ready?: boolean;
-};
-
-/**
  * JobOut
  */
 export type JobOut = {
@@ -2749,9 +2739,16 @@ export type V2ModelVersionStatsResponse = V2ModelVersionStatsResponses[keyof V2M
 
 export type V2RepositoryIndexData = {
     /**
-     * Body
+     * IndexRequest
      */
-    body?: IndexRequest | null;
+    body?: {
+        /**
+         * Ready
+         *
+         * Only the versions that are ready.
+         */
+        ready?: boolean;
+    };
     path?: never;
     query?: never;
     url: '/v2/repository/index';

@@ -9,7 +9,6 @@ from .compile_in import CompileIn
 from .compile_out import CompileOut
 from .default_version_in import DefaultVersionIn
 from .healthz_response_healthz import HealthzResponseHealthz
-from .index_request import IndexRequest
 from .job_out import JobOut
 from .job_out_options import JobOutOptions
 from .job_out_tuning_type_0 import JobOutTuningType0
@@ -61,6 +60,7 @@ from .v2_model_version_metadata_response_v2_model_version_metadata import (
     V2ModelVersionMetadataResponseV2ModelVersionMetadata,
 )
 from .v2_model_version_stats_response_v2_model_version_stats import V2ModelVersionStatsResponseV2ModelVersionStats
+from .v2_repository_index_index_request import V2RepositoryIndexIndexRequest
 from .v2_repository_index_response_200_item import V2RepositoryIndexResponse200Item
 from .v2_repository_load_load_in import V2RepositoryLoadLoadIn
 from .v2_repository_load_load_in_parameters import V2RepositoryLoadLoadInParameters
@@ -94,7 +94,6 @@ __all__ = (
     "CompileOut",
     "DefaultVersionIn",
     "HealthzResponseHealthz",
-    "IndexRequest",
     "JobOut",
     "JobOutOptions",
     "JobOutTuningType0",
@@ -138,6 +137,7 @@ __all__ = (
     "V2ModelVersionConfigResponseV2ModelVersionConfig",
     "V2ModelVersionMetadataResponseV2ModelVersionMetadata",
     "V2ModelVersionStatsResponseV2ModelVersionStats",
+    "V2RepositoryIndexIndexRequest",
     "V2RepositoryIndexResponse200Item",
     "V2RepositoryLoadLoadIn",
     "V2RepositoryLoadLoadInParameters",

@@ -4,15 +4,15 @@ from typing import Any
 import httpx
 
 from ...client import AuthenticatedClient, Client
-from ...models.index_request import IndexRequest
 from ...models.protocol_error import ProtocolError
+from ...models.v2_repository_index_index_request import V2RepositoryIndexIndexRequest
 from ...models.v2_repository_index_response_200_item import V2RepositoryIndexResponse200Item
 from ...types import UNSET, Response, Unset
 
 
 def _get_kwargs(
     *,
-    body: IndexRequest | None | Unset = UNSET,
+    body: V2RepositoryIndexIndexRequest | Unset = UNSET,
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {}
 
@@ -21,10 +21,8 @@ def _get_kwargs(
         "url": "/v2/repository/index",
     }
 
-    if isinstance(body, IndexRequest):
+    if not isinstance(body, Unset):
         _kwargs["json"] = body.to_dict()
-    else:
-        _kwargs["json"] = body
 
     headers["Content-Type"] = "application/json"
 
@@ -89,14 +87,12 @@ def _build_response(
 def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
-    body: IndexRequest | None | Unset = UNSET,
+    body: V2RepositoryIndexIndexRequest | Unset = UNSET,
 ) -> Response[ProtocolError | list[V2RepositoryIndexResponse200Item]]:
-    """Every model and its state.
-
-     The store's models, and the model repository's directories that deployed none, with why.
+    """Every version and its state.
 
     Args:
-        body (IndexRequest | None | Unset):
+        body (V2RepositoryIndexIndexRequest | Unset):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -120,14 +116,12 @@ def sync_detailed(
 def sync(
     *,
     client: AuthenticatedClient | Client,
-    body: IndexRequest | None | Unset = UNSET,
+    body: V2RepositoryIndexIndexRequest | Unset = UNSET,
 ) -> ProtocolError | list[V2RepositoryIndexResponse200Item] | None:
-    """Every model and its state.
-
-     The store's models, and the model repository's directories that deployed none, with why.
+    """Every version and its state.
 
     Args:
-        body (IndexRequest | None | Unset):
+        body (V2RepositoryIndexIndexRequest | Unset):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -146,14 +140,12 @@ def sync(
 async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
-    body: IndexRequest | None | Unset = UNSET,
+    body: V2RepositoryIndexIndexRequest | Unset = UNSET,
 ) -> Response[ProtocolError | list[V2RepositoryIndexResponse200Item]]:
-    """Every model and its state.
-
-     The store's models, and the model repository's directories that deployed none, with why.
+    """Every version and its state.
 
     Args:
-        body (IndexRequest | None | Unset):
+        body (V2RepositoryIndexIndexRequest | Unset):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -175,14 +167,12 @@ async def asyncio_detailed(
 async def asyncio(
     *,
     client: AuthenticatedClient | Client,
-    body: IndexRequest | None | Unset = UNSET,
+    body: V2RepositoryIndexIndexRequest | Unset = UNSET,
 ) -> ProtocolError | list[V2RepositoryIndexResponse200Item] | None:
-    """Every model and its state.
-
-     The store's models, and the model repository's directories that deployed none, with why.
+    """Every version and its state.
 
     Args:
-        body (IndexRequest | None | Unset):
+        body (V2RepositoryIndexIndexRequest | Unset):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.

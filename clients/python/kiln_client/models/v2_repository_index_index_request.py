@@ -8,14 +8,14 @@ from attrs import field as _attrs_field
 
 from ..types import UNSET, Unset
 
-T = TypeVar("T", bound="IndexRequest")
+T = TypeVar("T", bound="V2RepositoryIndexIndexRequest")
 
 
 @_attrs_define
-class IndexRequest:
+class V2RepositoryIndexIndexRequest:
     """
     Attributes:
-        ready (bool | Unset):  Default: False.
+        ready (bool | Unset): Only the versions that are ready. Default: False.
     """
 
     ready: bool | Unset = False
@@ -37,12 +37,12 @@ class IndexRequest:
         d = dict(src_dict)
         ready = d.pop("ready", UNSET)
 
-        index_request = cls(
+        v2_repository_index_index_request = cls(
             ready=ready,
         )
 
-        index_request.additional_properties = d
-        return index_request
+        v2_repository_index_index_request.additional_properties = d
+        return v2_repository_index_index_request
 
     @property
     def additional_keys(self) -> list[str]:
