@@ -4,14 +4,20 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# PyPI's torch for Linux is a CUDA build of several GB: the CPU build (2.13.0+cpu, which
+# ==2.13.0 matches and pip prefers) comes from PyTorch's index when it answers. A machine that
+# cannot reach it (one with the wheel on disk, as the project's are) installs as pip is set up to.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX = $(shell $(PYTHON) -c "import urllib.request as r; r.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" \
+	>/dev/null 2>&1 && echo --extra-index-url $(TORCH_CPU_INDEX))
 
 .PHONY: run test lint typecheck pytest redis-server benchmark clients loadtest clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	# torch first and pinned: on the project's machines this takes the CPU wheel on disk.
-	$(BIN)/python -m pip install -q torch==2.13.0
+	# torch first and pinned, the CPU build: the project's dependencies then find it installed.
+	$(BIN)/python -m pip install -q torch==2.13.0 $(TORCH_INDEX)
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	touch $@
 

@@ -28,8 +28,10 @@ import yaml
 from typer.main import get_command
 from typer.testing import CliRunner
 
+from service.api.auth import Scope, parse_keys
 from service.api.health import router as health_router
 from service.cli import app
+from service.errors import InvalidConfigError
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -313,7 +315,8 @@ def test_compose_renders_without_env_file(compose_dir: Path) -> None:
     api, worker = services["api"], services["worker-cpu"]
     assert api["command"] == ["serve", "--host", "0.0.0.0", "--port", "8000"]
     assert worker["command"] == ["worker"]
-    assert [(p["target"], p["published"]) for p in api["ports"]] == [(8000, "8000"), (8001, "8001")]
+    published = [(p["host_ip"], p["target"], p["published"]) for p in api["ports"]]
+    assert published == [("127.0.0.1", 8000, "8000"), ("127.0.0.1", 8001, "8001")], "open to this host only"
     for name, service in (("api", api), ("worker-cpu", worker)):
         assert service["build"]["dockerfile"] == "Dockerfile", name
         assert service["environment"]["KILN_REDIS_URL"] == "redis://redis:6379/0", name
@@ -491,6 +494,22 @@ def test_external_redis_overlay_replaces_in_cluster_redis_with_a_secret() -> Non
     assert seen == {"kiln-api", "kiln-worker-cpu", "kiln-worker-gpu"}
 
 
+def test_the_shipped_placeholder_keys_are_refused() -> None:
+    """Deployed as they are, .env.example and the base's Secret would give the admin scope to
+    anyone who has read them: the server refuses them, not an empty KILN_API_KEYS."""
+    (example,) = [
+        line.partition("=")[2]
+        for line in (ROOT / ".env.example").read_text().splitlines()
+        if line.startswith("KILN_API_KEYS=")
+    ]
+    secret = yaml.safe_load((BASE / "secret.yaml").read_text())["stringData"]["KILN_API_KEYS"]
+    for shipped in (example, secret):
+        with pytest.raises(InvalidConfigError, match="placeholder"):
+            parse_keys(shipped)
+    assert parse_keys("7f3a9c:admin,") == {"7f3a9c": Scope.admin}
+    assert parse_keys("") == {}
+
+
 @kustomizations
 def test_references_resolve(path: Path) -> None:
     docs = render_kustomize(path)
@@ -561,7 +580,9 @@ def test_api_probes_and_resources(path: Path) -> None:
     assert {"/readyz", "/healthz"} <= served
     ports = {p["name"]: p["containerPort"] for p in api["ports"]}
     assert ports["grpc"] == Settings.model_fields["grpc_port"].default  # what `kiln serve` listens on
-    for probe in ("readinessProbe", "livenessProbe"):
+    assert api["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert "initialDelaySeconds" not in api["livenessProbe"], "the startup probe holds it off"
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
         assert ports[api[probe]["httpGet"]["port"]] == 8000
     assert api["args"][:1] == ["serve"]
     assert api["args"][api["args"].index("--port") + 1] == "8000"

@@ -21,6 +21,10 @@ class Scope(StrEnum):
     infer = "infer"
 
 
+# The examples that .env.example and deploy/base/secret.yaml ship: a key everyone can read.
+PLACEHOLDERS = ("change-me", "replace-me")
+
+
 def parse_keys(text: str) -> dict[str, Scope]:
     """`key1:admin,key2:infer` -> {key: scope}."""
     keys: dict[str, Scope] = {}
@@ -28,6 +32,11 @@ def parse_keys(text: str) -> dict[str, Scope]:
         key, sep, scope = item.rpartition(":")
         if not sep or not key or scope not in Scope.__members__:
             raise InvalidConfigError(f"KILN_API_KEYS: expected KEY:admin or KEY:infer, got {item!r}")
+        if key.lower().startswith(PLACEHOLDERS):
+            raise InvalidConfigError(
+                f"KILN_API_KEYS: {key!r} is the example's placeholder, not a key: set keys of your "
+                "own (`openssl rand -hex 24`, say), or none to leave the API open on purpose"
+            )
         keys[key] = Scope(scope)
     return keys
 
