@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import signal
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -437,6 +439,36 @@ def test_a_redis_that_cannot_take_writes_is_unavailable(tmp_path: Path) -> None:
         admin.close()
         store.close()
         server.stop()
+
+
+def test_a_local_store_that_cannot_take_writes_is_unavailable(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database locked by another process past the busy timeout, or the disk full: 503 with
+    the reason, as for Redis, not a 500; reads still work, and nothing half-written shows."""
+    store = LocalStore(data_dir, chunk_size=CHUNK)
+    store.put_doc("models", "m", {"v": 1})
+    store._db.execute("PRAGMA busy_timeout = 100")  # the default waits 30 s
+    other = sqlite3.connect(data_dir / "kiln.db", isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")  # another process's write transaction, held
+        with pytest.raises(StoreUnavailableError, match="database is locked"):
+            store.put_doc("models", "n", {"v": 2})
+        assert store.get_doc("models", "m") == {"v": 1}
+        other.execute("ROLLBACK")
+        store.put_doc("models", "n", {"v": 2})
+
+        def disk_full(fd: int) -> None:  # where a full disk's write-back fails
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "fsync", disk_full)
+        with pytest.raises(StoreUnavailableError, match="No space left on device"):
+            store.put_blob("b", [b"y" * (CHUNK * 2)])
+        monkeypatch.undo()
+        assert not store.has_blob("b") and store.list_blobs() == []
+    finally:
+        other.close()
+        store.close()
 
 
 def test_redis_chunks_are_cleaned_up(redis_url: str) -> None:

@@ -11,6 +11,7 @@ published with os.replace, and SQLite's locking serializes the writers.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -54,15 +55,28 @@ class LocalStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
 
+    @contextmanager
+    def _unavailable_on_failure(self) -> Iterator[None]:
+        """The database locked past the busy timeout, the disk full or failing: the store is
+        unavailable (503), as a Redis that does not answer is, not a fault of the request's."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailableError(f"the database in {self._blobs.parent} fails: {exc}") from exc
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
+                raise
+            raise StoreUnavailableError(f"the store in {self._blobs.parent} cannot write: {exc}") from exc
+
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        with self._lock:
+        with self._unavailable_on_failure(), self._lock:
             return self._db.execute(sql, params).fetchall()
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction; IMMEDIATE takes the lock up front, so a read-modify-write
         waits for other writers instead of failing when it upgrades."""
-        with self._lock:
+        with self._unavailable_on_failure(), self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
                 yield self._db
@@ -86,6 +100,10 @@ class LocalStore:
         return self._blobs / digest[:2] / digest
 
     def put_blob(self, key: str, chunks: Iterable[bytes]) -> int:
+        with self._unavailable_on_failure():
+            return self._put_blob(key, chunks)
+
+    def _put_blob(self, key: str, chunks: Iterable[bytes]) -> int:
         path = self._path(key)
         path.parent.mkdir(exist_ok=True)
         # The temp file sits in the target's directory, so os.replace is an atomic rename.
