@@ -5,11 +5,15 @@ Queues are named by target, so a job only ever reaches a worker with matching ha
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import itertools
 import logging
+import threading
 from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Protocol
 
 import dramatiq
@@ -18,7 +22,7 @@ from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
 from dramatiq.errors import DecodeError
 from dramatiq.message import Message
 
-from service.jobs import compile_limit_s, run_compile_job
+from service.jobs import compile_limit_s, run_compile_job, this_worker
 from service.races import RACE_TIMEOUT_S
 from service.records import SETTLED_JOBS, JobRecord
 from service.registry import Registry
@@ -48,21 +52,64 @@ class JobQueue(Protocol):
 
 
 class EmbeddedQueue:
-    """Threads that each drive one sandboxed compile child: a pool of worker processes."""
+    """Threads that each drive one sandboxed compile child: a pool of worker processes.
+
+    The queue lives in this process's memory, so a job it takes names this process as its
+    `worker`, and the process holds a lock file of that name in the data dir for as long as it
+    lives: every process of a data dir can tell a job that another one holds from one that no
+    one will run (its process died, or its run failed), which `service.redelivery` takes up."""
 
     def __init__(self, registry: Registry, settings: Settings) -> None:
         self.registry = registry
         self.settings = settings
         self.pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="kiln-compile")
+        self.worker = this_worker()
+        self._held: set[str] = set()
+        self._held_lock = threading.Lock()
+        self._workers = settings.data_dir / "workers"
+        self._workers.mkdir(parents=True, exist_ok=True)
+        # Released by the kernel however this process ends. A dead process of the same name
+        # (a container restarted, its pids alike) holds it no more. Shared: the queues of one
+        # process (tests make several) do not wait for each other.
+        self._alive = self._lock_file(self.worker).open("a")
+        fcntl.flock(self._alive, fcntl.LOCK_SH)
+
+    def _lock_file(self, worker: str) -> Path:
+        return self._workers / f"{hashlib.sha256(worker.encode()).hexdigest()[:32]}.lock"
 
     def enqueue(self, job: JobRecord) -> None:
+        self.registry.update_job(job.id, worker=self.worker)  # first: a failure leaves it to the sweep
+        with self._held_lock:
+            self._held.add(job.id)
         self.pool.submit(self._run, job.id)
 
     def _run(self, job_id: str) -> None:
         try:
             run_compile_job(self.registry, self.settings, job_id)
-        except Exception:
-            log.exception("job %s failed unexpectedly", job_id)
+        except Exception:  # a store outage, say: held no more, the next sweep takes it up again
+            log.exception("job %s failed unexpectedly; it is tried again", job_id)
+        finally:
+            with self._held_lock:
+                self._held.discard(job_id)
+
+    def holds(self, job: JobRecord) -> bool:
+        """Whether a live process of this data dir will run the job: this one, which has it
+        queued or running, or another one that is alive."""
+        if job.worker == self.worker:
+            with self._held_lock:
+                return job.id in self._held
+        if job.worker is None:
+            return False
+        try:
+            file = self._lock_file(job.worker).open()
+        except FileNotFoundError:  # a process of another data dir or host: none here runs it
+            return False
+        with file:
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            return False
 
     def depth(self) -> dict[str, int]:
         """Counted in the store: each process of `kiln serve --workers N` compiles its own
@@ -76,6 +123,7 @@ class EmbeddedQueue:
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self._alive.close()
 
 
 def make_broker(settings: Settings) -> RedisBroker:

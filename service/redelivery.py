@@ -5,6 +5,11 @@ the two leaves a queued job that no worker will ever see, and the client that re
 is told it is a duplicate. Dramatiq forgets a message too once its retries are spent. So every
 `queue_requeue_s`, one worker of the cluster (whichever takes the pass's lock) looks for jobs
 whose variant is still to settle and whose message the broker does not hold, and enqueues them.
+
+Embedded mode has no broker: its queue is in the memory of the processes of `kiln serve`. There,
+every `queue_requeue_s`, and as it starts, each process takes up the jobs that no live process
+holds: those of a process that died (killed, or the whole server restarted), and those whose run
+failed (the store unavailable a moment).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from pydantic import ValidationError
 
 from service.jobs import give_up, settle_behind, this_worker, unsettled_variant
 from service.periodic import Periodic
-from service.queue import DramatiqQueue
+from service.queue import DramatiqQueue, EmbeddedQueue
 from service.records import SETTLED_JOBS, JobRecord, now
 from service.registry import Registry
 from service.store import StoreUnavailableError
@@ -24,6 +29,7 @@ from service.store import StoreUnavailableError
 log = logging.getLogger("kiln.redelivery")
 
 LOCK = "requeue-lost.lock"
+EMBEDDED_LOCK = "take-up-unheld"
 
 
 def requeue_lost(registry: Registry, queue: DramatiqQueue, older_than_s: float) -> list[str]:
@@ -75,6 +81,57 @@ def _is_lost(registry: Registry, job: JobRecord, older_than_s: float) -> bool:
 def _is_old(job: JobRecord, older_than_s: float) -> bool:
     """Unfinished, and old enough that the request that made it is done with it."""
     return job.status not in SETTLED_JOBS and now() - job.created_at >= older_than_s
+
+
+def take_up_unheld(registry: Registry, queue: EmbeddedQueue, older_than_s: float) -> list[str]:
+    """Enqueue on `queue` every unsettled job that no live process of its data dir holds; the
+    ids of those taken up. Call it under the store's lock, or two processes may take one job. A
+    job that names no worker is left alone for `older_than_s`: the request that recorded it may
+    still be on its way to enqueue it. Each run of a job counts as one of its attempts, so one
+    that keeps killing its process fails its variant after MAX_ATTEMPTS."""
+    taken = []
+    for doc in registry.store.list_docs("job"):
+        try:
+            job = JobRecord.model_validate(doc)
+        except ValidationError as exc:
+            log.warning("job %s is not looked at: a record does not load: %s", doc.get("id"), exc)
+            continue
+        if job.status in SETTLED_JOBS or queue.holds(job):
+            continue
+        if job.worker is None and not _is_old(job, older_than_s):
+            continue
+        if not registry.lists_variant(job) or unsettled_variant(registry, job) is None:
+            settle_behind(registry, job)
+            continue
+        if give_up(registry, job):
+            continue
+        log.warning(
+            "job %s (%s for %s) is held by no live process (last %s): taking it up",
+            job.id,
+            job.backend,
+            job.target,
+            job.worker,
+        )
+        queue.enqueue(job)
+        taken.append(job.id)
+    return taken
+
+
+class EmbeddedRedelivery(Periodic):
+    """A thread of each `kiln serve` process in embedded mode that runs `take_up_unheld` every
+    `interval_s`, under the data dir's lock."""
+
+    def __init__(self, registry: Registry, queue: EmbeddedQueue, interval_s: float) -> None:
+        super().__init__("kiln-redelivery", interval_s)
+        self.registry = registry
+        self.queue = queue
+
+    def run_once(self) -> None:
+        try:
+            with self.registry.store.lock(EMBEDDED_LOCK, self.interval_s):
+                take_up_unheld(self.registry, self.queue, self.interval_s)
+        except StoreUnavailableError as exc:  # the next pass tries again
+            log.warning("unheld jobs not looked for: %s", exc)
 
 
 class Redelivery(Periodic):

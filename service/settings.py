@@ -44,8 +44,9 @@ class Settings(BaseSettings):
     # Dramatiq redelivers the job of a dead worker once its heartbeat is this old and a
     # maintenance pass runs; both are set on purpose, the library defaults take minutes.
     queue_heartbeat_timeout_s: float = 60.0
-    # How often one worker looks for jobs whose message the broker lost (service.redelivery), and
-    # how old such a job must be: far longer than an API takes from recording a job to enqueueing it.
+    # How often one worker looks for jobs whose message the broker lost (service.redelivery), or in
+    # embedded mode one process for jobs that no live process holds; and how old such a job must
+    # be: far longer than an API takes from recording a job to enqueueing it.
     queue_requeue_s: float = Field(default=30.0, gt=0)
     queue_namespace: str = "kiln"
 

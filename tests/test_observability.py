@@ -584,7 +584,7 @@ def test_two_scrapes_at_once_both_forget_a_dead_worker(
 
 def test_a_restart_with_several_workers_resumes_each_job_once(tmp_path: Path) -> None:
     """An embedded server killed mid-compile comes back with two workers. The interrupted job is
-    compiled once, by the worker holding the resume lock, not once per worker; the scrape
+    compiled once, by the worker that takes it up, not once per worker; the scrape
     (multiprocess mode, which `kiln serve --workers 2` turns on by itself) counts both."""
     tmp = tmp_path / "tmp"
     tmp.mkdir()

@@ -3,23 +3,33 @@ keeps ending without settling its variant fails it after MAX_ATTEMPTS deliveries
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from dramatiq.message import Message
 
+from service import queue as queue_module
 from service.jobs import MAX_ATTEMPTS, run_compile_job
-from service.queue import ACTOR, DramatiqQueue, queue_name
+from service.queue import ACTOR, DramatiqQueue, EmbeddedQueue, queue_name
 from service.records import JobRecord, JobStatus, VariantRecord, VariantStatus, now
-from service.redelivery import Redelivery, requeue_lost
+from service.redelivery import Redelivery, requeue_lost, take_up_unheld
 from service.registry import Registry, job_for
 from service.settings import Settings
 from service.store import StoreUnavailableError
 from service.store.local import LocalStore
 from service.store.redis import RedisStore
+from tests.client import by_backend, upload, wait_settled
 from tests.models import MODELS
 from tests.registries import ready_version, reference, rejected_tvm
-from tests.servers import free_port
+from tests.servers import KilnServer, free_port, running, wait_until
 
 HOST = "cpu-x86_64-test-avx2"
 BASELINE = {1: 1.0, 8: 8.0}
@@ -184,3 +194,106 @@ def test_one_worker_per_interval_looks_for_lost_jobs(redis_url: str) -> None:
     assert held([HOST]) == set()
     for queue in queues:
         queue.close()
+
+
+# What the next runs of `compiles` raise, last first.
+FAILURES: list[Exception] = []
+
+
+@pytest.fixture
+def compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The jobs that embedded queues run, in order: a stand-in for the compile (the queue is
+    what is tested), which holds its thread until the test ends, as a compile under way does,
+    or raises what FAILURES holds."""
+    ran: list[str] = []
+    done = threading.Event()
+
+    def compile_job(registry: Registry, settings: Settings, job_id: str) -> None:
+        ran.append(job_id)
+        if FAILURES:
+            raise FAILURES.pop()
+        done.wait(30)
+
+    monkeypatch.setattr(queue_module, "run_compile_job", compile_job)
+    yield ran
+    done.set()
+    FAILURES.clear()
+
+
+def hold(store: Path, data_dir: Path, job_id: str, holding: Any) -> None:
+    """Another process of the server, which enqueues the job and compiles it until it is killed."""
+    registry = Registry(LocalStore(store))
+    EmbeddedQueue(registry, Settings(data_dir=data_dir)).enqueue(registry.get_job(job_id))
+    holding.set()
+    time.sleep(60)
+
+
+def test_embedded_jobs_that_no_live_process_holds_are_taken_up_once(
+    tmp_path: Path, compiles: list[str]
+) -> None:
+    """`kiln serve --workers 2`, embedded: a process that dies takes its queue with it. Its jobs,
+    and those that no process enqueued, are taken up by one process; not a job that a live
+    process has queued or running, nor one that its request may still be enqueueing."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    ready_version(registry, MODELS["mlp"], {"torchscript": reference(BASELINE)}, BASELINE)
+    wanted = [(backend, {}, HOST) for backend in ("onnxruntime", "openvino", "inductor")]
+    [(_, dead), (_, live), (_, fresh)] = registry.add_variants(registry.get_version("mlp", 1), wanted, [])
+    registry.update_job(dead.id, worker="killed-4242", status=JobStatus.running, attempts=1)
+    settings = Settings(data_dir=tmp_path / "data")
+    fork = multiprocessing.get_context("fork")  # with this test's stand-in for a compile
+    holding = fork.Event()
+    other = fork.Process(target=hold, args=(tmp_path / "store", settings.data_dir, live.id, holding))
+    other.start()
+    queue = EmbeddedQueue(registry, settings)
+    try:
+        assert holding.wait(30)
+        assert take_up_unheld(registry, queue, older_than_s=60) == [dead.id]
+        assert take_up_unheld(registry, queue, older_than_s=60) == []  # now it holds that one
+        assert registry.get_job(dead.id).worker == queue.worker
+        assert take_up_unheld(registry, queue, older_than_s=0) == [fresh.id]  # its request died
+        os.kill(other.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        other.join(10)
+        assert take_up_unheld(registry, queue, older_than_s=60) == [live.id]
+        assert all(queue.holds(registry.get_job(job.id)) for job in (dead, fresh, live))
+        assert compiles == [dead.id]  # one compile at a time (KILN_COMPILE_WORKERS), the others queued
+    finally:
+        other.kill()
+        queue.close()
+
+
+def test_an_embedded_run_that_failed_on_the_store_is_taken_up_again(
+    tmp_path: Path, compiles: list[str]
+) -> None:
+    registry = Registry(LocalStore(tmp_path / "store"))
+    job = one_lost_job(registry)
+    queue = EmbeddedQueue(registry, Settings(data_dir=tmp_path / "data"))
+    try:
+        FAILURES.append(StoreUnavailableError("the database is locked (simulated)"))
+        queue.enqueue(job)
+        wait_until(lambda: not queue.holds(registry.get_job(job.id)), 10, "the failed run to end")
+        assert take_up_unheld(registry, queue, older_than_s=60) == [job.id]
+        assert queue.holds(registry.get_job(job.id))
+        wait_until(lambda: compiles == [job.id, job.id], 10, "the job to run again")
+    finally:
+        queue.close()
+
+
+def test_a_compile_whose_server_process_is_killed_is_taken_up_by_another(tmp_path: Path) -> None:
+    """`kiln serve --workers 2`, embedded: the process that took an upload, and so its compile,
+    is killed with -9 mid-compile. Its sibling (or the process uvicorn starts in its place) takes
+    the job up within KILN_QUEUE_REQUEUE_S, and the variant is compiled and ready."""
+    env = {"KILN_DATA_DIR": str(tmp_path / "data"), "KILN_QUEUE_REQUEUE_S": "2", "KILN_GRPC_PORT": "0"}
+    server = KilnServer(env, tmp_path / "kiln.log", workers=2)
+    with running(server):
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            made = upload(http, MODELS["mlp"], backends=["tvm"])
+            assert made.status_code == 202, made.text
+            job_id = by_backend(made.json()["variants"], "tvm")["job_id"]
+            job = http.get(f"/v1/jobs/{job_id}").json()
+            wait_until(lambda: http.get(f"/v1/jobs/{job_id}").json()["status"] == "running", 60, "compiling")
+            os.kill(int(job["worker"].rpartition("-")[2]), signal.SIGKILL)
+        with httpx.Client(base_url=server.url, timeout=60) as http:  # not the killed one's connection
+            tvm = by_backend(wait_settled(http, "mlp", 1, timeout=240), "tvm")
+            assert tvm["status"] == "ready", tvm
+            done = http.get(f"/v1/jobs/{job_id}").json()
+            assert done["attempts"] == 2 and done["worker"] != job["worker"], done

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.responses import JSONResponse
@@ -50,7 +48,7 @@ from service.log_settings import LogControl
 from service.memory import collect_young_less_often, freeze_heap
 from service.preload import STOP_WAIT_S, Preload
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
-from service.records import SETTLED_JOBS, JobRecord
+from service.redelivery import EmbeddedRedelivery
 from service.registry import Registry
 from service.runtime import Runtime
 from service.settings import Settings, get_settings
@@ -64,27 +62,6 @@ log = logging.getLogger("kiln.api")
 # the server stops at once, beside HTTP's drain, so that its clients' channels, which a load
 # balancer does not move, go elsewhere.
 GRPC_GRACE_S = 5.0
-RESUME_LOCK = "resume.lock"
-
-
-def resume_unfinished(registry: Registry, queue: JobQueue, data_dir: Path) -> IO[str] | None:
-    """Embedded mode keeps its queue in memory: re-enqueue what a restart interrupted.
-
-    Every worker process of one `kiln serve` starts with an empty queue, and only one of them
-    may resume, or each job would compile once per worker: the one that takes the data dir's
-    resume lock, which it holds (the returned file) until it exits, however it ends.
-    """
-    lock = open(data_dir / RESUME_LOCK, "a")  # noqa: SIM115 (held for the process's life)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        lock.close()
-        return None
-    for doc in registry.store.list_docs("job"):
-        job = JobRecord.model_validate(doc)
-        if job.status not in SETTLED_JOBS:
-            queue.enqueue(job)
-    return lock
 
 
 NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
@@ -157,6 +134,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         logs = LogControl(store, settings.log_format, settings.route_ttl_s)
         traces = TraceControl(store, runtime.traces, settings.route_ttl_s)
         sweep = DeletionSweep(runtime, settings.deletion_sweep_s)
+        redelivery = (
+            EmbeddedRedelivery(registry, queue, settings.queue_requeue_s)
+            if isinstance(queue, EmbeddedQueue)
+            else None
+        )
         shutdown = Shutdown()
         app.state.services = Services(
             settings, registry, queue, runtime, preload, shared, logs, traces, shutdown, repo
@@ -165,10 +147,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         poller = None if repo is None or not poll_s else RepositoryPoller(repo, app.state.services, poll_s)
         if not api_keys:
             log.warning("KILN_API_KEYS is empty: Kiln is open to anyone who can reach it")
-        grpc_server, grpc_drain, resuming = None, None, None
+        grpc_server, grpc_drain = None, None
         try:  # a port that is taken fails the start, with everything opened so far closed
             grpc_server = await start_grpc(app.state.services, settings, api_keys, app.version, max_bytes)
-            resuming = resume_unfinished(registry, queue, settings.data_dir) if settings.embedded else None
+            if redelivery is not None:  # what a restart interrupted, at once
+                await run_in_threadpool(redelivery.run_once)
+                redelivery.start()
             await run_in_threadpool(logs.run_once)  # the deployment's log settings, from the start
             await run_in_threadpool(traces.run_once)  # and its trace settings
             logs.start()
@@ -192,6 +176,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await run_in_threadpool(logs.stop)
             await run_in_threadpool(traces.stop)
             await run_in_threadpool(sweep.stop)
+            if redelivery is not None:
+                await run_in_threadpool(redelivery.stop, STOP_WAIT_S)
             if grpc_server is not None:  # awaits a drain under way
                 await grpc_server.stop(GRPC_GRACE_S)
             if grpc_drain is not None:  # still waiting, when the app stops with no signal
@@ -200,8 +186,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             queue.close()
             store.close()
             metrics.process_exiting()
-            if resuming is not None:
-                resuming.close()
 
     app = KilnAPI(
         hot_path=not settings.opentelemetry,
