@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import itertools
 import logging
 import threading
@@ -244,7 +245,11 @@ class Batcher(Generic[T]):
             if self.policy.max_batch_size == 1:
                 return await self._run_alone(inputs, batch, deadline, waiting, gone, on_run)
             if self._task is None or self._task.done():
-                self._task = asyncio.get_running_loop().create_task(self._loop())
+                # A context of its own: the loop outlives the request that starts it, and what
+                # it logs is no more that request's than any other's.
+                self._task = asyncio.get_running_loop().create_task(
+                    self._loop(), context=contextvars.Context()
+                )
             future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
             level = self.policy.level(priority)
             request = _Request(inputs, batch, future, deadline, priority, level, gone, waiting, on_run)
@@ -345,7 +350,8 @@ class Batcher(Generic[T]):
                 alone.waiting.left()
             return self.run(inputs), began, time.monotonic()
 
-        return await asyncio.get_running_loop().run_in_executor(lane, timed)
+        # In the caller's context: what a request that runs alone logs carries its id.
+        return await asyncio.get_running_loop().run_in_executor(lane, contextvars.copy_context().run, timed)
 
     async def _run_timed_within(
         self, inputs: Arrays, deadline: float, alone: _Alone

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -14,6 +15,7 @@ import pytest
 from service import batcher as batcher_module
 from service.batcher import GONE_CHECK_S, PEAK_CYCLES, Arrays, Batcher, BatchPolicy, BatchTiming
 from service.errors import ClientGoneError, QueueFullError, TimeoutExpiredError, UnavailableError
+from service.logs import request_id
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 
@@ -979,3 +981,43 @@ def test_waiting_requests_are_counted_until_they_start(max_batch_size: int, wait
     changes = [b - a for a, b in zip([0, *counts], counts, strict=False)]
     assert while_blocked == waiting and min(counts) >= 0 and counts[-1] == 0, counts
     assert changes.count(1) == changes.count(-1) == 4, counts
+
+
+def test_log_lines_carry_the_request_id_of_their_own_request_only() -> None:
+    """The batch loop starts inside the first request that needs it and outlives it: a later
+    batch's failure was logged with that first request's id. A request that runs alone (a model
+    that cannot batch) logs with its own id, from the inference thread too."""
+    ids_at_log: list[str | None] = []
+    ids_at_run: list[str | None] = []
+
+    class Ids(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            ids_at_log.append(request_id.get())
+
+    def run_alone(inputs: Arrays) -> tuple[Arrays, int]:
+        ids_at_run.append(request_id.get())
+        return Recorder()(inputs)
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(Recorder(), BatchPolicy(8, max_queue_delay_us=20_000), [pool])
+            request_id.set("first")
+            await batcher.submit({"x": requests(1)[0]}, 1)
+            request_id.set("later")
+            bad = np.full((1, 4), np.nan, np.float32)
+            answers = [batcher.submit({"x": x}, 1) for x in (requests(1)[0], bad)]
+            assert isinstance((await asyncio.gather(*answers, return_exceptions=True))[1], ValueError)
+            batcher.close()
+            alone = Batcher(run_alone, BatchPolicy(1), [pool])
+            request_id.set("alone")
+            await alone.submit({"x": requests(1)[0]}, 1)
+            alone.close()
+
+    handler, logger = Ids(level=logging.WARNING), logging.getLogger("kiln.batcher")
+    logger.addHandler(handler)
+    try:
+        asyncio.run(main())
+    finally:
+        logger.removeHandler(handler)
+    assert ids_at_log == [None]  # "a batch of 2 requests failed": no one request's
+    assert ids_at_run == ["alone"]

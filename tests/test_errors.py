@@ -8,6 +8,7 @@ import json
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -412,6 +413,25 @@ def test_a_hung_redis_holds_up_no_prediction_of_a_loaded_model(tmp_path: Path) -
     # One request, the one that started the refresh, waited for the store, and for 0.5 s.
     assert 0.4 < max(took) < 1.5, took
     assert sorted(took)[-2] < 0.3, took
+
+
+def test_liveness_answers_while_a_hung_redis_holds_every_thread(tmp_path: Path) -> None:
+    """A Kubernetes liveness probe gives up after 1 s: requests that each wait 5 s for a hung
+    store, enough of them to take every thread of the threadpool, must not restart the pod."""
+    redis_server = RedisServer(tmp_path)
+    server = KilnServer({"KILN_REDIS_URL": redis_server.url}, tmp_path / "kiln.log")
+    with running(redis_server, server), httpx.Client(base_url=server.url, timeout=60) as http:
+        assert upload(http, MLP, backends=[]).status_code == 202
+        redis_server.pause()
+        try:
+            with ThreadPoolExecutor(60) as pool:
+                stuck = [pool.submit(http.get, "/v1/models") for _ in range(60)]
+                time.sleep(1)  # all in, each in a thread waiting on the store
+                for probe in ("/healthz", "/", "/v2/health/live"):
+                    assert http.get(probe, timeout=1).status_code == 200, probe
+                assert {f.result().status_code for f in stuck} == {503}
+        finally:
+            redis_server.resume()
 
 
 # (method, URL, the spec's path): answers whose media type the spec once misstated.

@@ -54,7 +54,7 @@ READY_ERRORS = error_responses(ProtocolError, 400, 401, 403, 404, 409)  # 409: u
 
 
 @router.get("/v2", operation_id="v2_server_metadata", summary="Server name, version and extensions.")
-def server_metadata(request: Request) -> dict[str, Any]:
+async def server_metadata(request: Request) -> dict[str, Any]:
     settings = request.app.state.services.settings
     return {"name": "kiln", "version": request.app.version, "extensions": extensions(settings)}
 
@@ -66,7 +66,7 @@ def extensions(settings: Settings) -> list[str]:
 @router.get(
     "/v2/health/live", operation_id="v2_live", summary="200 while the process is up.", response_class=Response
 )
-def live() -> Response:
+async def live() -> Response:  # on the event loop: see health.healthz
     return Response()
 
 
