@@ -31,9 +31,9 @@ from service.records import (
     now,
 )
 from service.registry import MODEL_BLOB, Registry
-from service.sandbox import SandboxError, run_in_child
+from service.sandbox import ChildCancelledError, SandboxError, run_in_child
 from service.settings import Settings
-from service.store import StoreError
+from service.store import StoreError, StoreUnavailableError
 
 log = logging.getLogger("kiln.jobs")
 
@@ -180,6 +180,13 @@ def _compile(
         if "tuning" in event:
             registry.update_job(job.id, tuning=event["tuning"])
 
+    def deleted() -> bool:
+        # A deleted model's compile would hold a worker for nothing, up to its whole time limit.
+        try:
+            return registry.get_variant(job.variant_id) is None
+        except StoreUnavailableError:  # an outage is no reason to lose the work done so far
+            return False
+
     started = time.monotonic()
 
     def observe(outcome: VariantStatus) -> None:
@@ -199,7 +206,11 @@ def _compile(
             timeout_s=compile_limit_s(settings, job),
             memory_mb=settings.compile_memory_mb,
             on_progress=on_progress,
+            cancelled=deleted,
         )
+    except ChildCancelledError:
+        log.info("job %s: its model was deleted while it compiled; stopped the compile", job.id)
+        return False
     except VerificationError as exc:
         observe(VariantStatus.rejected)
         _settle_failed(registry, job, VariantStatus.rejected, str(exc))

@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
@@ -27,6 +28,8 @@ T = TypeVar("T")
 Progress = Callable[[dict[str, Any]], None]
 
 _POLL_S = 0.2
+# How often `cancelled` is asked while a child runs: it may read a store.
+CANCEL_CHECK_S = 2.0
 # How long a child that has sent its answer gets to exit before it is killed.
 _EXIT_GRACE_S = 5.0
 _PR_SET_PDEATHSIG = 1
@@ -52,6 +55,10 @@ class ChildFailedError(SandboxError):
     """The function raised an exception that cannot be sent back as itself."""
 
 
+class ChildCancelledError(SandboxError):
+    """The caller's `cancelled` said the work was no longer wanted."""
+
+
 def run_in_child(
     fn: Callable[..., T],
     args: tuple[Any, ...],
@@ -59,34 +66,40 @@ def run_in_child(
     timeout_s: float,
     memory_mb: int,
     on_progress: Progress | None = None,
+    cancelled: Callable[[], bool] | None = None,
 ) -> T:
     """Return `fn(*args, progress)` computed in a spawned child process.
 
     `fn` must be a module-level function. Events it passes to `progress` reach
     `on_progress` here, in order. Its exceptions are re-raised here as themselves when
     they pickle, as `ChildFailedError` otherwise; the child's traceback is attached as a note.
+    `cancelled` is asked every CANCEL_CHECK_S; once it says True the child is killed and
+    `ChildCancelledError` raised. The child's temporary files go with it, however it ends.
     """
     # Pickled here so an unpicklable fn fails in the caller, and unpickled in the child
     # only after it is tied to our life: importing fn's module may take seconds.
     payload = pickle.dumps((fn, args))
-    reader, writer = multiprocessing.Pipe(duplex=False)
-    # Never fork: the parent has threads and torch/TVM state that a fork would copy broken.
-    proc = multiprocessing.get_context("spawn").Process(
-        target=_child_main, args=(writer, payload, os.getpid())
-    )
-    try:
-        proc.start()
-        writer.close()  # so the reader sees EOF when the child dies
-        answer = _wait(proc, reader, timeout_s, memory_mb, on_progress)
-        proc.join(_EXIT_GRACE_S)
-    finally:
-        # An exit code means the child is reaped and its pid may already be reused.
-        if proc.pid is not None and proc.exitcode is None:
-            _kill_tree(proc.pid)
-            proc.join()
-        proc.close()
-        reader.close()
-        writer.close()
+    # The child's TMPDIR, removed here: a killed child never runs its own cleanups, and torch
+    # and TVM leave caches and scratch files behind even when it returns.
+    with tempfile.TemporaryDirectory(prefix="kiln-child-", ignore_cleanup_errors=True) as tmp:
+        reader, writer = multiprocessing.Pipe(duplex=False)
+        # Never fork: the parent has threads and torch/TVM state that a fork would copy broken.
+        proc = multiprocessing.get_context("spawn").Process(
+            target=_child_main, args=(writer, payload, os.getpid(), tmp)
+        )
+        try:
+            proc.start()
+            writer.close()  # so the reader sees EOF when the child dies
+            answer = _wait(proc, reader, timeout_s, memory_mb, on_progress, cancelled)
+            proc.join(_EXIT_GRACE_S)
+        finally:
+            # An exit code means the child is reaped and its pid may already be reused.
+            if proc.pid is not None and proc.exitcode is None:
+                _kill_tree(proc.pid)
+                proc.join()
+            proc.close()
+            reader.close()
+            writer.close()
     if answer[0] == "ok":
         return answer[1]
     _, exc_bytes, description, child_traceback = answer
@@ -104,12 +117,15 @@ def _wait(
     timeout_s: float,
     memory_mb: int,
     on_progress: Progress | None,
+    cancelled: Callable[[], bool] | None,
 ) -> tuple[Any, ...]:
-    """Relay progress until the child answers; raise if it times out, bloats or dies."""
+    """Relay progress until the child answers; raise if it times out, bloats, dies or is
+    cancelled."""
     pid = proc.pid
     assert pid is not None, "the child has been started"
     deadline = time.monotonic() + timeout_s
     next_memory_check = 0.0
+    next_cancel_check = time.monotonic() + CANCEL_CHECK_S
     while (remaining := deadline - time.monotonic()) > 0:
         # Reading while we wait: a child sending a large answer blocks until it is read.
         if reader.poll(min(_POLL_S, remaining)):
@@ -129,6 +145,10 @@ def _wait(
             next_memory_check = time.monotonic() + _POLL_S
             if _rss_bytes(pid) > memory_mb * 2**20:
                 raise ChildMemoryError(f"used more than {memory_mb} MB of memory")
+        if cancelled is not None and time.monotonic() >= next_cancel_check:
+            if cancelled():
+                raise ChildCancelledError("cancelled")
+            next_cancel_check = time.monotonic() + CANCEL_CHECK_S
     raise ChildTimeoutError(f"timed out after {timeout_s:g} s")
 
 
@@ -169,8 +189,12 @@ def _kill_tree(pid: int) -> None:
             p.kill()
 
 
-def _child_main(writer: Connection, payload: bytes, parent_pid: int) -> None:
+def _child_main(writer: Connection, payload: bytes, parent_pid: int, tmp: str) -> None:
     _die_with_parent(parent_pid)
+    # Before fn's module is imported and run: Python code reads tempfile's cache, and the
+    # processes that torch and TVM start (compilers, tuning workers) inherit the variable.
+    os.environ["TMPDIR"] = tmp
+    tempfile.tempdir = tmp
     lock = threading.Lock()  # fn may report progress from several threads
 
     def send(message: tuple[Any, ...]) -> None:

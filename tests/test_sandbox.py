@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -14,6 +15,8 @@ import psutil
 import pytest
 
 from service.sandbox import (
+    CANCEL_CHECK_S,
+    ChildCancelledError,
     ChildCrashedError,
     ChildFailedError,
     ChildMemoryError,
@@ -93,6 +96,19 @@ def kill_self(signum: int, progress: Progress) -> None:
     time.sleep(30)
 
 
+def litter(seconds: float, progress: Progress) -> tuple[str, str]:
+    """Leave temporary files as torch and TVM do, then sleep: a cache nothing removes, a file
+    from a program started here, and a directory that only an orderly exit removes. Returns the
+    child's temp dir and that program's file."""
+    Path(tempfile.mkdtemp(prefix="torchinductor_"), "cache").write_bytes(b"x")
+    made = subprocess.run(["mktemp"], capture_output=True, text=True, check=True).stdout.strip()
+    with tempfile.TemporaryDirectory(prefix="kiln-tune-") as work:
+        Path(work, "database.json").write_text("{}")
+        progress({"littered": True})
+        time.sleep(seconds)
+    return tempfile.gettempdir(), made
+
+
 def write_pid_and_sleep(path: str, progress: Progress) -> None:
     Path(path).write_text(str(os.getpid()))
     time.sleep(60)
@@ -154,6 +170,41 @@ def test_timeout_kills_child() -> None:
     assert time.monotonic() - start < 3
     assert len(events) == 1, "the child started and reported its pid"
     assert not psutil.pid_exists(events[0]["pid"])
+
+
+def test_cancel_kills_child() -> None:
+    events: list[dict[str, Any]] = []
+    start = time.monotonic()
+    with pytest.raises(ChildCancelledError, match=r"^cancelled$"):
+        run(sleep_forever, on_progress=events.append, cancelled=lambda: bool(events))
+    assert time.monotonic() - start < 2 * CANCEL_CHECK_S + 3
+    assert len(events) == 1, "the child started and reported its pid"
+    assert not psutil.pid_exists(events[0]["pid"])
+
+
+@pytest.fixture
+def parent_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The parent's temp dir, which a child without one of its own would use as well."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    return tmp
+
+
+def test_killed_child_leaves_no_temp_files(parent_tmp: Path) -> None:
+    events: list[dict[str, Any]] = []
+    with pytest.raises(ChildTimeoutError):
+        run(litter, 30, timeout_s=5, on_progress=events.append)
+    assert events == [{"littered": True}]
+    assert sorted(p.name for p in parent_tmp.iterdir()) == []
+
+
+def test_child_temp_dir_is_its_own_and_goes_with_it(parent_tmp: Path) -> None:
+    child_tmp, made = run(litter, 0)
+    assert sorted(p.name for p in parent_tmp.iterdir()) == []
+    assert Path(child_tmp).parent == parent_tmp
+    assert Path(made).parent == Path(child_tmp), "programs the child starts use its temp dir"
 
 
 def test_memory_limit_kills_child() -> None:

@@ -1,0 +1,162 @@
+"""A running compile job watches its variant: deleting the model stops the compile at once, and a
+store outage meanwhile does not."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from compiler.hardware import local_targets
+from compiler.pipeline import compile_to_bytes
+from service import jobs
+from service.jobs import run_compile_job
+from service.records import JobRecord, JobStatus, VariantStatus
+from service.registry import Registry
+from service.sandbox import CANCEL_CHECK_S
+from service.settings import Settings
+from service.store import StoreUnavailableError
+from service.store.local import LocalStore
+from tests.models import MODELS
+from tests.registries import ready_version, reference
+
+HOST = local_targets()[0]
+BASELINE = {1: 1.0}
+# The folder through which the compile child and the test meet: it is run by name in a spawned
+# child, so the test tells it where by the environment, which the child inherits.
+HANDSHAKE = "KILN_TEST_HANDSHAKE"
+
+
+def _handshake() -> Path:
+    return Path(os.environ[HANDSHAKE])
+
+
+def compile_when_told(*args: Any) -> tuple[bytes, dict[str, Any]]:
+    """`compile_to_bytes` once the test has made a `go` file; its pid written before."""
+    (_handshake() / "pid").write_text(str(os.getpid()))
+    while not (_handshake() / "go").exists():
+        time.sleep(0.05)
+    return compile_to_bytes(*args)
+
+
+def _wait_for(predicate: Callable[[], object], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
+
+
+@pytest.fixture
+def handshake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "handshake"
+    folder.mkdir()
+    monkeypatch.setenv(HANDSHAKE, str(folder))
+    monkeypatch.setattr(jobs, "compile_to_bytes", compile_when_told)
+    return folder
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Registry:
+    return Registry(LocalStore(tmp_path / "store"))
+
+
+def queued_job(registry: Registry) -> JobRecord:
+    """An ONNX Runtime job for this host, added to a ready MLP version."""
+    mlp = MODELS["mlp"]
+    ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE)
+    [(_, job)] = registry.add_variants(registry.get_version(mlp.name, 1), [("onnxruntime", {}, HOST)], [])
+    return job
+
+
+@pytest.fixture
+def worker(
+    registry: Registry, handshake: Path, tmp_path: Path
+) -> Iterator[Callable[[JobRecord], threading.Thread]]:
+    """Start `run_compile_job` for a job in a thread; at the end, let its child go on (or end
+    it, where it would otherwise run to its time limit) and wait for the thread."""
+    settings = Settings(data_dir=tmp_path / "data", compile_timeout_s=120, race_rounds=0)
+    threads: list[threading.Thread] = []
+
+    def start(job: JobRecord) -> threading.Thread:
+        thread = threading.Thread(target=run_compile_job, args=(registry, settings, job.id))
+        thread.start()
+        threads.append(thread)
+        return thread
+
+    yield start
+    (handshake / "go").touch()
+    for thread in threads:
+        thread.join(60)
+        if thread.is_alive():
+            with suppress(ProcessLookupError):
+                os.kill(int((handshake / "pid").read_text()), signal.SIGKILL)
+            thread.join()
+
+
+def _child_started(handshake: Path) -> int:
+    pid_file = handshake / "pid"
+    assert _wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30), "the compile child started"
+    return int(pid_file.read_text())
+
+
+def test_deleting_the_model_stops_its_running_compile(
+    registry: Registry,
+    handshake: Path,
+    worker: Callable[[JobRecord], threading.Thread],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="kiln.jobs")
+    job = queued_job(registry)
+    thread = worker(job)
+    child = _child_started(handshake)
+    registry.delete_model(MODELS["mlp"].name)
+    thread.join(CANCEL_CHECK_S + 5)
+    assert not thread.is_alive(), "the compile of a deleted model went on"
+    assert not psutil.pid_exists(child)
+    assert f"job {job.id}: its model was deleted while it compiled; stopped the compile" in caplog.text
+    # Nothing recorded for the records that went: no failure, no artifact.
+    for kind in ("job", "variant", "artifact"):
+        assert registry.store.list_docs(kind) == []
+
+
+def test_a_store_outage_while_it_compiles_does_not_stop_it(
+    registry: Registry,
+    handshake: Path,
+    worker: Callable[[JobRecord], threading.Thread],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job = queued_job(registry)
+    outage = threading.Event()
+    failed_reads: list[str] = []
+    get_variant = registry.get_variant
+
+    def flaky_get_variant(variant_id: str) -> Any:
+        if outage.is_set():
+            failed_reads.append(variant_id)
+            raise StoreUnavailableError("the store is down")
+        return get_variant(variant_id)
+
+    monkeypatch.setattr(registry, "get_variant", flaky_get_variant)
+    thread = worker(job)
+    _child_started(handshake)
+    outage.set()
+    seen = _wait_for(lambda: failed_reads, 2 * CANCEL_CHECK_S + 3)
+    outage.clear()
+    assert seen, "the running compile did not look for its variant during the outage"
+    (handshake / "go").touch()
+    thread.join(120)
+    assert not thread.is_alive()
+    variant = get_variant(job.variant_id)
+    assert variant is not None and variant.status == VariantStatus.ready, variant
+    assert registry.get_job(job.id).status == JobStatus.succeeded
