@@ -122,16 +122,29 @@ def dynamic_sizes(program: Any, spec: InputSpec) -> dict[tuple[str, int], sympy.
     return sizes
 
 
-class Bounded:
-    """A runner that refuses inputs outside the sizes its variant was built for."""
+def unverified(inputs: Mapping[str, np.ndarray]) -> str | None:
+    """What of the inputs no compiled variant is verified on, if anything: an empty dim (a batch
+    of 0 aborts the process in ONNX Runtime's LSTM, and TVM raises on it), or a float that is not
+    finite (compilers rewrite relu, max and argmax in ways that agree with torch on numbers only)."""
+    for name, x in inputs.items():
+        if x.size == 0:
+            return f"input {name!r} is empty (shape {list(x.shape)})"
+        if x.dtype.kind in "fc" and not np.isfinite(x).all():
+            return f"input {name!r} holds NaN or infinity"
+    return None
 
-    def __init__(self, runner: Runner, dims: Dims) -> None:
+
+class Bounded:
+    """A compiled variant's runner, which refuses the inputs it was not built for (outside its
+    dims, if any) or not verified on (`unverified`): TorchScript answers those."""
+
+    def __init__(self, runner: Runner, dims: Dims | None) -> None:
         self.runner = runner
         self.backend = runner.backend
         self.dims = dims
 
     def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        refusal = self.dims.refusal(inputs)
+        refusal = unverified(inputs) or (None if self.dims is None else self.dims.refusal(inputs))
         if refusal is not None:
             raise OutsideDimsError(f"the {self.backend} variant cannot take these inputs: {refusal}")
         return self.runner.run(inputs)

@@ -30,7 +30,9 @@ from service.registry import Registry
 from service.runtime import Runtime
 from service.settings import Settings
 from service.store.local import LocalStore
-from tests.models import SIGNAL, TOKENS
+from tests.client import expected as torch_expected
+from tests.client import sample
+from tests.models import MODELS, SIGNAL, TOKENS
 from tests.registries import ready_version, reference
 
 pytestmark = pytest.mark.timeout(600)
@@ -55,7 +57,6 @@ def expected(inputs: dict[str, np.ndarray]) -> np.ndarray:
 
 @pytest.mark.parametrize("backend", ["onnxruntime", "openvino", "tvm"])
 def test_tied_dims_compile_and_bound_their_variant(backend: str) -> None:
-    pytest.importorskip({"tvm": "tvm"}.get(backend, backend))
     options = CompileOptions(threads=1)
     result = compile_and_check(TOKENS.torchscript(), SPEC, backend, HOST, options, [tokens(1), tokens(12)])
     dims = result.artifact.meta["dims"]
@@ -74,6 +75,29 @@ def test_tied_dims_compile_and_bound_their_variant(backend: str) -> None:
         OutsideDimsError, match=r"'mask' dim 1 is 9 and input 'ids' dim 1 is 8, where they must be equal"
     ):
         runner.run(tokens(8, 9))
+
+
+@pytest.mark.parametrize(("backend", "name"), [("onnxruntime", "lstm"), ("tvm", "mlp")])
+def test_a_compiled_variant_refuses_what_it_was_not_verified_on(backend: str, name: str) -> None:
+    """A batch of 0 aborted the whole server in ONNX Runtime's LSTM ("terminate called without
+    an active exception"), and TVM raises on it; NaN and infinity go through relu otherwise than
+    in torch. The compiled variant refuses them, and TorchScript answers them, as uploaded."""
+    model = MODELS[name]
+    spec = InputSpec.from_dicts(model.inputs, 4)
+    artifact = get_backend(backend).compile(model.torchscript(), spec, HOST, {"threads": 1})
+    runner = load_artifact(Artifact.unpack(artifact.pack()))
+    x = sample(model, 2)
+    np.testing.assert_allclose(
+        runner.run({"x": x})["output0"], torch_expected(model, x), rtol=1e-4, atol=1e-5
+    )
+    with pytest.raises(OutsideDimsError, match=r"input 'x' is empty \(shape \[0, "):
+        runner.run({"x": x[:0]})
+    for value in (np.nan, np.inf):
+        x[1, 3] = value
+        with pytest.raises(OutsideDimsError, match="input 'x' holds NaN or infinity"):
+            runner.run({"x": x})
+    uploaded = get_backend("torchscript").compile(model.torchscript(), spec, HOST, {})
+    assert load_artifact(uploaded).run({"x": x[:0]})["output0"].shape[0] == 0
 
 
 def test_verification_leaves_out_samples_of_sizes_the_variant_does_not_serve() -> None:
@@ -203,3 +227,39 @@ def test_inputs_the_model_cannot_take_are_the_requests_error(runtime: Runtime) -
     # A mask of another length than the ids: the model's failure too, after the variant's refusal.
     with pytest.raises(ModelRunError, match="the model failed on these inputs"):
         asyncio.run(runtime.predict("tokens", None, tokens(8, 9)))
+
+
+@pytest.fixture
+def lstm_runtime(tmp_path: Path) -> Iterator[Runtime]:
+    """`lstm` v1: ONNX Runtime measured faster than TorchScript at every batch size."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    model = MODELS["lstm"]
+    spec = InputSpec.from_dicts(model.inputs, 4)
+    ort = get_backend("onnxruntime").compile(model.torchscript(), spec, HOST, {"threads": 1}).pack()
+    baseline = {1: 1.0, 4: 4.0}
+    variants = {"torchscript": reference(baseline), "onnxruntime": (HOST, ort, {1: 0.5, 4: 2.0})}
+    ready_version(registry, model, variants, baseline, max_batch_size=4)
+    rt = Runtime(registry, Settings(data_dir=tmp_path, targets=[HOST]))
+    yield rt
+    rt.close()
+
+
+def test_empty_and_non_finite_requests_are_answered_by_torchscript(lstm_runtime: Runtime) -> None:
+    """A v2 request of shape [0, 8, 16] reached ONNX Runtime's LSTM, which aborted the server."""
+
+    def predict(x: np.ndarray, backend: str | None = None) -> tuple[str, np.ndarray]:
+        prediction = asyncio.run(lstm_runtime.predict("lstm", None, {"x": x}, backend=backend))
+        return prediction.variant.backend, prediction.outputs["output0"]
+
+    x = sample(MODELS["lstm"], 2)
+    assert predict(x)[0] == "onnxruntime"
+    backend, out = predict(x[:0])
+    assert (backend, out.shape[0]) == ("torchscript", 0)
+    x[1, 2, 3] = np.nan
+    backend, out = predict(x)
+    assert backend == "torchscript"
+    np.testing.assert_allclose(out, torch_expected(MODELS["lstm"], x), rtol=1e-5, atol=1e-6, equal_nan=True)
+    with pytest.raises(
+        OutsideDimsError, match="the onnxruntime variant cannot take these inputs: input 'x' holds"
+    ):
+        predict(x, backend="onnxruntime")

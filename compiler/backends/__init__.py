@@ -94,11 +94,13 @@ def get_backend(name: str) -> Backend:
 
 
 def load_artifact(artifact: Artifact) -> Runner:
-    """The artifact's backend's runner for it, refusing inputs outside the sizes it was built
-    for (compiler.dims)."""
+    """The artifact's backend's runner for it; a compiled one refuses the inputs it was not
+    built or verified for (compiler.dims), which TorchScript, the model as uploaded, answers."""
     runner = get_backend(artifact.backend).load(artifact)
+    if artifact.backend == REFERENCE:
+        return runner
     dims = artifact.meta.get("dims")
-    return runner if dims is None else Bounded(runner, Dims.from_dict(dims))
+    return Bounded(runner, None if dims is None else Dims.from_dict(dims))
 
 
 def family_reason(name: str, target: str) -> str | None:
