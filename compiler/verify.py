@@ -45,7 +45,8 @@ def verify(
     samples: Sequence[Mapping[str, np.ndarray]] = (),
     seed: int = 0,
 ) -> VerifyReport:
-    """Integer and bool outputs must be equal; float ones within `rtol` and `atol` (float16 ones
+    """Outputs must have the reference's dtypes. Integer and bool ones must be equal; float ones
+    within `rtol` and `atol` (float16 ones
     within HALF_TOLERANCE at least). Each run gets inputs of its own: a model that writes to its
     inputs must not hand the other runner what it wrote. A sample of sizes the candidate was not
     built for is left out: TorchScript serves those (compiler.dims); a candidate that takes none
@@ -74,6 +75,10 @@ def verify(
             actual = got[name]
             if actual.shape != expected.shape:
                 return failed(f"{name}: expected shape {list(expected.shape)}, got {list(actual.shape)}")
+            # Served as the variant computes it: a narrower integer wraps where the model's does
+            # not (a uint8 cumsum that torch widens to int64), past inputs verification reaches.
+            if actual.dtype != expected.dtype:
+                return failed(f"{name}: expected {expected.dtype}, got {actual.dtype}")
             exp = expected.astype(np.float64)
             act = actual.astype(np.float64)
             if not np.all(np.isfinite(act) == np.isfinite(exp)):

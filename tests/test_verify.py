@@ -3,12 +3,19 @@ inputs: integers exactly, float16 as float16 allows, and each runner on inputs o
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable, Mapping
 
 import numpy as np
+import pytest
+import torch
 
+from compiler.errors import VerificationError
+from compiler.pipeline import CompileOptions, compile_and_check
 from compiler.spec import InputSpec
 from compiler.verify import verify
+
+HOST = "cpu-x86_64-test-avx2"
 
 SPEC = InputSpec.from_dicts([{"name": "x", "dtype": "float32", "shape": [-1, 4]}], 2)
 Arrays = Mapping[str, np.ndarray]
@@ -60,3 +67,19 @@ def test_small_float16_outputs_are_not_waved_through() -> None:
 
     report = verify(Stub(lambda i: {"p": np.zeros_like(softmax(i)["p"])}), Stub(softmax), SPEC, 1e-4, 1e-5)
     assert not report.passed, report
+
+
+class WideningSum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cumsum(x, 1)  # torch sums uint8 in int64
+
+
+@pytest.mark.parametrize("backend", ["openvino", "tvm"])
+def test_a_variant_that_narrows_an_output_is_rejected(backend: str) -> None:
+    """OpenVINO and TVM sum uint8 in uint8: equal on the small numbers verification draws, and
+    wrapped past 255 (100 + 200 gave 44) where the upload answers 300."""
+    spec = InputSpec.from_dicts([{"name": "x", "dtype": "uint8", "shape": [-1, 8]}], 4)
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(WideningSum()), buffer)
+    with pytest.raises(VerificationError, match="output0: expected int64, got uint8"):
+        compile_and_check(buffer.getvalue(), spec, backend, HOST, CompileOptions(threads=1))
