@@ -354,9 +354,20 @@ class InPlaceBranch(nn.Module):
         return y
 
 
+class DataDependentBranch(nn.Module):
+    """An `if` on values: export makes it torch.cond, whose branches TVM imports with the custom
+    converters called another way (the multiplication's failed the build)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool(x.max() > 0.5):
+            return x * 2
+        return x - 1
+
+
 @pytest.mark.parametrize(
     ("module", "dtype"),
     [
+        (DataDependentBranch(), "float32"),
         (NegativeSelect(), "float32"),
         (FloorDivide(), "float32"),
         (FloorDivide(), "int64"),
@@ -373,6 +384,36 @@ def test_conversion_fix(module: nn.Module, dtype: str) -> None:
     model = script(module)
     spec = InputSpec.parse([f"x:{dtype}[-1,4]"], 8)
     assert_matches(model, compile_packed(model, spec))
+
+
+class Lookups(nn.Module):
+    """An embedding, a table indexed by one input tensor and by two, and torch.gather: each of
+    TVM's gathers read past its table."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(10, 4)
+        self.register_buffer("table", torch.arange(40.0).reshape(10, 4))
+        self.register_buffer("row", torch.arange(10.0) * 3)
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gathered = torch.gather(self.row.expand(ids.shape[0], 10), 1, ids.abs())  # torch.gather takes no -1
+        rows = self.embedding(ids.clamp(0, 9)).sum(1) + self.table[ids[:, 0]] + gathered
+        return rows, self.table[ids[:, 1], ids[:, 2]]
+
+
+def test_gathers_by_an_input_count_from_the_end_and_never_read_past_their_table() -> None:
+    """`table[-1]` is the last row in torch, and TVM's gather returned garbage for it; an id of
+    10**12 crashed the process. Now the first is torch's answer, and the second reads a row."""
+    model = script(Lookups().eval())
+    spec = InputSpec.parse(["ids:int64[-1,4]"], 8)
+    candidate, expected = tvm_backend().load(compile_packed(model, spec)), reference(model, spec)
+    ids = np.array([[-1, 2, 3, 4], [-9, 0, -4, -3], [7, 1, 1, 1]], np.int64)
+    got, want = candidate.run({"ids": ids}), expected.run({"ids": ids})
+    for name in ("output0", "output1"):
+        np.testing.assert_array_equal(got[name], want[name])
+    for huge in ([[10**12, 0, 1, 2]], [[0, 10**12, 1, 2]], [[0, 1, -(10**12), 2]], [[0, 1, 2, 10**12]]):
+        assert all(np.isfinite(out).all() for out in candidate.run({"ids": np.array(huge)}).values())
 
 
 Nested = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]

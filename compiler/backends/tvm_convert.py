@@ -9,6 +9,10 @@ Each entry of `CUSTOM_CONVERT_MAP` replaces or adds one converter; TVM calls it 
 - scalar_tensor and the *.Scalar binary ops: with a symbolic size as the value (`x / x.size(0)`),
   the stock converters crash or mix int64 with the tensor's dtype.
 
+- gather and index.Tensor: TVM's gather_elements and index_tensor, as every `take`
+  (`_takes_within_bounds`), read out of bounds for an index out of range: indices are first
+  taken into their dim.
+
 Inference BatchNorm is then folded into the convolution before it, as every inference compiler
 does: each conv kernel would otherwise carry a subtract/divide/multiply/add epilogue.
 """
@@ -17,13 +21,13 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import tvm
 from torch import fx
 from tvm import relax, tirx
-from tvm.relax.frontend.torch import from_exported_program
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
 from compiler.errors import ConversionError
@@ -40,8 +44,43 @@ def import_program(program: Any) -> tvm.IRModule:
     missing = sorted(used - known)
     if missing:
         raise ConversionError(f"tvm: no converter for torch op {', '.join(missing)}")
-    mod = from_exported_program(program, custom_convert_map=CUSTOM_CONVERT_MAP, run_ep_decomposition=False)
+    importer = ExportedProgramImporter()
+    # TVM calls a custom converter as (node, importer) in the graph, and as (node) alone in the
+    # branches of torch.cond (a data-dependent `if`), which failed every such model's build.
+    bound = {op: _bound(convert, importer) for op, convert in CUSTOM_CONVERT_MAP.items()}
+    mod = importer.from_exported_program(
+        program,
+        keep_params_as_input=False,
+        unwrap_unit_return_tuple=False,
+        no_bind_return_tuple=False,
+        custom_convert_map=bound,
+    )
+    mod = _takes_within_bounds(mod)
     return relax.transform.FoldConstant()(relax.transform.FoldBatchnormToConv2D()(mod))
+
+
+def _bound(convert: Converter, importer: Any) -> Callable[..., relax.Expr]:
+    return lambda node, *_: convert(node, importer)
+
+
+TAKE = is_op("relax.take")(wildcard(), wildcard())
+
+
+def _takes_within_bounds(mod: tvm.IRModule) -> tvm.IRModule:
+    """Every `take` in TVM's default mode, "fast", which reads past its table for an index out
+    of range (an embedding's ids, `table[i]`), in mode "wrap": torch's meaning for -n..-1, where
+    "fast" returned garbage, and no read out of bounds for any other (10**12 crashed the server;
+    torch raises, and the variant answers a row of the table)."""
+
+    def within_bounds(call: relax.Call, _: object) -> relax.Expr:
+        if call.attrs.mode != "fast":
+            return call
+        return relax.op.take(call.args[0], call.args[1], call.attrs.axis, mode="wrap")
+
+    for gv, func in list(mod.functions.items()):
+        if isinstance(func, relax.Function):
+            mod[gv] = rewrite_call(TAKE, within_bounds, func)
+    return mod
 
 
 def channels_last_convs(mod: tvm.IRModule) -> tvm.IRModule:
@@ -126,6 +165,48 @@ def _slice(node: fx.Node, importer: Any) -> relax.Expr:
     return importer.block_builder.emit(sliced)
 
 
+def _gather(node: fx.Node, importer: Any) -> relax.Expr:
+    """torch.gather: TVM's gather_elements reads out of bounds (garbage for -1, a crash past
+    the end), so the indices are first taken into the dim, as `_takes_within_bounds` does."""
+    x, dim, index = importer.retrieve_args(node)[:3]
+    return importer.block_builder.emit(
+        relax.op.gather_elements(x, _within(importer, index, x, dim), axis=dim)
+    )
+
+
+def _index_tensor(node: fx.Node, importer: Any) -> relax.Expr:
+    """`x[i, j]` by integer tensors: TVM's index_tensor reads out of bounds as gather_elements
+    does. TVM's own converter, given each index taken into its dim."""
+    x, index_nodes = importer.env[node.args[0]], cast(list[fx.Node | None], node.args[1])
+    given = [n for n in index_nodes if isinstance(n, fx.Node)]
+    if len(set(given)) < len(given):
+        raise ConversionError("tvm: one tensor indexes two dims (`x[i, i]`)")
+    saved = {}
+    for axis, index_node in enumerate(index_nodes):
+        if isinstance(index_node, fx.Node):
+            saved[index_node] = importer.env[index_node]
+            importer.env[index_node] = _within(importer, saved[index_node], x, axis)
+    try:
+        return importer._index_tensor(node)
+    finally:
+        importer.env.update(saved)
+
+
+def _within(importer: Any, index: relax.Expr, x: relax.Expr, axis: int) -> relax.Expr:
+    """Integer indices into `x`'s dim `axis`, taken into it: torch's meaning for -n..-1, and
+    some row for any index torch would refuse (which the variant answers, not raises on)."""
+    dtype = str(index.ty.dtype)
+    if dtype == "bool":  # a mask: export made its nonzero() indices already
+        return index
+    size = x.ty.shape[axis]
+    n = (
+        relax.const(int(size), dtype)
+        if isinstance(size, tirx.IntImm)
+        else importer._prim_value_to_scalar_tensor(size, dtype)
+    )
+    return importer.block_builder.emit(relax.op.floor_mod(index, n))
+
+
 def _is_symbolic(value: object) -> bool:
     """A scalar expression over symbolic sizes (sym_size.int converts to one)."""
     is_scalar = isinstance(getattr(value, "ty", None), tvm.ir.PrimType)
@@ -140,6 +221,8 @@ def _scalar_operand(importer: Any, value: Any, dtype: str) -> relax.Expr:
 
 
 CUSTOM_CONVERT_MAP: dict[str, Converter] = {
+    "gather.default": _gather,
+    "index.Tensor": _index_tensor,
     "select.int": _select_int,
     "slice.Tensor": _slice,
     "div.Scalar_mode": _div_scalar_mode,
