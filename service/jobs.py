@@ -175,10 +175,13 @@ def _compile(
     )
 
     def on_progress(event: dict[str, Any]) -> None:
-        if "stage" in event:
-            registry.set_stage(job, VariantStatus(event["stage"]))
-        if "tuning" in event:
-            registry.update_job(job.id, tuning=event["tuning"])
+        try:
+            if "stage" in event:
+                registry.set_stage(job, VariantStatus(event["stage"]))
+            if "tuning" in event:
+                registry.update_job(job.id, tuning=event["tuning"])
+        except StoreUnavailableError as exc:  # shown late: no reason to lose an hour of tuning
+            log.warning("job %s: progress not recorded: %s", job.id, exc)
 
     def deleted() -> bool:
         # A deleted model's compile would hold a worker for nothing, up to its whole time limit.

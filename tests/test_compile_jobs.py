@@ -160,3 +160,30 @@ def test_a_store_outage_while_it_compiles_does_not_stop_it(
     variant = get_variant(job.variant_id)
     assert variant is not None and variant.status == VariantStatus.ready, variant
     assert registry.get_job(job.id).status == JobStatus.succeeded
+
+
+def test_progress_the_store_cannot_record_does_not_stop_the_compile(
+    registry: Registry,
+    handshake: Path,
+    worker: Callable[[JobRecord], threading.Thread],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Redis that blinks while a job reports its stages (or an hour of tuning its trials):
+    the compile goes on, and only what it showed meanwhile is lost."""
+    job = queued_job(registry)
+    lost: list[VariantStatus] = []
+
+    def down(job: JobRecord, stage: VariantStatus) -> None:
+        lost.append(stage)
+        raise StoreUnavailableError("the store is down")
+
+    monkeypatch.setattr(registry, "set_stage", down)
+    thread = worker(job)
+    _child_started(handshake)
+    (handshake / "go").touch()
+    thread.join(120)
+    assert not thread.is_alive()
+    assert VariantStatus.verifying in lost
+    variant = registry.get_variant(job.variant_id)
+    assert variant is not None and variant.status == VariantStatus.ready, variant
+    assert registry.get_job(job.id).status == JobStatus.succeeded
