@@ -138,48 +138,39 @@ class Registry:
         `plan(name, version)` builds the variants and jobs of a new version.
         """
         with self._model_lock(config.name):
-            return self._create_version(config, sha256, outputs, plan)
+            version = self.uploaded(config, sha256)
+            if version is not None:
+                wanted = config.serving().model_dump()
+                changes = {k: v for k, v in wanted.items() if getattr(version.config, k) != v}
+                if changes:
+                    version = self.update_serving(version.name, version.version, changes)
+                return NewVersion(version, self.variants_of(version), [], deduplicated=True)
+            doc = {"name": config.name, "created_at": now()}
+            if self.store.list_docs("version", prefix=f"{config.name}/"):
+                self.store.create_doc("model", config.name, doc)
+            else:  # a new name, or one deleted: nothing a call racing its deletion left applies
+                self.store.put_doc("model", config.name, doc)
+            number = self.store.next_id(f"version:{config.name}")
+            variants, jobs = plan(config.name, number)
+            version = VersionRecord(
+                name=config.name,
+                version=number,
+                sha256=sha256,
+                config=config,
+                outputs=outputs,
+                variant_ids=[v.id for v in variants],
+            )
+            for variant in variants:
+                self._put("variant", variant.id, variant)
+            for job in jobs:
+                self._put("job", job.id, job)
+            # The version doc goes last: readers never see a version whose variants are missing.
+            self._put("version", version_id(config.name, number), version)
+            self.record_upload(config, sha256, number)
+            return NewVersion(version, variants, jobs, deduplicated=False)
 
     def _model_lock(self, name: str) -> AbstractContextManager[None]:
         return self.store.lock(MODEL_LOCK.format(name=name), MODEL_LOCK_S)
-
-    def _create_version(
-        self,
-        config: ModelConfig,
-        sha256: str,
-        outputs: list[OutputInfo],
-        plan: Callable[[str, int], tuple[list[VariantRecord], list[JobRecord]]],
-    ) -> NewVersion:
-        version = self.uploaded(config, sha256)
-        if version is not None:
-            wanted = config.serving().model_dump()
-            changes = {k: v for k, v in wanted.items() if getattr(version.config, k) != v}
-            if changes:
-                version = self.update_serving(version.name, version.version, changes)
-            return NewVersion(version, self.variants_of(version), [], deduplicated=True)
-        doc = {"name": config.name, "created_at": now()}
-        if self.store.list_docs("version", prefix=f"{config.name}/"):
-            self.store.create_doc("model", config.name, doc)
-        else:  # a new name, or one deleted: nothing a call racing its deletion left applies
-            self.store.put_doc("model", config.name, doc)
-        number = self.store.next_id(f"version:{config.name}")
-        variants, jobs = plan(config.name, number)
-        version = VersionRecord(
-            name=config.name,
-            version=number,
-            sha256=sha256,
-            config=config,
-            outputs=outputs,
-            variant_ids=[v.id for v in variants],
-        )
-        for variant in variants:
-            self._put("variant", variant.id, variant)
-        for job in jobs:
-            self._put("job", job.id, job)
-        # The version doc goes last: readers never see a version whose variants are missing.
-        self._put("version", version_id(config.name, number), version)
-        self.record_upload(config, sha256, number)
-        return NewVersion(version, variants, jobs, deduplicated=False)
 
     def record_upload(self, config: ModelConfig, sha256: str, number: int) -> None:
         """An upload of these bytes with this config is the version `number`: found again by
@@ -493,28 +484,25 @@ class Registry:
 
     def _finish(self, deletion: Deletion) -> None:
         with self._model_lock(deletion.name):
-            self._carry_out(deletion)
-
-    def _carry_out(self, deletion: Deletion) -> None:
-        name, numbers = deletion.name, set(deletion.versions)
-        for number in deletion.versions:
-            self.store.delete_doc("version", version_id(name, number))
-        # By their model and version, not the versions' lists: the earlier jobs of variants
-        # compiled again, and whatever a request racing this one added, go too.
-        for kind in ("job", "variant"):
-            for doc in self.store.list_docs(kind):
-                if doc.get("model") == name and doc.get("version") in numbers:
-                    self.store.delete_doc(kind, doc["id"])
-        for doc in self.store.list_docs("upload"):
-            if doc["name"] == name and doc["version"] in numbers:
-                self.store.delete_doc("upload", doc["id"])
-        model = self.store.get_doc("model", name)
-        # Not that of the name's next upload, which a late finish may meet before its version.
-        ours = model is not None and model.get("created_at", 0) <= deletion.at
-        if ours and not self.store.list_docs("version", prefix=f"{name}/"):
-            self.store.delete_doc("model", name)
-        self._collect_garbage(deletion)
-        self.store.delete_doc("deletion", deletion.id)
+            name, numbers = deletion.name, set(deletion.versions)
+            for number in deletion.versions:
+                self.store.delete_doc("version", version_id(name, number))
+            # By their model and version, not the versions' lists: the earlier jobs of variants
+            # compiled again, and whatever a request racing this one added, go too.
+            for kind in ("job", "variant"):
+                for doc in self.store.list_docs(kind):
+                    if doc.get("model") == name and doc.get("version") in numbers:
+                        self.store.delete_doc(kind, doc["id"])
+            for doc in self.store.list_docs("upload"):
+                if doc["name"] == name and doc["version"] in numbers:
+                    self.store.delete_doc("upload", doc["id"])
+            model = self.store.get_doc("model", name)
+            # Not that of the name's next upload, which a late finish may meet before its version.
+            ours = model is not None and model.get("created_at", 0) <= deletion.at
+            if ours and not self.store.list_docs("version", prefix=f"{name}/"):
+                self.store.delete_doc("model", name)
+            self._collect_garbage(deletion)
+            self.store.delete_doc("deletion", deletion.id)
 
     def keep_model_blob(self, sha256: str, chunks: Callable[[], Iterable[bytes]]) -> None:
         """Put back the model bytes of a version just recorded, if a deletion of another model of

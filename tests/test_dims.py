@@ -32,7 +32,7 @@ from service.settings import Settings
 from service.store.local import LocalStore
 from tests.client import expected as torch_expected
 from tests.client import sample
-from tests.models import MODELS, SIGNAL, TOKENS
+from tests.models import MODELS, SIGNAL, TOKENS, TestModel
 from tests.registries import ready_version, reference
 
 pytestmark = pytest.mark.timeout(600)
@@ -178,17 +178,21 @@ def test_a_dim_the_model_fixes_is_named_by_input_and_axis() -> None:
         export_program(torch.jit.script(Fixed()), spec)
 
 
-@pytest.fixture
-def runtime(tmp_path: Path) -> Iterator[Runtime]:
-    """`tokens` v1: ONNX Runtime measured faster than TorchScript at every batch size."""
+def onnxruntime_faster(tmp_path: Path, model: TestModel, spec: InputSpec) -> Iterator[Runtime]:
+    """`model` v1: ONNX Runtime measured faster than TorchScript at every batch size."""
     registry = Registry(LocalStore(tmp_path / "store"))
-    ort = get_backend("onnxruntime").compile(TOKENS.torchscript(), SPEC, HOST, {"threads": 1}).pack()
+    ort = get_backend("onnxruntime").compile(model.torchscript(), spec, HOST, {"threads": 1}).pack()
     baseline = {1: 1.0, 4: 4.0}
     variants = {"torchscript": reference(baseline), "onnxruntime": (HOST, ort, {1: 0.5, 4: 2.0})}
-    ready_version(registry, TOKENS, variants, baseline, max_batch_size=4)
+    ready_version(registry, model, variants, baseline, max_batch_size=4)
     rt = Runtime(registry, Settings(data_dir=tmp_path, targets=[HOST]))
     yield rt
     rt.close()
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[Runtime]:
+    yield from onnxruntime_faster(tmp_path, TOKENS, SPEC)
 
 
 def test_requests_outside_the_variants_sizes_are_answered_by_torchscript(runtime: Runtime) -> None:
@@ -231,17 +235,8 @@ def test_inputs_the_model_cannot_take_are_the_requests_error(runtime: Runtime) -
 
 @pytest.fixture
 def lstm_runtime(tmp_path: Path) -> Iterator[Runtime]:
-    """`lstm` v1: ONNX Runtime measured faster than TorchScript at every batch size."""
-    registry = Registry(LocalStore(tmp_path / "store"))
-    model = MODELS["lstm"]
-    spec = InputSpec.from_dicts(model.inputs, 4)
-    ort = get_backend("onnxruntime").compile(model.torchscript(), spec, HOST, {"threads": 1}).pack()
-    baseline = {1: 1.0, 4: 4.0}
-    variants = {"torchscript": reference(baseline), "onnxruntime": (HOST, ort, {1: 0.5, 4: 2.0})}
-    ready_version(registry, model, variants, baseline, max_batch_size=4)
-    rt = Runtime(registry, Settings(data_dir=tmp_path, targets=[HOST]))
-    yield rt
-    rt.close()
+    lstm = MODELS["lstm"]
+    yield from onnxruntime_faster(tmp_path, lstm, InputSpec.from_dicts(lstm.inputs, 4))
 
 
 def test_empty_and_non_finite_requests_are_answered_by_torchscript(lstm_runtime: Runtime) -> None:
