@@ -622,15 +622,20 @@ def import_model(http: httpx.Client, model_dir: Path, table: Table) -> bool:
             return False
         table.add_row(row, str(load.version), str(made), Text("loaded", style="green"))
     try:
-        serving = (answer(http.get(f"/v1/models/{path}")).get("active") or {}).get("version")
+        model = answer(http.get(f"/v1/models/{path}"))
     except (RepositoryError, httpx.TransportError) as exc:
         table.add_row(row, "", "", Text(f"loaded; what serves is unknown: {exc}", style="yellow"))
         return True
+    serving = (model.get("active") or {}).get("version")
     if serving != made:
-        note = (
-            f"serves requests naming no version, not {made}: a default version is set, or {made} "
-            f"repeats an older version's file and configuration; `kiln default {name} {made}` serves it"
-        )
+        if model.get("default_version") is not None:
+            why = f"version {model['default_version']} is the default version"
+        else:
+            why = (
+                f"version {serving} is newer ({made} repeats an older version's file and configuration, "
+                f"or {serving} was uploaded since)"
+            )
+        note = f"serves requests naming no version, not {made}: {why}; `kiln default {name} {made}` serves it"
         table.add_row(row, "", str(serving), Text(note, style="yellow"))
     return True
 

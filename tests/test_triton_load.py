@@ -956,7 +956,8 @@ def test_import_loads_the_versions_triton_would_and_says_what_serves(
     assert done.returncode == 1, done.stdout + done.stderr
     assert versions(server, "newest") == [1]  # Triton's version 2, as Kiln's first
     rollback = rows(done, "rollback")
-    assert len(rollback) == 4 and "serves requests naming no version, not 1" in rollback[3], done.stdout
+    assert len(rollback) == 4, done.stdout
+    assert "serves requests naming no version, not 1: version 2 is newer" in rollback[3], done.stdout
     broken = rows(done, "broken")
     assert "400" in broken[1] and "not loaded: an older version failed" in broken[2], done.stdout
     assert versions(server, "broken") == [1]
