@@ -78,9 +78,14 @@ class EmbeddedQueue:
         return self._workers / f"{hashlib.sha256(worker.encode()).hexdigest()[:32]}.lock"
 
     def enqueue(self, job: JobRecord) -> None:
-        self.registry.update_job(job.id, worker=self.worker)  # first: a failure leaves it to the sweep
-        with self._held_lock:
+        with self._held_lock:  # before the store names this process: its own sweep may read it
             self._held.add(job.id)
+        try:
+            self.registry.update_job(job.id, worker=self.worker)
+        except Exception:  # not held, then: the sweep takes it up
+            with self._held_lock:
+                self._held.discard(job.id)
+            raise
         self.pool.submit(self._run, job.id)
 
     def _run(self, job_id: str) -> None:
@@ -122,8 +127,9 @@ class EmbeddedQueue:
         return {queue_name(t): unsettled[t] for t in self.settings.host_targets()}
 
     def close(self) -> None:
+        # The lock file stays held until the process exits: a compile under way goes on until
+        # then (Python waits for the pool's threads), and no other process may take it up.
         self.pool.shutdown(wait=False, cancel_futures=True)
-        self._alive.close()
 
 
 def make_broker(settings: Settings) -> RedisBroker:

@@ -220,10 +220,14 @@ def compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     FAILURES.clear()
 
 
-def hold(store: Path, data_dir: Path, job_id: str, holding: Any) -> None:
-    """Another process of the server, which enqueues the job and compiles it until it is killed."""
+def hold(store: Path, data_dir: Path, job_id: str, holding: Any, close: bool = False) -> None:
+    """Another process of the server, which enqueues the job and compiles it until it is killed;
+    with `close`, one that is shutting down: its queue closed, the compile still going."""
     registry = Registry(LocalStore(store))
-    EmbeddedQueue(registry, Settings(data_dir=data_dir)).enqueue(registry.get_job(job_id))
+    queue = EmbeddedQueue(registry, Settings(data_dir=data_dir))
+    queue.enqueue(registry.get_job(job_id))
+    if close:
+        queue.close()
     holding.set()
     time.sleep(60)
 
@@ -258,6 +262,54 @@ def test_embedded_jobs_that_no_live_process_holds_are_taken_up_once(
         assert compiles == [dead.id]  # one compile at a time (KILN_COMPILE_WORKERS), the others queued
     finally:
         other.kill()
+        queue.close()
+
+
+def test_a_compile_that_goes_on_after_its_queue_closed_is_not_taken_up(
+    tmp_path: Path, compiles: list[str]
+) -> None:
+    """A server stopping waits for the compile under way: until its process exits, no other
+    process (a sibling, or the server started again) may take the job up and compile it twice."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    job = one_lost_job(registry)
+    settings = Settings(data_dir=tmp_path / "data")
+    fork = multiprocessing.get_context("fork")
+    holding = fork.Event()
+    stopping = fork.Process(target=hold, args=(tmp_path / "store", settings.data_dir, job.id, holding, True))
+    stopping.start()
+    queue = EmbeddedQueue(registry, settings)
+    try:
+        assert holding.wait(30)
+        assert take_up_unheld(registry, queue, older_than_s=0) == []
+        os.kill(stopping.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        stopping.join(10)
+        assert take_up_unheld(registry, queue, older_than_s=0) == [job.id]
+    finally:
+        stopping.kill()
+        queue.close()
+
+
+def test_a_sweep_while_a_job_is_enqueued_leaves_it_to_the_enqueue(
+    tmp_path: Path, compiles: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep reads the job just as its enqueue has named this process in the store: the
+    job is held already, and compiled once."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    job = one_lost_job(registry)
+    queue = EmbeddedQueue(registry, Settings(data_dir=tmp_path / "data", compile_workers=2))
+    swept: list[str] = []
+    update_job = registry.update_job
+
+    def then_a_sweep(job_id: str, **fields: Any) -> None:
+        update_job(job_id, **fields)
+        swept.extend(take_up_unheld(registry, queue, older_than_s=0))
+
+    monkeypatch.setattr(registry, "update_job", then_a_sweep)
+    try:
+        queue.enqueue(job)
+        assert swept == []
+        wait_until(lambda: compiles == [job.id], 10, "the compile")
+    finally:
         queue.close()
 
 

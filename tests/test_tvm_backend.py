@@ -395,11 +395,12 @@ class Lookups(nn.Module):
         self.embedding = nn.Embedding(10, 4)
         self.register_buffer("table", torch.arange(40.0).reshape(10, 4))
         self.register_buffer("row", torch.arange(10.0) * 3)
+        self.register_buffer("square", torch.arange(100.0).reshape(10, 10))
 
-    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         gathered = torch.gather(self.row.expand(ids.shape[0], 10), 1, ids.abs())  # torch.gather takes no -1
         rows = self.embedding(ids.clamp(0, 9)).sum(1) + self.table[ids[:, 0]] + gathered
-        return rows, self.table[ids[:, 1], ids[:, 2]]
+        return rows, self.table[ids[:, 1], ids[:, 2]], self.square[ids[:, 0], ids[:, 0]]
 
 
 def test_gathers_by_an_input_count_from_the_end_and_never_read_past_their_table() -> None:
@@ -410,7 +411,7 @@ def test_gathers_by_an_input_count_from_the_end_and_never_read_past_their_table(
     candidate, expected = tvm_backend().load(compile_packed(model, spec)), reference(model, spec)
     ids = np.array([[-1, 2, 3, 4], [-9, 0, -4, -3], [7, 1, 1, 1]], np.int64)
     got, want = candidate.run({"ids": ids}), expected.run({"ids": ids})
-    for name in ("output0", "output1"):
+    for name in ("output0", "output1", "output2"):
         np.testing.assert_array_equal(got[name], want[name])
     for huge in ([[10**12, 0, 1, 2]], [[0, 10**12, 1, 2]], [[0, 1, -(10**12), 2]], [[0, 1, 2, 10**12]]):
         assert all(np.isfinite(out).all() for out in candidate.run({"ids": np.array(huge)}).values())

@@ -178,14 +178,17 @@ def _index_tensor(node: fx.Node, importer: Any) -> relax.Expr:
     """`x[i, j]` by integer tensors: TVM's index_tensor reads out of bounds as gather_elements
     does. TVM's own converter, given each index taken into its dim."""
     x, index_nodes = importer.env[node.args[0]], cast(list[fx.Node | None], node.args[1])
-    given = [n for n in index_nodes if isinstance(n, fx.Node)]
-    if len(set(given)) < len(given):
-        raise ConversionError("tvm: one tensor indexes two dims (`x[i, i]`)")
-    saved = {}
+    axes: dict[fx.Node, list[int]] = {}
     for axis, index_node in enumerate(index_nodes):
         if isinstance(index_node, fx.Node):
-            saved[index_node] = importer.env[index_node]
-            importer.env[index_node] = _within(importer, saved[index_node], x, axis)
+            axes.setdefault(index_node, []).append(axis)
+    saved = {}
+    for index_node, its_axes in axes.items():
+        # One tensor for several dims (`t[i, i]`) is taken into them all where they are one size.
+        if len({str(x.ty.shape[axis]) for axis in its_axes}) > 1:
+            raise ConversionError("tvm: one tensor indexes dims of different sizes (`x[i, i]`)")
+        saved[index_node] = importer.env[index_node]
+        importer.env[index_node] = _within(importer, saved[index_node], x, its_axes[0])
     try:
         return importer._index_tensor(node)
     finally:
