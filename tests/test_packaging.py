@@ -452,6 +452,23 @@ def test_base_has_in_cluster_redis_and_both_worker_classes() -> None:
     assert redis["args"][redis["args"].index("--appendonly") + 1] == "yes"
 
 
+def test_only_kilns_pods_reach_redis() -> None:
+    docs = render_kustomize()
+    policy = find(docs, "NetworkPolicy", "redis")
+    selects = policy["spec"]["podSelector"]["matchLabels"].items()
+    assert selects <= find(docs, "StatefulSet", "redis")["spec"]["template"]["metadata"]["labels"].items()
+    [rule] = policy["spec"]["ingress"]
+    assert [port["port"] for port in rule["ports"]] == [6379]
+    [source] = rule["from"]
+    [expression] = source["podSelector"]["matchExpressions"]
+    allowed = set(expression["values"]) if expression["operator"] == "In" else set()
+    for doc in docs:
+        if doc["kind"] in ("Deployment", "StatefulSet"):
+            labels = doc["spec"]["template"]["metadata"]["labels"]
+            kiln = doc["metadata"]["name"].startswith("kiln-")
+            assert (labels.get(expression["key"]) in allowed) == kiln, doc["metadata"]["name"]
+
+
 def test_every_kiln_pod_announces_where_its_metrics_are() -> None:
     """The API's /metrics on its HTTP port, and each worker's on KILN_WORKER_METRICS_PORT, for a
     Prometheus that finds its targets by annotation."""
@@ -480,7 +497,7 @@ def test_cpu_only_overlay_drops_only_the_gpu_worker() -> None:
 def test_external_redis_overlay_replaces_in_cluster_redis_with_a_secret() -> None:
     base = names(render_kustomize())
     docs = render_kustomize(ROOT / "deploy" / "overlays" / "external-redis")
-    in_cluster = {("StatefulSet", "redis"), ("Service", "redis")}
+    in_cluster = {("StatefulSet", "redis"), ("Service", "redis"), ("NetworkPolicy", "redis")}
     assert names(docs) == (base - in_cluster) | {("Secret", "kiln-redis")}
     assert "KILN_REDIS_URL" not in find(docs, "ConfigMap", "kiln-config")["data"]
     secret = find(docs, "Secret", "kiln-redis")
