@@ -9,7 +9,8 @@ import logging
 import os
 import socket
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from compiler.artifact import Artifact, artifact_key
 from compiler.backends import REFERENCE, get_backend, reference_target
@@ -43,6 +44,11 @@ log = logging.getLogger("kiln.jobs")
 # that keeps killing its worker, failing or losing its message fails its variant with a reason,
 # rather than loop forever.
 MAX_ATTEMPTS = 12
+# Seconds between the tries at storing a finished compile's results while the store is out: an
+# hour of tuning is not thrown away for a blink of Redis.
+KEEP_WAITS_S = (1.0, 2.0, 4.0, 8.0)
+
+T = TypeVar("T")
 
 
 def this_worker() -> str:
@@ -241,19 +247,35 @@ def _compile(
         baseline_latency_ms_by_batch=report["baseline_latency_ms"],
     )
     Artifact.unpack(packed)  # never store bytes that would not load back
-    if report["new_tuning_records"]:
-        tuning.save_records(registry.store, job.target, settings.threads, report["new_tuning_records"])
-    if report["tuning"]:
-        registry.update_job(job.id, tuning=report["tuning"])
-    if registry.get_variant(job.variant_id) is None:
-        # Its model was deleted while it compiled: stored now, the artifact would belong to
-        # nothing, and no deletion would ever collect it. (Tuning records are kept: any model
-        # may reuse them.)
-        log.info("job %s: its model was deleted while it compiled; dropping the artifact", job.id)
-        return False
-    registry.put_artifact(record, packed)
-    _mark_ready(registry, job, key, record, cache_hit=False)
-    return True
+
+    def keep() -> bool:  # each write may be done twice
+        if report["new_tuning_records"]:
+            tuning.save_records(registry.store, job.target, settings.threads, report["new_tuning_records"])
+        if report["tuning"]:
+            registry.update_job(job.id, tuning=report["tuning"])
+        if registry.get_variant(job.variant_id) is None:
+            # Its model was deleted while it compiled: stored now, the artifact would belong to
+            # nothing, and no deletion would ever collect it. (Tuning records are kept: any model
+            # may reuse them.)
+            log.info("job %s: its model was deleted while it compiled; dropping the artifact", job.id)
+            return False
+        registry.put_artifact(record, packed)
+        _mark_ready(registry, job, key, record, cache_hit=False)
+        return True
+
+    return _through_outage(job, keep)
+
+
+def _through_outage(job: JobRecord, write: Callable[[], T]) -> T:
+    """A finished compile's results, written again through a store outage of up to about
+    KEEP_WAITS_S's sum: only then does the queue's retry throw the compile away and start anew."""
+    for wait in KEEP_WAITS_S:
+        try:
+            return write()
+        except StoreUnavailableError as exc:
+            log.warning("job %s: its results are not stored yet (%s); again in %g s", job.id, exc, wait)
+            time.sleep(wait)
+    return write()
 
 
 def _mark_ready(

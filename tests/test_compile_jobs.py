@@ -20,7 +20,7 @@ from compiler.hardware import local_targets
 from compiler.pipeline import compile_to_bytes
 from service import jobs
 from service.jobs import run_compile_job
-from service.records import JobRecord, JobStatus, VariantStatus
+from service.records import ArtifactRecord, JobRecord, JobStatus, VariantStatus
 from service.registry import Registry
 from service.sandbox import CANCEL_CHECK_S
 from service.settings import Settings
@@ -187,3 +187,34 @@ def test_progress_the_store_cannot_record_does_not_stop_the_compile(
     variant = registry.get_variant(job.variant_id)
     assert variant is not None and variant.status == VariantStatus.ready, variant
     assert registry.get_job(job.id).status == JobStatus.succeeded
+
+
+def test_a_finished_compile_is_stored_through_a_short_outage(
+    registry: Registry,
+    handshake: Path,
+    worker: Callable[[JobRecord], threading.Thread],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store is out just as the compile ends: its results are written again a moment later,
+    not thrown away for the queue's retry to compile anew."""
+    job = queued_job(registry)
+    put_artifact, refused = registry.put_artifact, []
+
+    def out_once(record: ArtifactRecord, data: bytes) -> None:
+        if not refused:
+            refused.append(record.key)
+            raise StoreUnavailableError("the store is down")
+        put_artifact(record, data)
+
+    monkeypatch.setattr(registry, "put_artifact", out_once)
+    failures: list[BaseException] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
+    thread = worker(job)
+    _child_started(handshake)
+    (handshake / "go").touch()
+    thread.join(120)
+    assert not thread.is_alive() and failures == [] and refused
+    variant = registry.get_variant(job.variant_id)
+    assert variant is not None and variant.status == VariantStatus.ready, variant
+    done = registry.get_job(job.id)
+    assert (done.status, done.attempts) == (JobStatus.succeeded, 1)
