@@ -110,6 +110,18 @@ def _child_started(handshake: Path) -> int:
     return int(pid_file.read_text())
 
 
+def run_to_ready(registry: Registry, handshake: Path, thread: threading.Thread, job: JobRecord) -> JobRecord:
+    """Let the compile under way go on; it must end with its variant ready."""
+    (handshake / "go").touch()
+    thread.join(120)
+    assert not thread.is_alive()
+    variant = registry.get_variant(job.variant_id)
+    assert variant is not None and variant.status == VariantStatus.ready, variant
+    done = registry.get_job(job.id)
+    assert done.status == JobStatus.succeeded
+    return done
+
+
 def test_deleting_the_model_stops_its_running_compile(
     registry: Registry,
     handshake: Path,
@@ -154,12 +166,7 @@ def test_a_store_outage_while_it_compiles_does_not_stop_it(
     seen = _wait_for(lambda: failed_reads, 2 * CANCEL_CHECK_S + 3)
     outage.clear()
     assert seen, "the running compile did not look for its variant during the outage"
-    (handshake / "go").touch()
-    thread.join(120)
-    assert not thread.is_alive()
-    variant = get_variant(job.variant_id)
-    assert variant is not None and variant.status == VariantStatus.ready, variant
-    assert registry.get_job(job.id).status == JobStatus.succeeded
+    run_to_ready(registry, handshake, thread, job)
 
 
 def test_progress_the_store_cannot_record_does_not_stop_the_compile(
@@ -180,13 +187,8 @@ def test_progress_the_store_cannot_record_does_not_stop_the_compile(
     monkeypatch.setattr(registry, "set_stage", down)
     thread = worker(job)
     _child_started(handshake)
-    (handshake / "go").touch()
-    thread.join(120)
-    assert not thread.is_alive()
+    run_to_ready(registry, handshake, thread, job)
     assert VariantStatus.verifying in lost
-    variant = registry.get_variant(job.variant_id)
-    assert variant is not None and variant.status == VariantStatus.ready, variant
-    assert registry.get_job(job.id).status == JobStatus.succeeded
 
 
 def test_a_finished_compile_is_stored_through_a_short_outage(
@@ -211,10 +213,5 @@ def test_a_finished_compile_is_stored_through_a_short_outage(
     monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
     thread = worker(job)
     _child_started(handshake)
-    (handshake / "go").touch()
-    thread.join(120)
-    assert not thread.is_alive() and failures == [] and refused
-    variant = registry.get_variant(job.variant_id)
-    assert variant is not None and variant.status == VariantStatus.ready, variant
-    done = registry.get_job(job.id)
-    assert (done.status, done.attempts) == (JobStatus.succeeded, 1)
+    assert run_to_ready(registry, handshake, thread, job).attempts == 1
+    assert failures == [] and refused
