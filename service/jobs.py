@@ -10,7 +10,7 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from compiler.artifact import Artifact, artifact_key
 from compiler.backends import REFERENCE, get_backend, reference_target
@@ -47,8 +47,6 @@ MAX_ATTEMPTS = 12
 # Seconds between the tries at storing a finished compile's results while the store is out: an
 # hour of tuning is not thrown away for a blink of Redis.
 KEEP_WAITS_S = (1.0, 2.0, 4.0, 8.0)
-
-T = TypeVar("T")
 
 
 def this_worker() -> str:
@@ -266,7 +264,7 @@ def _compile(
     return _through_outage(job, keep)
 
 
-def _through_outage(job: JobRecord, write: Callable[[], T]) -> T:
+def _through_outage(job: JobRecord, write: Callable[[], bool]) -> bool:
     """A finished compile's results, written again through a store outage of up to about
     KEEP_WAITS_S's sum: only then does the queue's retry throw the compile away and start anew."""
     for wait in KEEP_WAITS_S:
