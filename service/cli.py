@@ -591,7 +591,7 @@ def import_model(http: httpx.Client, model_dir: Path, table: Table) -> bool:
     """Load the versions of one model directory, oldest first, each with a row: the Kiln version
     it became, or why not. A failed one ends the model's, since a newer one would serve in its
     place. Whether every version loaded and the newest serves."""
-    from service.triton_repository import RepositoryError, version_loads
+    from service.triton_repository import VERSION_HEADER, RepositoryError, version_loads
 
     try:
         loads = version_loads(model_dir)
@@ -609,10 +609,14 @@ def import_model(http: httpx.Client, model_dir: Path, table: Table) -> bool:
     for i, load in enumerate(loads):
         try:
             # A load checks the model by running it (up to KILN_VALIDATE_TIMEOUT_S), then warms it up.
-            body, sha256 = load.request()
-            answer(http.post(f"/v2/repository/models/{path}/load", json=body, timeout=SLOW_S))
-            versions = answer(http.get(f"/v1/models/{path}"))["versions"]
-            made = max(v["version"] for v in versions if v["sha256"] == sha256)
+            loaded = http.post(f"/v2/repository/models/{path}/load", json=load.request(), timeout=SLOW_S)
+            answer(loaded)
+            # The version the server made or found: an identical earlier upload is found, and
+            # another version may hold the same file under another configuration.
+            header = loaded.headers.get(VERSION_HEADER, "")
+            if not header.isdecimal():
+                raise NotKiln(f"{loaded.request.url} did not name the version it loaded; is --url Kiln's?")
+            made = int(header)
         except (RepositoryError, httpx.TransportError) as exc:
             table.add_row(row, str(load.version), "", Text(str(exc) or type(exc).__name__, style="red"))
             for later in loads[i + 1 :]:

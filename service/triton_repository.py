@@ -10,7 +10,6 @@ configuration and files (service/api/triton_load.py), oldest first, so that the 
 from __future__ import annotations
 
 import base64
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,8 @@ from google.protobuf import json_format, text_format
 from tritonclient.grpc import model_config_pb2 as config_pb
 
 CONFIG = "config.pbtxt"
+# Names, on a load's answer, the Kiln version its files became (Triton's answer is empty).
+VERSION_HEADER = "Kiln-Model-Version"
 # The PyTorch backend's file name when the configuration names none.
 DEFAULT_FILENAME = "model.pt"
 # Triton ignores a version directory not named by a number, or whose name starts with 0.
@@ -55,14 +56,10 @@ class VersionLoad:
         """Each file's content, by its `file:` path."""
         return {path: read(file) for path, file in self.files.items()}
 
-    def request(self) -> tuple[dict[str, Any], str]:
-        """The HTTP load request, each file's content in base64, and the model file's sha256, as
-        Kiln records the version it makes of it: each file read once."""
-        contents = self.contents()
-        files = {path: base64.b64encode(content).decode() for path, content in contents.items()}
-        return {"parameters": {"config": self.config, **files}}, hashlib.sha256(
-            contents[self.model_path]
-        ).hexdigest()
+    def request(self) -> dict[str, Any]:
+        """The HTTP load request, each file's content in base64."""
+        files = {path: base64.b64encode(content).decode() for path, content in self.contents().items()}
+        return {"parameters": {"config": self.config, **files}}
 
 
 def model_dirs(repository: Path) -> tuple[list[Path], list[Path]]:

@@ -758,6 +758,21 @@ REFUSED = [
     ("no inputs", {"config": {"max_batch_size": 8}, "files": {"file:1/model.pt": MODEL}}, 400, "input: list"),
     ("an array", {"config": "[]", "files": {"file:1/model.pt": MODEL}}, 400, "is a JSON object"),
     (
+        "rows beside a whole input",
+        {
+            "config": {
+                "max_batch_size": 0,
+                "input": [
+                    {"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 64]},
+                    {"name": "scale", "data_type": "TYPE_FP32", "dims": [1]},
+                ],
+            },
+            "files": {"file:1/model.pt": MODEL},
+        },
+        400,
+        "input ['x']: with max_batch_size 0, Kiln reads a first dimension of -1 as rows",
+    ),
+    (
         "a negative batch",
         {"config": triton_config("refused", max_batch_size=-4), "files": {"file:1/model.pt": MODEL}},
         400,
@@ -933,6 +948,27 @@ def test_kiln_imports_a_triton_model_repository(
     assert versions(server, "imported") == [1, 2]
     missing = import_triton(server, str(repo), "--model", "nope")
     assert missing.returncode == 1 and "no model directory" in missing.stdout
+
+
+def test_import_names_the_version_it_found_when_another_holds_its_file(
+    server: KilnServer, tmp_path: Path
+) -> None:
+    """The file imported again after an upload of it under another configuration: the import
+    finds its own version, not the newest holding the file, and says that the newest serves."""
+    repo = tmp_path / "models"
+    model_dir(
+        repo, "twice", CONFIG_PBTXT.replace(' label_filename: "labels.txt"', ""), {"1": MLP.torchscript()}
+    )
+    first = import_triton(server, str(repo))
+    assert [cells(row) for row in rows(first, "twice")] == [["twice", "1", "1", "loaded"]], first.stdout
+    with httpx.Client(base_url=server.url, headers=admin(), timeout=60) as http:
+        assert upload(http, MLP, name="twice", backends=[], max_batch_size=4).status_code == 202
+    again = import_triton(server, str(repo))
+    assert again.returncode == 0, again.stdout + again.stderr
+    found = rows(again, "twice")
+    assert cells(found[0]) == ["twice", "1", "1", "loaded"], again.stdout
+    assert "serves requests naming no version, not 1: version 2 is newer" in found[1], again.stdout
+    assert versions(server, "twice") == [1, 2]
 
 
 def test_import_loads_the_versions_triton_would_and_says_what_serves(

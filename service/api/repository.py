@@ -24,6 +24,7 @@ from service.errors import BadRequestError, PayloadTooLargeError
 from service.registry import ModelView
 from service.router import servable
 from service.store import StoreUnavailableError
+from service.triton_repository import VERSION_HEADER
 
 log = logging.getLogger("kiln.api")
 
@@ -102,6 +103,18 @@ def index(svc: Services, ready_only: bool) -> list[dict[str, Any]]:
     # base64, and the route bounds it itself (FastAPI's route limit cannot read the settings).
     max_body_size=2**62,
     response_class=Response,
+    responses={
+        200: {
+            "description": "Loaded; Triton's empty answer.",
+            "headers": {
+                VERSION_HEADER: {
+                    "description": "With a config: the version it made, or found when the files "
+                    "and configuration repeat an earlier version's, or changed.",
+                    "schema": {"type": "integer"},
+                }
+            },
+        }
+    },
 )
 async def load_model(name: str, request: Request, svc: ServicesDep) -> Response:
     # A model file travels in base64, a third larger than the KILN_MAX_UPLOAD_MB it is held to.
@@ -114,8 +127,8 @@ async def load_model(name: str, request: Request, svc: ServicesDep) -> Response:
             f"({svc.settings.max_upload_mb} MB) takes in base64, with its configuration"
         ) from None
     load = await run_in_threadpool(http_load_request, body) if body.strip() else LoadRequest(None, {})
-    await triton_load(svc, name, load)
-    return Response()
+    made = await triton_load(svc, name, load)
+    return Response(headers={} if made is None else {VERSION_HEADER: str(made)})
 
 
 def http_load_request(body: bytes) -> LoadRequest:
@@ -131,16 +144,19 @@ def http_load_request(body: bytes) -> LoadRequest:
     return load_request({k: v for k, v in parameters.items() if k not in files}, files)
 
 
-async def triton_load(svc: Services, name: str, load: LoadRequest) -> None:
+async def triton_load(svc: Services, name: str, load: LoadRequest) -> int | None:
     """Triton's load: the configuration and files, if any, then the model back in service, its
-    serving runners loaded and warmed up in this process; unless it was unloaded meanwhile."""
+    serving runners loaded and warmed up in this process; unless it was unloaded meanwhile. The
+    version a configuration made, found or changed."""
     since = await run_in_threadpool(svc.registry.last_unload, name)
+    made = None
     if load.config is not None:
-        await run_in_threadpool(load_with, svc, name, load)
+        made = await run_in_threadpool(load_with, svc, name, load)
     elif svc.repository is not None:  # its directory read again, as tritonserver's load does
         await run_in_threadpool(svc.repository.reload, svc, name)
     if await run_in_threadpool(in_service, svc, name, since):
         await run_in_threadpool(svc.runtime.warm, name)
+    return made
 
 
 def in_service(svc: Services, name: str, since: str | None) -> bool:

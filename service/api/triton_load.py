@@ -185,6 +185,14 @@ def triton_config(text: str, name: str) -> Any:
         )
     if config.name and config.name != name:
         raise BadRequestError(f"config: name {config.name!r} is not the model loaded, {name!r}")
+    rows = [t.name for t in config.input if t.dims[:1] == [-1]]
+    if not config.max_batch_size and rows and not takes_rows(config):
+        # Kiln reads a leading -1 as the rows all inputs share: ids [-1] beside scale [1] would
+        # load and then refuse every request of more than one id.
+        raise BadRequestError(
+            f"config: input {rows}: with max_batch_size 0, Kiln reads a first dimension of -1 as "
+            "rows that every input has; begin every input's dims with -1, or none"
+        )
     foreign = foreign_platform(config)
     if foreign is not None:
         raise BadRequestError(f"config: {foreign}")

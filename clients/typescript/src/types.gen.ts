@@ -2851,7 +2851,7 @@ export type V2RepositoryLoadError = V2RepositoryLoadErrors[keyof V2RepositoryLoa
 
 export type V2RepositoryLoadResponses = {
     /**
-     * Successful Response
+     * Loaded; Triton's empty answer.
      */
     200: unknown;
 };
