@@ -256,7 +256,8 @@ class ModelConfig(ServingConfig):
     def backend_requests(self) -> list[BackendRequest]:
         requests = as_requests(self.backends)
         tuned = tuned_tvm(self.tuning_trials)
-        if self.tuning_trials and any(r.name == "tvm" for r in requests) and tuned not in requests:
+        # Whatever backends lists, as POST .../variants does: tuning_trials asks for it.
+        if self.tuning_trials and tuned not in requests:
             requests.append(tuned)  # last, so it queues behind the quick variants
         return requests
 

@@ -115,6 +115,27 @@ def test_a_sample_the_model_fails_on(http: httpx.Client) -> None:
     assert "the model failed on samples[0]: RuntimeError" in detail and "index out of range" in detail
 
 
+def test_a_sample_that_does_not_fit_is_named(http: httpx.Client) -> None:
+    config = MLP.config(name="sampled", samples=[{"x": [[0.5] * 64]}, {"y": [[0.5] * 64]}])
+    detail = problem(post_upload(http, json.dumps(config), MLP.torchscript()), 422)
+    assert detail.startswith("config.samples[1]: missing input(s) ['x']"), detail  # was config.inputs
+
+
+def test_a_body_not_sent_as_json_says_so(http: httpx.Client) -> None:
+    """curl -d sends a form's content type, and FastAPI then reads no JSON: its 422 said the
+    body was not an object."""
+    response = http.put(
+        "/v1/models/mlp/default-version",
+        content=b'{"version": 1}',
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
+    detail = problem(response, 422)
+    assert detail.startswith(
+        "send the body as JSON with Content-Type: application/json, not application/x-www-form-urlencoded"
+    ), detail
+    assert http.put("/v1/models/nope/default-version", json={"version": 1}).status_code == 404  # read
+
+
 def test_unknown_backend(http: httpx.Client) -> None:
     config = json.dumps(MLP.config(backends=["nope"]))
     assert "nope" in problem(post_upload(http, config, MLP.torchscript()), 422)

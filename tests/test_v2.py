@@ -59,6 +59,14 @@ class Complex(nn.Module):
 
 SEQUENCE = models.TestModel("sequence", Sequence, [{"name": "x", "dtype": "float32", "shape": [-1, -1, 4]}])
 COMPLEX = models.TestModel("complex", Complex, [{"name": "x", "dtype": "float32", "shape": [-1, 4]}])
+
+
+class Brain(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.bfloat16)
+
+
+BRAIN = models.TestModel("brain", Brain, [{"name": "x", "dtype": "float32", "shape": [-1, 4]}])
 HEADS = models.TestModel(
     "heads",
     TwoHeads,
@@ -332,6 +340,11 @@ def test_output_dims_that_follow_an_inputs_length(server: KilnServer, http: http
         assert upload(admin, SEQUENCE, backends=[]).status_code == 202
         refused = upload(admin, COMPLEX, backends=[])
         assert refused.status_code == 400 and "complex64, which no inference protocol carries" in refused.text
+        bf16 = upload(admin, BRAIN, backends=[])  # numpy has no bfloat16: it was "the model failed"
+        assert (
+            bf16.status_code == 400
+            and "'output0' has dtype torch.bfloat16, which Kiln cannot serve" in bf16.text
+        )
     metadata = http.get("/v2/models/sequence").json()
     assert [o["shape"] for o in metadata["outputs"]] == [[-1, -1, 4], [-1, 4]]
     config = http.get("/v2/models/sequence/config").json()
@@ -612,6 +625,21 @@ def test_labels_are_checked_at_upload(admin: httpx.Client, labels: object, messa
     assert response.status_code == 422, response.text
     assert message in response.json()["detail"]
     assert admin.get("/v1/models/mislabelled").status_code == 404  # nothing stored
+
+
+def test_an_upload_config_past_starlette_s_1_mib_is_read_and_past_32_mib_refused(admin: httpx.Client) -> None:
+    """Labels and samples up to their own limits make a config larger than Starlette's default
+    1 MiB for a form field, which refused them with a 400 that named nothing."""
+    config = json.dumps(MLP.config(name="padded", backends=[]))
+
+    def post(padding: int) -> httpx.Response:
+        body = {"config": config + " " * padding}  # JSON's whitespace: as large as labels can be
+        return admin.post("/v1/models", files={"file": ("m.pt", MLP.torchscript())}, data=body)
+
+    assert post(3 << 19).status_code == 202
+    refused = post(33 << 20)
+    assert refused.status_code == 413, refused.text
+    assert "the form field config is over 32 MiB" in refused.json()["detail"]
 
 
 def test_labels_are_checked_when_changed(admin: httpx.Client) -> None:

@@ -37,6 +37,10 @@ def test_what_a_request_asks_to_compile() -> None:
     more = CompileIn(backends=["onnxruntime"], tuning_trials=500).requests(config)
     assert [(r.name, r.options) for r in more] == [("onnxruntime", {}), ("tvm", {"tuning_trials": 500})]
     assert CompileIn(tuning_trials=64).requests(config) == CompileIn().requests(config)  # not twice
+    # Asked for whatever backends lists; it was dropped unless they listed tvm.
+    for backends in [["onnxruntime"], []]:
+        alone = ModelConfig.model_validate(MLP.config(backends=backends, tuning_trials=64))
+        assert [r.model_dump() for r in alone.backend_requests()][len(backends) :] == [tuned], backends
     # JSON's 64.0 is the same option as 64, so the same variant.
     same = CompileIn.model_validate({"backends": [{"name": "tvm", "options": {"tuning_trials": 64.0}}]})
     assert [options_key(r.options) for r in same.requests(config)] == ['{"tuning_trials": 64}']

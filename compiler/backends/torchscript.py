@@ -46,9 +46,17 @@ class TorchScriptRunner:
         with torch.inference_mode():
             outputs = flatten_outputs(self.module(*tensors))
         return {
-            name: t.detach().contiguous().cpu().numpy()
-            for name, t in zip(output_names(len(outputs)), outputs, strict=True)
+            name: host_array(name, t) for name, t in zip(output_names(len(outputs)), outputs, strict=True)
         }
+
+
+def host_array(name: str, tensor: torch.Tensor) -> np.ndarray:
+    try:
+        return tensor.detach().contiguous().cpu().numpy()
+    except TypeError:  # bfloat16 or a float8: numpy has no such dtype, so no answer can hold it
+        raise InvalidModelError(
+            f"output {name!r} has dtype {tensor.dtype}, which Kiln cannot serve: return it .float()"
+        ) from None
 
 
 class TorchScriptBackend:

@@ -194,6 +194,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         summary="A model server that compiles what it serves.",
         lifespan=lifespan,
         max_body_size=max_bytes,
+        form_limits={"max_part_size": problems.FORM_FIELD_BYTES},
         telemetry=None if settings.opentelemetry else NO_TELEMETRY,
     )
     # Routes match in order. v2 inference comes first, for when the hot path is off (OpenTelemetry

@@ -144,10 +144,13 @@ def parse_config(text: str, svc: Services) -> ModelConfig:
     check_targets(svc, config.targets, "config.targets")
     try:
         spec = config.spec()
-        for sample in config.samples:
-            spec.coerce(sample)
     except CompilerError as exc:
         raise InvalidConfigError(f"config.inputs: {exc}") from None
+    for i, sample in enumerate(config.samples):
+        try:
+            spec.coerce(sample)
+        except CompilerError as exc:
+            raise InvalidConfigError(f"config.samples[{i}]: {exc}") from None
     check_backends(config.backend_requests(), "config.backends", spec.largest_batch)
     check_input_bytes(spec, svc.settings.compile_memory_mb)
     return config

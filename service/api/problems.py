@@ -31,6 +31,10 @@ log = logging.getLogger("kiln.api")
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_REF = "#/components/schemas/Problem"
+# What a form field (an upload's config, its samples and labels in it) may hold; a file is spooled
+# to disk instead. Starlette's default, 1 MiB, refused documented labels and an image's sample.
+FORM_FIELD_BYTES = 32 << 20
+FIELD_TOO_LARGE = "Part exceeded maximum size"  # how Starlette refuses a form field past it
 
 # Compiler and store errors keep their own types; this is where they get an HTTP status.
 STATUS_OF: dict[type[Exception], tuple[int, str]] = {
@@ -100,11 +104,16 @@ class DeclaredTooLarge:
         await self.app(scope, receive, sending)
 
 
-def http_detail(exc: HTTPException) -> str:
-    """What Starlette's own HTTP error says, in words that say what to fix."""
+def http_detail(exc: HTTPException) -> tuple[int, str]:
+    """The status and words of Starlette's own HTTP error, saying what to fix."""
     if exc.status_code == 413:  # a body sent in chunks, past max_body_size
-        return "the request body is larger than KILN_MAX_UPLOAD_MB allows"
-    return str(exc.detail)
+        return 413, "the request body is larger than KILN_MAX_UPLOAD_MB allows"
+    if exc.status_code == 400 and str(exc.detail).startswith(FIELD_TOO_LARGE):
+        return 413, (
+            f"the form field config is over {FORM_FIELD_BYTES >> 20} MiB: give fewer or smaller "
+            "samples, and set labels with PATCH .../serving"
+        )
+    return exc.status_code, str(exc.detail)
 
 
 def _plain(start: Message) -> bool:
@@ -156,15 +165,22 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return problem(422, "Invalid request", validation_detail(exc))
+        detail = validation_detail(exc)
+        content_type = request.headers.get("content-type", "none")
+        # FastAPI reads a body as JSON only when it says so, and curl -d says it is a form.
+        if any(tuple(err.get("loc", ())) == ("body",) for err in exc.errors()) and "json" not in content_type:
+            detail = (
+                f"send the body as JSON with Content-Type: application/json, not {content_type}; {detail}"
+            )
+        return problem(422, "Invalid request", detail)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         if isinstance(unwrapped(exc), ClientDisconnect):
             status, title = STATUS_OF[ClientDisconnect]
             return problem(status, title, "the client closed the connection before its request was in")
-        title = PayloadTooLargeError.title if exc.status_code == 413 else "HTTP error"
-        return problem(exc.status_code, title, http_detail(exc))
+        status, detail = http_detail(exc)
+        return problem(status, PayloadTooLargeError.title if status == 413 else "HTTP error", detail)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

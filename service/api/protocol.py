@@ -32,7 +32,7 @@ def error_of(exc: Exception, where: str) -> tuple[int, str]:
     if isinstance(exc, KilnError):
         return exc.status_code, str(exc)
     if isinstance(exc, HTTPException):
-        return exc.status_code, http_detail(exc)
+        return http_detail(exc)
     if isinstance(exc, RequestValidationError):
         return 400, validation_detail(exc)
     for exc_type, (status, _) in STATUS_OF.items():
