@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     # (ResNet-18 on 2 cores: 3.1 s per trial on one box, 4.9 s on another).
     tuning_s_per_trial: float = 6.0
     validate_timeout_s: float = 120.0
+    # Uploads whose model is checked at once, each in a child allowed compile_memory_mb; the
+    # others wait their turn rather than take the host's memory together.
+    upload_checks: int = Field(default=2, ge=1)
     # Interleaved rounds in which a worker re-times a version's ready variants for its target
     # together, each time one of them turns ready (service.races); 0: compile-time numbers only.
     race_rounds: int = Field(default=RACE_ROUNDS, ge=0, le=50)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -14,12 +15,14 @@ from typing import Any
 
 import httpx
 import numpy as np
+import psutil
 import pytest
 import torch
 
 from tests.client import expected, infer_body, predict, sample, scrape, upload, value
 from tests.models import MODELS, TOKENS
-from tests.servers import KilnServer, RedisServer, running, wait_until
+from tests.repositories import scripted
+from tests.servers import KilnServer, RedisServer, embedded_server, running, wait_until
 
 ADMIN, INFER = "admin-secret", "infer-secret"
 MLP = MODELS["mlp"]
@@ -134,6 +137,37 @@ def test_a_body_not_sent_as_json_says_so(http: httpx.Client) -> None:
         "send the body as JSON with Content-Type: application/json, not application/x-www-form-urlencoded"
     ), detail
     assert http.put("/v1/models/nope/default-version", json={"version": 1}).status_code == 404  # read
+
+
+def test_uploads_are_checked_a_few_at_a_time(tmp_path: Path) -> None:
+    """Each upload's check is a child allowed KILN_COMPILE_MEMORY_MB: a burst of uploads ran them
+    all at once (12 uploads, 13 children), which could take the host's memory."""
+
+    def checks(parent: psutil.Process) -> int:
+        found = 0
+        for child in parent.children(recursive=True):
+            with contextlib.suppress(psutil.Error):  # gone meanwhile
+                found += "spawn_main" in " ".join(child.cmdline())
+        return found
+
+    with (
+        embedded_server(tmp_path, KILN_UPLOAD_CHECKS="1") as server,
+        httpx.Client(base_url=server.url, timeout=120) as http,
+    ):
+        assert server.proc is not None
+        parent, most = psutil.Process(server.proc.pid), 0
+        with ThreadPoolExecutor(3) as pool:
+            sent = [
+                pool.submit(
+                    post_upload, http, json.dumps(MLP.config(name=f"m{seed}", backends=[])), scripted(seed)
+                )
+                for seed in range(3)
+            ]
+            while not all(f.done() for f in sent):
+                most = max(most, checks(parent))
+                time.sleep(0.02)
+        assert [f.result().status_code for f in sent] == [202] * 3
+        assert most == 1
 
 
 def test_unknown_backend(http: httpx.Client) -> None:

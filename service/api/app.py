@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -141,7 +142,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         shutdown = Shutdown()
         app.state.services = Services(
-            settings, registry, queue, runtime, preload, shared, logs, traces, shutdown, repo
+            settings,
+            registry,
+            queue,
+            runtime,
+            preload,
+            shared,
+            logs,
+            traces,
+            shutdown,
+            repo,
+            threading.BoundedSemaphore(settings.upload_checks),
         )
         poll_s = settings.model_repository_poll_s
         poller = None if repo is None or not poll_s else RepositoryPoller(repo, app.state.services, poll_s)

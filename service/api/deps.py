@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
@@ -33,6 +34,7 @@ class Services:
     traces: TraceControl
     shutdown: Shutdown
     repository: Repository | None  # KILN_MODEL_REPOSITORY's
+    checks: threading.BoundedSemaphore  # KILN_UPLOAD_CHECKS: uploads' models checked at once
 
 
 async def services(request: Request) -> Services:

@@ -348,12 +348,13 @@ def inspect(svc: Services, path: str, cfg: ModelConfig) -> tuple[ModelConfig, li
     names, where they are all named so), and the model's outputs: found by running it in a
     sandboxed child process."""
     try:
-        found = run_in_child(
-            inspect_model,
-            (path, cfg.spec().to_dict(), cfg.samples),
-            timeout_s=svc.settings.validate_timeout_s,
-            memory_mb=svc.settings.compile_memory_mb,
-        )
+        with svc.checks:
+            found = run_in_child(
+                inspect_model,
+                (path, cfg.spec().to_dict(), cfg.samples),
+                timeout_s=svc.settings.validate_timeout_s,
+                memory_mb=svc.settings.compile_memory_mb,
+            )
     except SandboxError as exc:
         raise InvalidModelError(f"the model could not be validated: {exc}") from None
     by_name = {t.name: t for t in cfg.inputs}
