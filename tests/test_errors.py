@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import socket
+import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -168,6 +169,37 @@ def test_uploads_are_checked_a_few_at_a_time(tmp_path: Path) -> None:
                 time.sleep(0.02)
         assert [f.result().status_code for f in sent] == [202] * 3
         assert most == 1
+
+
+@contextlib.contextmanager
+def full_disk(path: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` at `path`, which fills as a real disk does."""
+    path.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    ).returncode:
+        pytest.skip("needs to mount a small tmpfs (root) to fill a disk")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+def test_a_full_temporary_disk_is_a_503_that_says_so(tmp_path: Path) -> None:
+    """Uploads are held on the temporary disk, by Starlette past 1 MiB and then by Kiln for the
+    check: full, the first was a 400 "error parsing the body" and the second a 500."""
+    with (
+        full_disk(tmp_path / "tmp", "2m") as tmp,
+        embedded_server(tmp_path, TMPDIR=str(tmp)) as server,
+        httpx.Client(base_url=server.url, timeout=120) as http,
+    ):
+        for features in (1000, 600):  # 4 MB: Starlette's spool; 1.4 MB: Kiln's copy of it
+            buffer = io.BytesIO()
+            torch.jit.save(torch.jit.script(torch.nn.Linear(features, features)), buffer)
+            config = {"name": "big", "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, features]}]}
+            detail = problem(post_upload(http, json.dumps(config), buffer.getvalue()), 503)
+            assert detail.startswith(f"the server's temporary disk ({tmp}) is full"), detail
+        assert http.get("/v1/models/big").status_code == 404
 
 
 def test_unknown_backend(http: httpx.Client) -> None:

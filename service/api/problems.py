@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import logging
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -104,8 +106,21 @@ class DeclaredTooLarge:
         await self.app(scope, receive, sending)
 
 
+def disk_full(exc: BaseException | None) -> bool:
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_detail() -> str:
+    return (
+        f"the server's temporary disk ({tempfile.gettempdir()}) is full: the upload could not be "
+        "held; try again once there is space"
+    )
+
+
 def http_detail(exc: HTTPException) -> tuple[int, str]:
     """The status and words of Starlette's own HTTP error, saying what to fix."""
+    if disk_full(exc.__cause__):  # FastAPI's "error parsing the body", spooling an upload
+        return 503, disk_full_detail()
     if exc.status_code == 413:  # a body sent in chunks, past max_body_size
         return 413, "the request body is larger than KILN_MAX_UPLOAD_MB allows"
     if exc.status_code == 400 and str(exc.detail).startswith(FIELD_TOO_LARGE):
@@ -180,7 +195,14 @@ def install(app: FastAPI) -> None:
             status, title = STATUS_OF[ClientDisconnect]
             return problem(status, title, "the client closed the connection before its request was in")
         status, detail = http_detail(exc)
-        return problem(status, PayloadTooLargeError.title if status == 413 else "HTTP error", detail)
+        title = {413: PayloadTooLargeError.title, 503: "Service unavailable"}.get(status, "HTTP error")
+        return problem(status, title, detail)
+
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError) -> JSONResponse:
+        if disk_full(exc):  # spooling an upload, as its check reads it from a file
+            return problem(503, "Service unavailable", disk_full_detail())
+        return await unexpected(request, exc)
 
     @app.exception_handler(Exception)
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:
