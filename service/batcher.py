@@ -1,8 +1,10 @@
 """Dynamic batching: concurrent requests for one runner are merged, run once and split back.
 
 Like Triton's dynamic batcher: a batch closes when it reaches `max_batch_size`, or the largest
-preferred size that the requests already queued can form, or when its oldest request has waited
-`max_queue_delay_us` since it arrived. Requests keep arriving while a batch runs, so under load
+preferred size that the requests already queued can form, or at least the largest preferred size
+(a request that would take it past that starts the next batch instead), or when its oldest
+request has waited `max_queue_delay_us` since it arrived; a change of these settings applies to
+the batch being collected too. Requests keep arriving while a batch runs, so under load
 batches grow even with no delay at all. With `adaptive_queue_delay` a batch also closes, before
 its delay, once the queue is empty and it holds as many live requests as were waiting or running
 at once at the peak of this batch cycle and the PEAK_CYCLES before: with closed-loop clients
@@ -38,6 +40,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from service.errors import ClientGoneError, KilnError, QueueFullError, TimeoutExpiredError, UnavailableError
+from service.store import StoreUnavailableError
 
 Arrays = dict[str, np.ndarray]
 T = TypeVar("T")  # what `run` returns beside the outputs
@@ -203,7 +206,8 @@ class Batcher(Generic[T]):
         # Not an asyncio.Queue: the collector looks at what is queued to pick a preferred size,
         # and puts back a request that starts the next batch.
         self._queue: _Queue[T] = _Queue()
-        self._arrived = asyncio.Event()
+        # Set when a request arrives or the policy changes: either may close the batch collected.
+        self._wake = asyncio.Event()
         self._batch: list[_Request[T]] = []  # being collected
         self._running: dict[asyncio.Task[None], list[_Request[T]]] = {}  # batches, by their task
         self._task: asyncio.Task[None] | None = None
@@ -254,7 +258,7 @@ class Batcher(Generic[T]):
             level = self.policy.level(priority)
             request = _Request(inputs, batch, future, deadline, priority, level, gone, waiting, on_run)
             self._queue.append(request)
-            self._arrived.set()
+            self._wake.set()
             expiry = None
             if deadline is not None:
                 expiry = asyncio.get_running_loop().call_later(
@@ -291,6 +295,7 @@ class Batcher(Generic[T]):
         self._queue.relevel(policy)
         self._adopt(lanes, peaks)
         self._freed.set()  # more instances, or lanes, may let the next batch form
+        self._wake.set()  # a shorter delay or another preferred size may close the batch collected
 
     def _adopt(self, lanes: Sequence[Executor] | None, peaks: int | None) -> None:
         if lanes is not None:
@@ -436,19 +441,21 @@ class Batcher(Generic[T]):
         if task is not None and not task.done():
             task.get_loop().call_soon_threadsafe(task.cancel)
 
-    async def _next(self, timeout: float | None) -> _Request[T] | None:
-        while not self._queue:
-            if timeout is not None and timeout <= 0:
-                return None
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), timeout)
-            except TimeoutError:
-                return None
-        return self._queue.popleft()
+    async def _wait(self, timeout: float | None) -> None:
+        """Until a request arrives, the policy changes or `timeout` passes."""
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), timeout)
+
+    def _largest(self) -> int:
+        """The size no batch grows past: max_batch_size, or the largest preferred size, as Triton
+        sends a batch that reached that at once, and one that the next request would take past
+        it without that request."""
+        policy = self.policy
+        return min(policy.max_batch_size, max(policy.preferred_batch_sizes, default=policy.max_batch_size))
 
     def _fits(self, request: _Request[T], first: _Request[T], size: int) -> bool:
-        return request.signature == first.signature and size + request.batch <= self.policy.max_batch_size
+        return request.signature == first.signature and size + request.batch <= self._largest()
 
     def _recent_peak(self) -> int:
         return max(self._peak, *self._peaks)
@@ -465,32 +472,38 @@ class Batcher(Generic[T]):
         return False
 
     async def _collect(self) -> list[_Request[T]]:
-        first = await self._next(None)
-        assert first is not None
+        while not self._queue:
+            await self._wait(None)
+        first = self._queue.popleft()
         self._batch = batch = [first]
         size = first.batch
-        # From the oldest arrival in the batch, as in Triton: under load the oldest request has
-        # often waited for the batch before this one already, and should not wait a whole delay
-        # more. With priority levels a later one may come first, and an older join it.
-        delay = self.policy.max_queue_delay_us / 1e6
-        deadline = first.arrived + delay
-        preferred = self.policy.preferred_batch_sizes
-        while size < self.policy.max_batch_size:
-            if size in preferred and not self._queued_grow_to_preferred(first, size):
+        # The delay counts from the oldest arrival in the batch, as in Triton: under load the
+        # oldest request has often waited for the batch before this one already, and should not
+        # wait a whole delay more. With priority levels a later one may come first, and an older
+        # join it.
+        oldest = first.arrived
+        # The policy is read again at each turn: a change applies to the batch being collected.
+        while size < self._largest():
+            if size in self.policy.preferred_batch_sizes and not self._queued_grow_to_preferred(first, size):
                 break
             # Requests running on other lanes count in the peak but cannot join this batch.
             expected = self._recent_peak() - sum(map(_live, self._running.values()))
             if self.policy.adaptive_queue_delay and not self._queue and _live(batch) >= expected:
                 break
-            request = await self._next(deadline - time.monotonic())
-            if request is None:
-                break
+            if not self._queue:
+                left = oldest + self.policy.max_queue_delay_us / 1e6 - time.monotonic()
+                if left <= 0:
+                    break
+                await self._wait(left)
+                continue
+            # Requests already queued join even past the delay: they waited behind a running batch.
+            request = self._queue.popleft()
             if not self._fits(request, first, size):
                 self._queue.appendleft(request)  # starts the next batch
                 break
             batch.append(request)
             size += request.batch
-            deadline = min(deadline, request.arrived + delay)
+            oldest = min(oldest, request.arrived)
         self._peaks.append(self._peak)
         # What is outstanding now, beside batches running on other lanes: the last batch on this
         # lane is answered, though its requests' submit() may not yet have counted them out.
@@ -584,7 +597,9 @@ class Batcher(Generic[T]):
             split_at = time.monotonic()
         except Exception as exc:
             waiting = [r for r in requests if not r.future.done()]
-            if len(waiting) <= 1 or isinstance(exc, KilnError):  # the service's fault, not an input's
+            # The service's fault, not an input's: a rerun would only fail again (an outage of
+            # the store, waited out once by each request).
+            if len(waiting) <= 1 or isinstance(exc, KilnError | StoreUnavailableError):
                 for r in waiting:
                     r.future.set_exception(exc)
                 return

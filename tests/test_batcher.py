@@ -16,6 +16,7 @@ from service import batcher as batcher_module
 from service.batcher import GONE_CHECK_S, PEAK_CYCLES, Arrays, Batcher, BatchPolicy, BatchTiming
 from service.errors import ClientGoneError, QueueFullError, TimeoutExpiredError, UnavailableError
 from service.logs import request_id
+from service.store import StoreUnavailableError
 
 WEIGHTS = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
 
@@ -126,6 +127,59 @@ def test_a_batch_takes_the_largest_preferred_size_the_queue_can_form() -> None:
     assert recorder.calls == [1, 4, 2, 1]
 
 
+def test_a_batch_never_grows_past_the_largest_preferred_size() -> None:
+    """As in Triton: a request that would take the batch past its largest preferred size starts
+    the next batch instead, and the batch runs at once; so does one that holds that size or more
+    from its first request, without waiting out the delay."""
+    recorder = Recorder()
+    policy = BatchPolicy(8, max_queue_delay_us=1_000_000, preferred_batch_sizes=(4,))
+
+    async def main() -> tuple[float, float]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, policy, [pool])
+            sent = time.monotonic()
+            first, second = [asyncio.ensure_future(batcher.submit({"x": x}, 3)) for x in requests(2, batch=3)]
+            await first
+            first_s = time.monotonic() - sent
+            await second  # alone, it waits out the delay
+            sent = time.monotonic()
+            await batcher.submit({"x": requests(1, batch=5)[0]}, 5)
+            alone_s = time.monotonic() - sent
+            batcher.close()
+            return first_s, alone_s
+
+    first_s, alone_s = asyncio.run(main())
+    assert recorder.calls == [3, 3, 5]
+    assert first_s < 0.5, first_s  # not the 1 s delay
+    assert alone_s < 0.5, alone_s
+
+
+@pytest.mark.parametrize(
+    "change",
+    [BatchPolicy(8), BatchPolicy(8, max_queue_delay_us=5_000_000, preferred_batch_sizes=(2,))],
+    ids=["no-delay", "preferred"],
+)
+def test_a_change_of_policy_applies_to_the_batch_being_collected(change: BatchPolicy) -> None:
+    """A request waits out a 5 s delay, until the delay is lowered to 0, or its size made a
+    preferred one: then its batch runs at once, not at the end of the delay it began with."""
+    recorder = Recorder()
+
+    async def main() -> float:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(8, max_queue_delay_us=5_000_000), [pool])
+            waiting = asyncio.ensure_future(batcher.submit({"x": requests(1, batch=2)[0]}, 2))
+            await asyncio.sleep(0.3)
+            changed = time.monotonic()
+            batcher.reconfigure(change)
+            await waiting
+            batcher.close()
+            return time.monotonic() - changed
+
+    elapsed = asyncio.run(main())
+    assert recorder.calls == [2]
+    assert elapsed < 2, elapsed
+
+
 def test_different_shapes_never_merge() -> None:
     recorder = Recorder()
 
@@ -225,6 +279,29 @@ def test_a_failing_merged_batch_fails_only_the_request_that_broke_it() -> None:
         assert isinstance(got, tuple)
         np.testing.assert_allclose(got[0]["y"], xs[i] @ WEIGHTS, rtol=1e-6)
         assert got[1] == 1  # it ran alone
+
+
+def test_a_merged_batch_failed_by_a_store_outage_is_not_run_again() -> None:
+    """An unreachable store is the service's fault (a 503), not an input's: every request of the
+    batch gets it at once, rather than each running again alone to wait on the store again."""
+    calls: list[int] = []
+
+    def unavailable(inputs: Arrays) -> tuple[Arrays, int]:
+        calls.append(len(inputs["x"]))
+        raise StoreUnavailableError("the store cannot be reached")
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(unavailable, BatchPolicy(8, max_queue_delay_us=200_000), [pool])
+            results = await asyncio.gather(
+                *(batcher.submit({"x": x}, 1) for x in requests(6)), return_exceptions=True
+            )
+            batcher.close()
+            return list(results)
+
+    results = asyncio.run(main())
+    assert calls == [6]
+    assert all(isinstance(r, StoreUnavailableError) for r in results), results
 
 
 def test_the_queue_delay_counts_from_a_requests_arrival() -> None:
