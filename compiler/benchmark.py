@@ -19,7 +19,7 @@ class BenchmarkReport:
 
 
 def benchmark_batches(spec: InputSpec) -> list[int]:
-    return sorted({1, spec.max_batch_size}) if spec.batched else [1]
+    return sorted({1, spec.largest_batch})
 
 
 def time_runner(
@@ -27,14 +27,22 @@ def time_runner(
 ) -> float:
     """Median wall time of `runner.run` in ms; stops early once `budget_s` is spent."""
     for _ in range(warmup):
-        runner.run(inputs)
+        runner.run(fresh(inputs))
     samples: list[float] = []
     deadline = time.perf_counter() + budget_s
     while len(samples) < iters and (len(samples) < 3 or time.perf_counter() < deadline):
+        call = fresh(inputs)
         start = time.perf_counter()
-        runner.run(inputs)
+        runner.run(call)
         samples.append((time.perf_counter() - start) * 1000.0)
     return statistics.median(samples)
+
+
+def fresh(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A copy for one call, as each request brings its own: TorchScript runs on views of its
+    inputs, and a model that writes to them (x.mul_(3)) would otherwise change every later call's,
+    until they overflow and the other runners time, or refuse, infinities."""
+    return {name: array.copy() for name, array in inputs.items()}
 
 
 def benchmark(

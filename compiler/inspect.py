@@ -54,13 +54,13 @@ def inspect_model(
         spec = InputSpec(tuple(sorted(spec.inputs, key=lambda t: leading.index(t.name))), spec.max_batch_size)
         runner = TorchScriptRunner(runner.module, spec)
     rng = np.random.default_rng(0)
-    batches = sorted({1, spec.max_batch_size}) if spec.batched else [1]
+    batches = sorted({1, spec.largest_batch})
     shapes = ", ".join(str(t) for t in spec.inputs)
     inputs = [spec.random_inputs(b, rng) for b in batches]
     # Whether rows stand apart is probed at the largest batch, or at PROBE_ROWS rows for a larger
     # one: its inputs again, then with rows changed, from inputs copied before a run may write
     # to them. Probed at fewer rows, a batch of them is run twice first, for its reference.
-    probing = len(batches) > 1
+    probing = len(batches) > 1 and spec.batched  # else no calls merge, and whole inputs have no rows
     probe = min(batches[-1], PROBE_ROWS)
     whole = probe == batches[-1]
     changed = _changed_rows(probe) if probing else np.zeros((0, 1), bool)

@@ -139,8 +139,10 @@ class InputSpec:
 
     @property
     def largest_batch(self) -> int:
-        """The largest batch one call may have."""
-        return self.max_batch_size if self.batched else 1
+        """The largest batch one call may have: as check() takes them, up to max_batch_size rows
+        wherever an input's first dimension is the batch, though only a `batched` spec's calls
+        merge (the others' whole inputs differ)."""
+        return self.max_batch_size if any(t.batched for t in self.inputs) else 1
 
     def nbytes(self, batch: int, fill: int = TRACE_FILL) -> int:
         """The bytes of its inputs at `batch`, other dynamic dims of size `fill`."""

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
+from compiler.benchmark import benchmark_batches
 from compiler.errors import VerificationError
 from compiler.pipeline import CompileOptions, compile_and_check
 from compiler.spec import InputSpec
-from compiler.verify import verify
+from compiler.verify import verification_batches, verify
 
 HOST = "cpu-x86_64-test-avx2"
 
@@ -83,3 +84,28 @@ def test_a_variant_that_narrows_an_output_is_rejected(backend: str) -> None:
     torch.jit.save(torch.jit.script(WideningSum()), buffer)
     with pytest.raises(VerificationError, match="output0: expected int64, got uint8"):
         compile_and_check(buffer.getvalue(), spec, backend, HOST, CompileOptions(threads=1))
+
+
+class EvenRows(torch.nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 2:  # the rows the export traces
+            return x.flip(0) + y
+        return x + y
+
+
+def test_a_spec_with_a_whole_input_is_verified_and_timed_at_the_rows_it_serves() -> None:
+    """y has no batch dimension, so calls never merge; but each may hold up to max_batch_size
+    rows of x. Verified and timed at 1 row only, ONNX Runtime's export (traced at 2 rows) served
+    3 to 6 rows reversed, and a variant faster at 1 row served 64 rows slower than TorchScript."""
+    spec = InputSpec.from_dicts(
+        [
+            {"name": "x", "dtype": "float32", "shape": [-1, 4]},
+            {"name": "y", "dtype": "float32", "shape": [4]},
+        ],
+        6,
+    )
+    assert (verification_batches(spec), benchmark_batches(spec), spec.largest_batch) == ([1, 3, 6], [1, 6], 6)
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(EvenRows()), buffer)
+    with pytest.raises(VerificationError, match="output0: max abs error"):
+        compile_and_check(buffer.getvalue(), spec, "onnxruntime", HOST, CompileOptions(threads=1))

@@ -131,7 +131,8 @@ def decoded(body: bytes, spec: InputSpec, outputs: list[OutputInfo]) -> tuple[in
     values = columns(spec, request.instances)
     check_rows(outputs)
     rows = len(request.instances)
-    size = spec.largest_batch if all(o.rows_apart for o in outputs) else 1  # else each alone
+    # Else each alone: as rows that stand apart of a spec whose every input has them.
+    size = spec.largest_batch if spec.batched and all(o.rows_apart for o in outputs) else 1
     batches = [spec.coerce({n: v[i : i + size] for n, v in values.items()}) for i in range(0, rows, size)]
     for name in spec.names:  # within a batch, coerce refuses ragged rows; across batches, here
         shapes = {tuple(b[name].shape[1:]) for b in batches}
