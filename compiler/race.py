@@ -16,7 +16,7 @@ import numpy as np
 
 from compiler.artifact import Artifact
 from compiler.backends import REFERENCE, get_backend, load_artifact
-from compiler.benchmark import benchmark_batches, time_runner
+from compiler.benchmark import benchmark_batches, fresh, time_runner
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from compiler.threads import set_threads
@@ -80,7 +80,7 @@ def race(
         for b in batches:
             warm_until = time.monotonic() + warmup_s
             while time.monotonic() < warm_until:
-                runners[name].run(inputs[b])
+                runners[name].run(fresh(inputs[b]))
     started = time.monotonic()
     for r in range(rounds):
         if on_round is not None:

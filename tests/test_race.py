@@ -3,6 +3,7 @@ compares numbers measured under the same load rather than at each variant's comp
 
 from __future__ import annotations
 
+import io
 import itertools
 import time
 from collections.abc import Mapping
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from compiler.backends import get_backend
 from compiler.race import race
@@ -38,6 +40,36 @@ class Sleeper:
         self.calls.append((self.name, len(inputs["x"])))
         time.sleep(self.ms / 1000)
         return {"output0": inputs["x"]}
+
+
+class Tripler(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(3.0)
+        return x + 1
+
+
+def test_a_model_that_writes_to_its_inputs_changes_no_other_call_s() -> None:
+    """TorchScript runs on views of its inputs: one array shared by every call was tripled each
+    time, overflowed to inf within the race, and the compiled variants refused it."""
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(Tripler()), buffer)
+    spec = InputSpec.from_dicts([{"name": "x", "dtype": "float32", "shape": [-1, 16]}], 1)
+    torchscript = get_backend("torchscript")
+    seen: list[float] = []
+
+    class Watcher:
+        backend = "test"
+
+        def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+            seen.append(float(np.abs(inputs["x"]).max()))
+            return {"output0": inputs["x"]}
+
+    runners = {
+        "tripler": torchscript.load(torchscript.compile(buffer.getvalue(), spec, "any", {})),
+        "watcher": Watcher(),
+    }
+    race(runners, spec, (1,), rounds=2, round_s=0.05, pause_s=0.0, warmup_s=0.05)
+    assert len(seen) > 100 and len(set(seen)) == 1 and np.isfinite(seen[0]), seen[-3:]
 
 
 def test_rounds_interleave_and_time_every_runner() -> None:
