@@ -152,10 +152,7 @@ def serve(
     """Start the API (embedded mode unless KILN_REDIS_URL is set)."""
     import uvicorn
 
-    # Between requests torch's OpenMP threads spin-wait (by default for up to ~300k spins) and
-    # take the core that the event loop and other requests need. libgomp reads this once, when
-    # torch loads, so it is set before the app is imported. A user's own value wins.
-    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+    quiet_openmp()
 
     from service.logs import logging_config
     from service.settings import get_settings
@@ -207,6 +204,7 @@ def multiprocess_metrics(workers: int) -> Iterator[None]:
 @app.command()
 def worker() -> None:
     """Consume compile jobs for this host's targets (needs KILN_REDIS_URL)."""
+    quiet_openmp()  # its compiles time TorchScript as the API serves it
     from service.logs import setup_logging
     from service.settings import get_settings
     from service.worker import run_worker
@@ -214,6 +212,14 @@ def worker() -> None:
     settings = get_settings()
     setup_logging(settings.log_format)
     run_worker(settings)
+
+
+def quiet_openmp() -> None:
+    """Between requests torch's OpenMP threads spin-wait (by default for up to ~300k spins) and
+    take the core that the event loop and other requests need. libgomp reads this once, when torch
+    loads (in compile children too, which inherit it), so it is set before anything imports torch.
+    A user's own value wins."""
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 
 def json_fields(pairs: list[str] | None) -> dict[str, Any]:

@@ -54,10 +54,13 @@ def this_worker() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
-def variant_key(version: VersionRecord, variant: VariantRecord) -> str:
+def variant_key(version: VersionRecord, variant: VariantRecord, threads: int) -> str:
+    """The artifact's content address: what it was built from, and with. `threads` (KILN_THREADS)
+    is built into ONNX Runtime's sessions and TVM's library, and its timings were taken with it:
+    a host of fewer threads must not take them from the cache."""
     backend = get_backend(variant.backend)
     rtol, atol = version.config.tolerance(variant.options)
-    options: dict[str, Any] = {"rtol": rtol, "atol": atol}
+    options: dict[str, Any] = {"rtol": rtol, "atol": atol, "threads": threads}
     if variant.options:  # absent when empty, so the keys of plain variants never change
         options["backend"] = variant.options
     if version.config.samples:  # verified on them too: an artifact checked without them is another
@@ -100,7 +103,7 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
     if reason is not None:
         _settle_failed(registry, job, VariantStatus.failed, reason)
         return
-    key = variant_key(version, variant)
+    key = variant_key(version, variant, settings.threads)
     cached = registry.get_artifact(key)
     if cached is not None:
         metrics.CACHE_HITS.labels(job.backend).inc()

@@ -242,8 +242,10 @@ def test_fp16_tolerance_and_artifact_keys() -> None:
     assert config.tolerance({}) == (1e-4, 1e-5)
     assert config.tolerance({"precision": "fp16"}) == (1e-2, 1e-2)
     options: list[Options] = [{}, {"precision": "fp32"}, {"precision": "fp16"}]
-    keys = {variant_key(version, variant(o)) for o in options}
+    keys = {variant_key(version, variant(o), 2) for o in options}
     assert len(keys) == 3
+    # Built with and timed at another thread count: another artifact (it was the same).
+    assert variant_key(version, variant({}), 1) != variant_key(version, variant({}), 2)
 
 
 def test_live_targets_ignore_stale_workers(tmp_path: Path) -> None:
