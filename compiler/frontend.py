@@ -179,9 +179,7 @@ def _export_reason(exc: BaseException, names: dict[str, str]) -> str:
         return _first_line(exc)
     dim = ARGUMENT_DIM.search(str(exc))
     fixed = _FIXED.search(str(exc))
-    where = (
-        f"input {names.get(dim[1], dim[1])!r} dim {dim[2]}" if dim else "a dim the input spec marks dynamic"
-    )
+    where = f"input {names.get(dim[1], dim[1])!r} dim {dim[2]}" if dim else "a dim"  # export named none
     size = f" at {fixed[1]}" if fixed else ""
     return (
         f"the model fixes {where}{size}, which the input spec marks dynamic (-1): give its size in the spec"
