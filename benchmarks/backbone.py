@@ -25,7 +25,7 @@ from service.settings import Settings
 from service.store.local import LocalStore
 from tests.client import predict, sample, upload, wait_settled
 from tests.models import MODELS
-from tests.servers import KilnServer
+from tests.servers import KilnServer, unwind_on_signals
 
 REQUESTS = 200
 THREADS = 1
@@ -43,6 +43,7 @@ def p50_ms(fn: Callable[[], object], n: int = REQUESTS) -> float:
 
 
 def main() -> None:
+    unwind_on_signals()
     set_threads(THREADS)
     table = Table(
         "model",

@@ -34,7 +34,7 @@ from benchmarks.serving import (
     upload,
     v2_target,
 )
-from tests.servers import KilnServer
+from tests.servers import KilnServer, unwind_on_signals
 
 
 def parse_args() -> argparse.Namespace:
@@ -50,6 +50,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
+    unwind_on_signals()
     if shutil.which("wrk") is None:
         sys.exit("benchmarks/instances.py loads the server with wrk; install it: sudo apt-get install -y wrk")
     with tempfile.TemporaryDirectory(prefix="kiln-instances-") as tmp_name, ExitStack() as stack:

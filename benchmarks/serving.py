@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ from benchmarks.bare_app import BareServer
 from benchmarks.models import MLP64, RESNET18, BenchModel
 from benchmarks.torchserve.server import TorchServe, setup_venv, unavailable_reason
 from service.records import BackendRequest, default_tolerance
-from tests.servers import KilnServer, wait_until
+from tests.servers import KilnServer, unwind_on_signals, wait_until
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 REQUEST_TIMEOUT_S = 60
@@ -384,11 +383,6 @@ def kiln_batches(url: str) -> str:
     )
 
 
-def interrupt(signum: int, frame: object) -> None:
-    """Ctrl-C and SIGTERM unwind the stack, so every server is stopped on the way out."""
-    raise KeyboardInterrupt
-
-
 def start_kiln(stack: ExitStack, tmp: Path, args: argparse.Namespace, paths: dict[str, Path]) -> KilnServer:
     """Upload and compile through one `kiln serve`, then serve from a fresh one with `--workers`
     processes on the same data: every worker loads its runners from the store, as after a deploy."""
@@ -445,8 +439,7 @@ def main() -> None:
     args = parse_args()
     if shutil.which("wrk") is None:
         sys.exit("benchmarks/serving.py loads the servers with wrk; install it: sudo apt-get install -y wrk")
-    for sig in (signal.SIGINT, signal.SIGTERM):  # SIGINT too: a background job starts with it ignored
-        signal.signal(sig, interrupt)
+    unwind_on_signals()
     if args.setup_torchserve and not args.no_torchserve:
         console.log(f"building the TorchServe venv in {args.torchserve_venv} ...")
         setup_venv(args.torchserve_venv)

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.servers import ROOT, KilnServer, running
+from tests.servers import ROOT, KilnServer, running, unwind_on_signals
 
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
 REPORTS = ROOT / "loadtest" / "reports"
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--v2", choices=["auto", "on", "off"], default="auto")
     parser.add_argument("--out", type=Path, help="report folder (default: a new timestamped one)")
     args = parser.parse_args(argv)
+    unwind_on_signals()
     out = args.out or REPORTS / time.strftime("%Y%m%d-%H%M%S")
     code = run_loadtest(out, args.users, args.spawn_rate, args.run_time, args.v2)
     print(f"report: {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")

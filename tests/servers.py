@@ -33,6 +33,18 @@ _handed_out: set[int] = set()
 _ports = random.Random()  # its own, so a test that seeds `random` does not replay ports
 
 
+def unwind_on_signals() -> None:
+    """Ctrl-C and SIGTERM unwind the stack, so that a script's servers are stopped on the way out:
+    Python's default SIGTERM ends the process with no `finally` run. SIGINT too: a background
+    job starts with it ignored."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, interrupt)
+
+
 def free_port() -> int:
     """A loopback port that is free now, below the ephemeral range, and not handed out before;
     the kernel's own pick where that range starts too low to leave room below it."""

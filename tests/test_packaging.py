@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -585,6 +585,21 @@ def test_every_container_has_requests_limits_and_runs_a_kiln_command(path: Path)
             env = effective_env(docs, container)
             limit = memory_mb(container["resources"]["limits"]["memory"])
             assert int(env["KILN_COMPILE_MEMORY_MB"]) < limit, where
+        else:
+            assert_within_memory(effective_env(docs, container), container, where)
+
+
+def assert_within_memory(env: Mapping[str, Any], container: dict[str, Any], where: str) -> None:
+    """What an API container may hold at once (its loaded runners, its uploads' checks and,
+    embedded, its compiles) is under its memory limit, with room for the process itself: the
+    runners were allowed the whole limit, and two checks beside them passed it."""
+
+    def setting(name: str) -> int:
+        return int(env.get(f"KILN_{name.upper()}", Settings.model_fields[name].default))
+
+    children = setting("upload_checks") + (0 if "KILN_REDIS_URL" in env else setting("compile_workers"))
+    held = setting("runtime_max_mb") + children * setting("compile_memory_mb")
+    assert held + 512 <= memory_mb(container["resources"]["limits"]["memory"]), (where, held)
 
 
 @kustomizations
@@ -853,6 +868,7 @@ def test_the_kserve_runtime_serves_the_model_repository_kserve_mounts() -> None:
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
     assert_settings_keys(set(env), "deploy/kserve/serving-runtime.yaml")
     assert env["KILN_GRPC_PORT"] == "9000"  # KServe's grpc-v2 port
+    assert_within_memory(env, container, "deploy/kserve/serving-runtime.yaml")
     # Threads follow this container's CPU limit, not the node's cores.
     cpus = {"resourceFieldRef": {"containerName": "kserve-container", "resource": "limits.cpu"}}
     assert env["KILN_THREADS"] == cpus
