@@ -6,7 +6,8 @@ repository root (it imports tests.models for the model):
 
     PYTHONPATH=. locust -f loadtest/locustfile.py --host http://127.0.0.1:8000 --headless -u 10 -r 5 -t 20s
 
-`--kiln-v2 auto` (the default) adds /v2 infer to the mix only when the server answers
+With `KILN_API_KEY` set (as for the CLI: an admin key, which the upload needs) every request
+carries it. `--kiln-v2 auto` (the default) adds /v2 infer to the mix only when the server answers
 GET /v2/models/{name}. With `--csv PREFIX`, PREFIX_summary.md gets requests/s, p50/p95/p99 and
 errors per endpoint.
 """
@@ -14,6 +15,7 @@ errors per endpoint.
 from __future__ import annotations
 
 import json
+import os
 import time
 from argparse import ArgumentParser
 from dataclasses import dataclass, field
@@ -29,6 +31,8 @@ from locust.env import Environment
 from locust.exception import RescheduleTaskImmediately, StopTest
 
 ALLOWED_HOST = "127.0.0.1"
+KEY = os.environ.get("KILN_API_KEY")
+HEADERS = {"Authorization": f"Bearer {KEY}"} if KEY else {}
 MODEL = "loadtest-mlp"
 PERCENTILES = (0.5, 0.95, 0.99)
 
@@ -98,7 +102,7 @@ def prepare(environment: Environment) -> None:
         return
     mode = environment.parsed_options.kiln_v2 if environment.parsed_options else "auto"
     try:
-        with httpx.Client(base_url=str(environment.host), timeout=60) as http:
+        with httpx.Client(base_url=str(environment.host), timeout=60, headers=HEADERS) as http:
             upload_and_wait(http)
             PLAN.v2 = mode == "on" or (mode == "auto" and http.get(f"/v2/models/{MODEL}").status_code == 200)
     except httpx.HTTPError as exc:
@@ -137,6 +141,9 @@ def expect_outputs(response: ResponseContextManager) -> None:
 
 class KilnUser(HttpUser):
     wait_time = between(0.05, 0.15)
+
+    def on_start(self) -> None:
+        self.client.headers.update(HEADERS)
 
     @task(4)
     def predict_v1(self) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -25,8 +26,12 @@ def run_loadtest(
 ) -> int:
     """Serve, load, stop; returns locust's exit code (non-zero on any failed request)."""
     out.mkdir(parents=True, exist_ok=True)
+    key = secrets.token_hex(16)  # keyed, as a server should be: the locustfile sends it
     with tempfile.TemporaryDirectory(prefix="kiln-loadtest-") as data:
-        server = KilnServer({"KILN_DATA_DIR": data, "KILN_DEFAULT_BACKENDS": "[]"}, out / "kiln.log")
+        server = KilnServer(
+            {"KILN_DATA_DIR": data, "KILN_DEFAULT_BACKENDS": "[]", "KILN_API_KEYS": f"{key}:admin"},
+            out / "kiln.log",
+        )
         with running(server):
             locust = subprocess.run(
                 [
@@ -54,7 +59,7 @@ def run_loadtest(
                 ],
                 cwd=ROOT,
                 # The locustfile imports tests.models; locust puts only its own folder on sys.path.
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                env={**os.environ, "PYTHONPATH": str(ROOT), "KILN_API_KEY": key},
             )
     return locust.returncode
 
