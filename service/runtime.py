@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import time
+import weakref
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
@@ -696,7 +697,8 @@ class Runtime:
             loading = self._loading.setdefault(key, threading.Lock())
             unloads = self._unloads[version.name] if unloads is None else unloads
             draining = self._draining_out(*ours)
-        evicted, kept = 0, False
+        evicted: list[weakref.ref[Runner]] = []
+        kept = False
         try:
             with loading:
                 loaded = self._cached(key)
@@ -719,7 +721,7 @@ class Runtime:
             with self._lock:
                 self._loading.pop(key, None)
         if evicted:
-            release_memory()
+            release_memory(evicted)
         elif kept:
             freeze_heap()  # the new runner's objects too
         return loaded
@@ -752,16 +754,17 @@ class Runtime:
         )
         return Loaded(runner, version.name, version.version, len(artifact.payload))
 
-    def _evict_over_budget(self) -> int:
+    def _evict_over_budget(self) -> list[weakref.ref[Runner]]:
         """Evict least recently used runners until the budget holds; the newest always stays.
-        Returns how many went; the caller then releases their memory, outside the lock."""
+        Returns weak references to those that went; the caller then releases their memory,
+        outside the lock."""
         budget = self.settings.runtime_max_mb * MB
-        evicted = 0
+        evicted = []
         while len(self._loaded) > 1 and sum(x.size_bytes for x in self._loaded.values()) > budget:
             key, gone = self._loaded.popitem(last=False)
             log.info("evicted runner %s of %s (%.1f MB)", key, gone.model, gone.size_bytes / MB)
-            evicted += 1
-        self._evictions += evicted
+            evicted.append(weakref.ref(gone.runner))
+        self._evictions += len(evicted)
         return evicted
 
     def unload(self, name: str, version: int | None = None) -> None:
@@ -844,12 +847,11 @@ class Runtime:
                     and version in (None, loaded.version)
                     and (loaded.model, loaded.version) not in busy
                 ]
-            for key in going:
-                del self._loaded[key]
+            dropped = [weakref.ref(self._loaded.pop(key).runner) for key in going]
             if going:
                 self._publish_loaded()
         if going:
-            release_memory()
+            release_memory(dropped)
 
     @property
     def loaded_runners(self) -> int:

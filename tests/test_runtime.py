@@ -689,3 +689,62 @@ def test_inputs_the_model_itself_fails_on_leave_the_variant_in_service(
     assert served.variant.backend == "onnxruntime"
     np.testing.assert_allclose(served.outputs["output0"], expected(x), rtol=1e-5, atol=1e-6)
     assert runs.count("onnxruntime") == 3
+
+
+def test_an_eviction_that_refcounting_freed_leaves_the_frozen_heap_unwalked() -> None:
+    """Thawing the frozen heap walks all of torch's and TVM's objects with the GIL held, which
+    stalled every request at each eviction: release_memory does it only for a dropped runner
+    that a collection of the objects made since the heap was frozen leaves alive."""
+
+    class Node:
+        other: object
+
+    release_memory()  # walks it all: the count of objects frozen since starts afresh
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    frozen_garbage = weakref.ref(a)
+    freeze_heap()
+    del a, b
+    runner, held, holder = Node(), Node(), Node()  # freed by refcounting, and by a young cycle
+    held.other, holder.other = holder, held
+    dropped = [weakref.ref(runner), weakref.ref(held)]
+    del runner, held, holder
+    release_memory(dropped)
+    assert [ref() for ref in dropped] == [None, None]
+    assert frozen_garbage() is not None  # the frozen heap was not walked
+    release_memory()
+    assert frozen_garbage() is None
+
+
+def test_a_dropped_runner_that_a_frozen_cycle_holds_is_freed() -> None:
+    class Node:
+        other: object
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    runner = weakref.ref(a)
+    freeze_heap()  # as after its load
+    del a, b
+    release_memory([runner])
+    assert runner() is None
+
+
+def test_frozen_cyclic_garbage_is_freed_once_a_quarter_of_the_heap_was_frozen_since_its_walk() -> None:
+    """Objects frozen while alive (requests in flight at a load) and later left in a cycle are
+    not kept forever when no eviction needs a walk."""
+
+    class Node:
+        other: object
+
+    release_memory()
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    garbage = weakref.ref(a)
+    freeze_heap()
+    del a, b
+    release_memory([])
+    assert garbage() is not None
+    grown = [[] for _ in range(gc.get_freeze_count() // 3)]  # alive: frozen by the next freeze
+    freeze_heap()
+    assert garbage() is None
+    del grown
