@@ -77,6 +77,9 @@ def run_worker(settings: Settings) -> None:
     for name in queues:
         broker.declare_queue(name)
     worker = dramatiq.Worker(broker, queues=queues, worker_threads=settings.compile_workers)
+    # Dramatiq takes twice its threads' messages: a worker busy with an hour of tuning held the
+    # next job that long while other workers sat idle.
+    worker.queue_prefetch = settings.compile_workers
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -129,6 +129,27 @@ def test_sigkilled_worker_job_is_redelivered(api1: httpx.Client, cluster: Cluste
     assert job["status"] == "succeeded" and job["attempts"] == 2
 
 
+def test_a_worker_holds_no_more_jobs_than_it_compiles_at_once(api1: httpx.Client, cluster: Cluster) -> None:
+    """Dramatiq takes twice its threads' messages by default: a worker busy with an hour of
+    tuning held the next job that long while other workers sat idle."""
+    import redis
+
+    client = redis.Redis.from_url(cluster.env["KILN_REDIS_URL"])
+    backends = ["tvm", "onnxruntime", "openvino"]  # three jobs at once for KILN_COMPILE_WORKERS=2
+    response = upload(api1, MODELS["mlp"], name="mlp-prefetch", max_batch_size=5, backends=backends)
+    assert response.status_code == 202, response.text
+    held = []
+    while any(
+        v["status"] not in {"ready", "failed", "rejected"}
+        for v in api1.get("/v1/models/mlp-prefetch/versions/1").json()["variants"]
+    ):
+        acks = [k for k in client.scan_iter("kiln-queue:__acks__.*") if not k.endswith(b".DQ")]
+        held.append(sum(client.scard(k) for k in acks))
+        time.sleep(0.02)
+    assert 0 < max(held) <= 2, held  # those compiling, and no third held back from another worker
+    assert all(v["status"] == "ready" for v in wait_settled(api1, "mlp-prefetch", 1))
+
+
 def test_a_job_whose_message_was_lost_is_enqueued_again(api1: httpx.Client, cluster: Cluster) -> None:
     """The API recorded the job, and its message never reached a worker: the API died, or Redis
     went away, between the two. A worker's redelivery pass finds it and enqueues it again."""

@@ -492,3 +492,13 @@ def test_redis_chunks_are_cleaned_up(redis_url: str) -> None:
     finally:
         raw.close()
         store.close()
+
+
+def test_deployments_of_different_namespaces_share_nothing_in_one_redis(redis_url: str) -> None:
+    """KILN_QUEUE_NAMESPACE kept the queues apart but not the store: each deployment saw the
+    other's models and jobs, and its redelivery compiled them again."""
+    ours, theirs = (open_store(Settings(redis_url=redis_url, queue_namespace=ns)) for ns in ("kiln", "other"))
+    theirs.put_doc("job", "j1", {"status": "running"})
+    theirs.put_blob("models/m", [b"weights"])
+    assert ours.list_docs("job") == [] and ours.list_blobs() == []
+    assert [d["status"] for d in theirs.list_docs("job")] == ["running"]

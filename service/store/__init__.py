@@ -27,5 +27,7 @@ __all__ = [
 
 def open_store(settings: Settings) -> Store:
     if settings.redis_url:
-        return RedisStore(settings.redis_url)
+        # The deployment's namespace, as its queues': two deployments on one Redis shared one
+        # store, and each one's redelivery compiled the other's jobs again.
+        return RedisStore(settings.redis_url, settings.queue_namespace)
     return LocalStore(settings.data_dir)
