@@ -417,6 +417,77 @@ def test_gathers_by_an_input_count_from_the_end_and_never_read_past_their_table(
         assert all(np.isfinite(out).all() for out in candidate.run({"ids": np.array(huge)}).values())
 
 
+class Remainder(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a % b
+
+
+class FloorDivideByTensor(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.div(a, b, rounding_mode="floor")
+
+
+class TruncDivideByTensor(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.div(a, b, rounding_mode="trunc")
+
+
+class Fmod(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.fmod(a, b)
+
+
+class FloorDivideByMinusOne(nn.Module):
+    """The minimum integer by -1 traps as a zero divisor does."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a // -1 + b
+
+
+@pytest.mark.parametrize(
+    ("module", "kind"),
+    [
+        (Remainder(), "remainder"),
+        (FloorDivideByTensor(), "floor division"),
+        (TruncDivideByTensor(), "division"),
+        (Fmod(), "fmod"),
+        (FloorDivideByMinusOne(), "floor division"),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, nn.Module) else None,
+)
+def test_an_integer_division_that_can_trap_is_refused(module: nn.Module, kind: str) -> None:
+    """`a % b` with a 0 in b made TVM's code execute a division by zero: SIGFPE killed the
+    server (exit 136), where torch raises."""
+    model = script(module)
+    spec = InputSpec.parse(["a:int64[-1,1]", "b:int64[-1,1]"], 8)
+    with pytest.raises(ConversionError) as info:
+        tvm_backend().compile(model, spec, cpu_target(), {"threads": 1})
+    assert str(info.value) == (
+        f"tvm: integer {kind} (int64) by a divisor that may be 0 or -1, such as a tensor: TVM's "
+        "compiled code traps on a zero divisor (and on the minimum integer by -1), which would kill "
+        "the server; ONNX Runtime or OpenVINO can serve it"
+    )
+
+
+Four = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class SafeDivisions(nn.Module):
+    """Integers by constants (`a // 3` of int64 failed the build: an int32 constant) and by
+    sizes, also inside an index; floats by tensors, which do not trap."""
+
+    def forward(self, a: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[Four, Four]:
+        by_size = torch.div(a, a.size(0), rounding_mode="floor") + x[a[:, 0] % a.size(0)].long()
+        floats = (x / y, x % y, torch.div(x, y, rounding_mode="floor"), a // 2.5 + torch.fmod(x, y))
+        return (a // 3, a % 3, torch.fmod(a, -3), by_size), floats
+
+
+def test_integer_division_by_a_constant_or_a_size_and_float_division_build_and_match_torch() -> None:
+    model = script(SafeDivisions())
+    spec = InputSpec.parse(["a:int64[-1,4]", "x:float32[-1,4]", "y:float32[-1,4]"], 8)
+    assert_matches(model, compile_packed(model, spec))
+
+
 Nested = tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -447,6 +518,47 @@ def test_a_tuned_build_of_fixed_shapes_runs_them_as_they_are() -> None:
     options = CompileOptions(threads=1, backend_options={"tuning_trials": 4})
     result = compile_and_check(buffer.getvalue(), spec, "tvm", cpu_target(), options)
     assert result.max_abs_error < 1e-5 and list(result.latency_ms) == [1]
+
+
+class SumToo(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.linear(x)
+        return y, y.sum()
+
+
+def test_a_tuned_build_refuses_at_once_an_output_that_does_not_lead_with_the_batch() -> None:
+    """Padding rows changes a sum over the batch, which cannot be cut back to the request's rows:
+    such a model failed only after the whole tuning run, with an IndexError from the runner."""
+    model = script(SumToo().eval())
+    options = CompileOptions(threads=1, backend_options={"tuning_trials": 4})
+    with pytest.raises(
+        ConversionError, match="tvm: a tuned build pads a request's batch up to a fixed size, so"
+    ):
+        compile_and_check(model, InputSpec.parse(["x:float32[-1,8]"], 8), "tvm", cpu_target(), options)
+
+
+def test_a_static_batch_of_one_serves_an_output_without_a_batch_dim() -> None:
+    """With max_batch_size 1 nothing is padded, and the sum is the request's own; the runner cut
+    every output to the batch, a 0-d one too (an IndexError). Untuned, as tuning changes nothing."""
+    import tvm
+    from tvm import relax
+
+    from compiler.backends.tvm import TVMRunner, host_target, tuning_module
+    from compiler.backends.tvm_tune import lower_for_tuning
+
+    model, spec = script(SumToo().eval()), InputSpec.parse(["x:float32[-1,8]"], 1)
+    target = host_target(1)
+    mod = lower_for_tuning(tuning_module(export_program(load_torchscript(model), spec), [1]), target)
+    runner = TVMRunner(relax.VirtualMachine(tvm.compile(mod, target), tvm.cpu()), spec, 2, [1])
+    x = spec.random_inputs(1, np.random.default_rng(0))
+    got, want = runner.run(x), reference(model, spec).run(x)
+    assert got["output1"].shape == ()
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=RTOL, atol=ATOL, err_msg=name)
 
 
 @pytest.mark.parametrize("model", ["mlp", "encoder", "cnn"])

@@ -47,7 +47,7 @@ class TVMRunner:
         import tvm
 
         arrays = [inputs[n] for n in self.spec.names]
-        function, batch = self._main, 0
+        function, batch, size = self._main, 0, 0
         if function is None and not self.spec.batched:  # one function, of the inputs' fixed shapes
             [(_, function)] = self._functions
         elif function is None:
@@ -65,8 +65,10 @@ class TVMRunner:
             outputs = [np.from_dlpack(t) for t in tensors]
         else:
             outputs = [t.numpy() for t in tensors]
+        # Cut back what leads with the padded size: a padded build's outputs all do
+        # (`_static_batches`), and one of a static batch of 1 may have a 0-d output.
         if batch:
-            outputs = [o[:batch] for o in outputs]
+            outputs = [o[:batch] if o.ndim and o.shape[0] == size else o for o in outputs]
         return dict(zip(self.names, outputs, strict=True))
 
 
@@ -262,6 +264,13 @@ def _static_batches(mod: Any, sizes: Sequence[int]) -> Any:
 
     main = mod["main"]
     batch = main.params[0].ty.shape[0]
+    # A request is padded with rows up to a size: an output that does not lead with the batch
+    # (a sum over it) cannot be cut back to the request's rows, and the padding changed it.
+    if isinstance(batch, tirx.Var) and not _leads_with(main.ret_ty, batch):
+        raise ConversionError(
+            "tvm: a tuned build pads a request's batch up to a fixed size, so every output must lead "
+            "with the batch dimension; this model has one that does not (a sum over the batch, say)"
+        )
     functions = {}
     for size in sizes:
         bound = main.bind_symbolic_vars({batch: size}) if isinstance(batch, tirx.Var) else main
@@ -271,6 +280,16 @@ def _static_batches(mod: Any, sizes: Sequence[int]) -> Any:
         fresh = relax.utils.copy_with_new_vars(bound)
         functions[f"b{size}"] = fresh.with_attr("global_symbol", f"b{size}")
     return tvm.IRModule(functions)
+
+
+def _leads_with(ty: Any, batch: Any) -> bool:
+    """Whether every tensor in a (nested tuple) type has `batch` as its first dim."""
+    from tvm import relax
+
+    if isinstance(ty, relax.TupleType):
+        return all(_leads_with(field, batch) for field in ty.fields)
+    shape = getattr(ty, "shape", None)
+    return shape is not None and len(shape) > 0 and shape[0].same_as(batch)
 
 
 def _export(executable: Any) -> bytes:

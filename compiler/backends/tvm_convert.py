@@ -5,7 +5,9 @@ Each entry of `CUSTOM_CONVERT_MAP` replaces or adds one converter; TVM calls it 
 
 - select.int: the stock converter passes a negative index straight to `take`, which reads out of
   bounds, so `out[:, -1]` silently returns garbage.
-- div.Scalar_mode (`torch.div(x, 2, rounding_mode="floor")`): no stock converter.
+- div.Scalar_mode (`torch.div(x, 2, rounding_mode="floor")`): no stock converter; div.Tensor_mode
+  by a number (`a // 3`): the stock converter's constant is int32 or float32 whatever the tensor's
+  dtype, which failed the build of an int64 `a // 3`.
 - scalar_tensor and the *.Scalar binary ops: with a symbolic size as the value (`x / x.size(0)`),
   the stock converters crash or mix int64 with the tensor's dtype.
 
@@ -14,7 +16,9 @@ Each entry of `CUSTOM_CONVERT_MAP` replaces or adds one converter; TVM calls it 
   taken into their dim.
 
 Inference BatchNorm is then folded into the convolution before it, as every inference compiler
-does: each conv kernel would otherwise carry a subtract/divide/multiply/add epilogue.
+does: each conv kernel would otherwise carry a subtract/divide/multiply/add epilogue. Last, an
+integer division or remainder whose divisor may be 0 (or -1) is refused
+(`_no_trapping_divisions`): its compiled code traps there and kills the process.
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ Converter = Callable[[fx.Node, Any], relax.Expr]
 
 
 def import_program(program: Any) -> tvm.IRModule:
-    """Decompose to core ATen, check every op has a converter, import with the fixes, and fold
-    BatchNorm into the convolutions (constant weights only; folding takes ~2 s on ResNet-18)."""
+    """Decompose to core ATen, check every op has a converter, import with the fixes, fold
+    BatchNorm into the convolutions (constant weights only; folding takes ~2 s on ResNet-18),
+    and refuse an integer division that can trap."""
     program = program.run_decompositions()
     known = _known_ops()
     used = {node.target.__name__ for node in program.graph.nodes if node.op == "call_function"}
@@ -55,8 +60,9 @@ def import_program(program: Any) -> tvm.IRModule:
         no_bind_return_tuple=False,
         custom_convert_map=bound,
     )
-    mod = _takes_within_bounds(mod)
-    return relax.transform.FoldConstant()(relax.transform.FoldBatchnormToConv2D()(mod))
+    mod = relax.transform.FoldConstant()(relax.transform.FoldBatchnormToConv2D()(_takes_within_bounds(mod)))
+    _no_trapping_divisions(mod)
+    return mod
 
 
 def _bound(convert: Converter, importer: Any) -> Callable[..., relax.Expr]:
@@ -81,6 +87,83 @@ def _takes_within_bounds(mod: tvm.IRModule) -> tvm.IRModule:
         if isinstance(func, relax.Function):
             mod[gv] = rewrite_call(TAKE, within_bounds, func)
     return mod
+
+
+# Relax's integer divisions and remainders, as torch names them.
+DIVISIONS = {
+    "relax.divide": "division",
+    "relax.floor_divide": "floor division",
+    "relax.floor_mod": "remainder",
+    "relax.mod": "fmod",
+}
+
+
+def _no_trapping_divisions(mod: tvm.IRModule) -> None:
+    """Refuse an integer division or remainder by anything but a constant without 0 and -1, or
+    a size. Its compiled code divides with the CPU's instruction, which traps (SIGFPE on x86) on
+    a zero divisor and on the minimum integer by -1, killing the server, where torch and ONNX
+    Runtime raise an exception that Kiln answers from TorchScript."""
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function):
+            continue
+        values, sizes = relax.analysis.get_var2val(func), _sizes_analyzer(func)
+        for call in _division_calls(func):
+            divisor = call.args[1]
+            ty = divisor.ty
+            dtype = ty.dtype.dtype if isinstance(ty, relax.TensorType) else ty.dtype
+            if dtype.is_integer and not _safe_divisor(divisor, values, sizes):
+                kind = DIVISIONS[str(call.op.name)]
+                raise ConversionError(
+                    f"tvm: integer {kind} ({dtype}) by a divisor that may be 0 or -1, such as a tensor: "
+                    "TVM's compiled code traps on a zero divisor (and on the minimum integer by -1), "
+                    "which would kill the server; ONNX Runtime or OpenVINO can serve it"
+                )
+
+
+def _division_calls(func: relax.Function) -> list[relax.Call]:
+    calls: list[relax.Call] = []
+
+    def visit(expr: relax.Expr) -> None:
+        if isinstance(expr, relax.Call) and _op_name(expr) in DIVISIONS:
+            calls.append(expr)
+
+    relax.analysis.post_order_visit(func, visit)
+    return calls
+
+
+def _op_name(call: relax.Call) -> str | None:
+    return str(call.op.name) if isinstance(call.op, tvm.ir.Op) else None
+
+
+def _sizes_analyzer(func: relax.Function) -> tvm.sym.Analyzer:
+    """An analyzer that knows the lower bounds export gave the function's sizes."""
+    analyzer = tvm.sym.Analyzer()
+    lower = func.attrs.get("tir_var_lower_bound", {}) if func.attrs else {}
+    for var in relax.analysis.defined_symbolic_vars(func):
+        if str(var.name) in lower:
+            bound = tvm.sym.ConstIntBound(int(lower[str(var.name)]), tvm.sym.ConstIntBound.POS_INF)
+            analyzer.update(var, bound)
+    return analyzer
+
+
+def _safe_divisor(divisor: relax.Expr, values: Any, sizes: tvm.sym.Analyzer) -> bool:
+    """A constant without 0 and -1, or a size proved at least 1: a scalar (`x % x.size(0)`), or
+    the tensor `_prim_value_to_scalar_tensor` makes of one (`_within` a symbolic dim), of at
+    least 32 bits, which hold any size."""
+    if isinstance(divisor, tvm.ir.GenericConst):
+        held = divisor.value.numpy()
+        return bool((held != 0).all() and not (held.dtype.kind == "i" and (held == -1).any()))
+    if isinstance(divisor.ty, tvm.ir.PrimType):
+        return bool(sizes.can_prove(divisor >= 1))
+    if divisor.ty.dtype.dtype.bits < 32:
+        return False
+    value = values.get(divisor) if isinstance(divisor, relax.Var) else None
+    while isinstance(value, relax.Call) and _op_name(value) in ("relax.squeeze", "relax.astype"):
+        value = values.get(value.args[0]) if isinstance(value.args[0], relax.Var) else None
+    if not (isinstance(value, relax.Call) and _op_name(value) == "relax.shape_to_tensor"):
+        return False
+    shape = value.args[0]
+    return isinstance(shape, relax.ShapeExpr) and all(sizes.can_prove(dim >= 1) for dim in shape.values)
 
 
 def channels_last_convs(mod: tvm.IRModule) -> tvm.IRModule:
@@ -115,9 +198,16 @@ def _select_int(node: fx.Node, importer: Any) -> relax.Expr:
     return importer.block_builder.emit(relax.op.squeeze(sliced, axis=[dim]))
 
 
-def _div_scalar_mode(node: fx.Node, importer: Any) -> relax.Expr:
+def _div_mode(node: fx.Node, importer: Any) -> relax.Expr:
+    """A number or a size as the divisor is made a tensor of the quotient's dtype, the dividend
+    cast to it (torch's `a // 2.5` of int64 `a` is float32; a const of int64 dropped the .5)."""
     x = importer.env[node.args[0]]
-    divisor = _scalar_operand(importer, importer._retrieve_args(node.args[1]), str(x.ty.dtype))
+    divisor = importer._retrieve_args(node.args[1])
+    if not isinstance(getattr(divisor, "ty", None), relax.TensorType):
+        dtype = str(importer._convert_data_type(node.meta["val"].dtype))
+        if dtype != str(x.ty.dtype):
+            x = importer.block_builder.emit(relax.op.astype(x, dtype))
+        divisor = _scalar_operand(importer, divisor, dtype)
     mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("rounding_mode")
     if mode == "floor":
         return importer.block_builder.emit(relax.op.floor_divide(x, divisor))
@@ -228,7 +318,8 @@ CUSTOM_CONVERT_MAP: dict[str, Converter] = {
     "index.Tensor": _index_tensor,
     "select.int": _select_int,
     "slice.Tensor": _slice,
-    "div.Scalar_mode": _div_scalar_mode,
+    "div.Scalar_mode": _div_mode,
+    "div.Tensor_mode": _div_mode,
     "scalar_tensor.default": _scalar_tensor,
     "add.Scalar": _binary_scalar(relax.op.add, operator.add),
     "sub.Scalar": _binary_scalar(relax.op.subtract, operator.sub),
