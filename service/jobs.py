@@ -256,12 +256,20 @@ def _compile(
             registry.update_job(job.id, tuning=report["tuning"])
         if registry.get_variant(job.variant_id) is None:
             # Its model was deleted while it compiled: stored now, the artifact would belong to
-            # nothing, and no deletion would ever collect it. (Tuning records are kept: any model
-            # may reuse them.)
+            # nothing. (Tuning records are kept: any model may reuse them.)
             log.info("job %s: its model was deleted while it compiled; dropping the artifact", job.id)
             return False
-        registry.put_artifact(record, packed)
-        _mark_ready(registry, job, key, record, cache_hit=False)
+        registry.put_artifact(record, packed)  # outside the locks: it may take seconds
+        with registry.marking_ready(job.model):
+            if registry.get_variant(job.variant_id) is None:
+                # Deleted since: its deletion may have read the variant before it had the
+                # artifact, and would never collect it.
+                log.info("job %s: its model was deleted as it stored the artifact; dropping it", job.id)
+                registry.collect_artifacts([key])
+                return False
+            if registry.get_artifact(key) is None:  # collected with the model of an identical compile
+                registry.put_artifact(record, packed)
+            _mark_ready(registry, job, key, record, cache_hit=False)
         return True
 
     return _through_outage(job, keep)

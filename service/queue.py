@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import itertools
 import logging
 import threading
 from collections import Counter
@@ -19,6 +18,7 @@ from typing import Protocol
 import dramatiq
 import redis
 from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
+from dramatiq.common import current_millis, dq_name
 from dramatiq.errors import DecodeError
 from dramatiq.message import Message
 
@@ -188,22 +188,44 @@ class DramatiqQueue:
     def held(self, targets: Iterable[str]) -> set[str]:
         """The ids of the jobs whose message the broker has, in the queues of `targets`: from
         enqueue until a worker acknowledges it, `{namespace}:{queue}.msgs` holds it, and while it
-        waits to be retried, `.DQ.msgs` does (under an id of the broker's, not the job's)."""
+        waits to be retried, `.DQ.msgs` does (under an id of the broker's, not the job's).
+
+        Not a delayed message `queue_requeue_s` past its due time: the worker that fetched it
+        lost it. Dramatiq's consumer forgets the delayed messages it holds when its connection
+        fails (a Redis restart), and leaves them in Redis, to come back only when that worker's
+        heartbeat dies. Such a message is dropped, so that it cannot run again beside the job's
+        new message."""
         client: redis.Redis = self.broker.client
+        ns = self.broker.namespace
+        queues = [f"{ns}:{name}" for t in targets for name in (queue_name(t), dq_name(queue_name(t)))]
         # One snapshot of both hashes: Dramatiq moves a message between them by adding it to one,
         # then removing it from the other, so it is always in one, but two reads can miss it.
         with client.pipeline(transaction=True) as pipe:
-            for target in targets:
-                name = f"{self.broker.namespace}:{queue_name(target)}"
-                pipe.hvals(f"{name}.msgs")
-                pipe.hvals(f"{name}.DQ.msgs")
-            replies: list[list[bytes | str]] = pipe.execute()
+            for queue in queues:
+                pipe.hgetall(f"{queue}.msgs")
+            replies: list[dict[bytes, bytes]] = pipe.execute()
+        overdue_ms = current_millis() - int(self.settings.queue_requeue_s * 1000)
         held: set[str] = set()
-        for data in itertools.chain.from_iterable(replies):
-            try:
-                held.add(Message.decode(data.encode() if isinstance(data, str) else data).args[0])
-            except (DecodeError, IndexError):  # not a compile job's message
-                log.warning("queue message %r is not a compile job's; ignored", data[:200])
+        for queue, messages in zip(queues, replies, strict=True):
+            for redis_id, data in messages.items():
+                try:
+                    message = Message.decode(data)
+                    job_id = message.args[0]
+                except (DecodeError, IndexError):  # not a compile job's message
+                    log.warning("queue message %r is not a compile job's; ignored", data[:200])
+                    continue
+                eta = message.options.get("eta")  # in ms; only a delayed message has one
+                if (
+                    isinstance(eta, int | float)
+                    and eta < overdue_ms
+                    and _drop(client, queue, redis_id.decode())
+                ):
+                    late_s = (current_millis() - eta) / 1000
+                    log.warning(
+                        "job %s: its retry, due %.0f s ago, was lost by its worker; dropped", job_id, late_s
+                    )
+                else:
+                    held.add(job_id)
         return held
 
     def depth(self) -> dict[str, int]:
@@ -219,3 +241,14 @@ class DramatiqQueue:
 
     def close(self) -> None:
         self.broker.close()
+
+
+def _drop(client: redis.Redis, queue: str, redis_id: str) -> bool:
+    """Drop a delayed message from its queue; whether it was there still (else it has moved on to
+    its queue since it was read). Its id stays in its worker's acks, harmless: once that worker's
+    heartbeat dies, Dramatiq requeues only the ids whose message the hash still holds."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.hdel(f"{queue}.msgs", redis_id)
+        pipe.lrem(queue, 0, redis_id)
+        dropped, _ = pipe.execute()
+    return bool(dropped)

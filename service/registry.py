@@ -6,8 +6,8 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -40,13 +40,15 @@ R = TypeVar("R", bound=BaseModel)
 
 MODEL_BLOB = "models/{sha256}"
 ARTIFACT_BLOB = "artifacts/{key}"
-# Held by a deletion while it reads which model bytes versions reference and deletes the others,
-# and by an upload while it puts back bytes that one collected: the two never interleave.
+# Held by a deletion while it reads which blobs versions and variants reference and deletes the
+# others, by an upload while it puts back bytes that one collected, and by a compile while its
+# variant takes its artifact: none of them interleave.
 MODEL_BLOBS_LOCK = "model-blobs"
 MODEL_BLOBS_LOCK_S = 30.0
-# Held while a model's version is recorded, and while a deletion of its versions is carried out:
-# two identical uploads at once record one version, and a deletion cannot take the model away
-# from under a version being recorded.
+# Held while a model's version is recorded, while a deletion of its versions is carried out, and
+# while a compile marks one of its variants ready: two identical uploads at once record one
+# version, a deletion cannot take the model away from under a version being recorded, and it
+# sees the artifact of every variant it deletes. Taken before MODEL_BLOBS_LOCK.
 MODEL_LOCK = "model:{name}"
 MODEL_LOCK_S = 30.0
 
@@ -489,10 +491,12 @@ class Registry:
                 self.store.delete_doc("version", version_id(name, number))
             # By their model and version, not the versions' lists: the earlier jobs of variants
             # compiled again, and whatever a request racing this one added, go too.
-            for kind in ("job", "variant"):
-                for doc in self.store.list_docs(kind):
-                    if doc.get("model") == name and doc.get("version") in numbers:
-                        self.store.delete_doc(kind, doc["id"])
+            for doc in self._docs_of("job", name, numbers):
+                self.store.delete_doc("job", doc["id"])
+            variants = self._docs_of("variant", name, numbers)
+            deletion = self._with_artifacts(deletion, variants)
+            for doc in variants:
+                self.store.delete_doc("variant", doc["id"])
             for doc in self.store.list_docs("upload"):
                 if doc["name"] == name and doc["version"] in numbers:
                     self.store.delete_doc("upload", doc["id"])
@@ -503,6 +507,39 @@ class Registry:
                 self.store.delete_doc("model", name)
             self._collect_garbage(deletion)
             self.store.delete_doc("deletion", deletion.id)
+
+    def _docs_of(self, kind: str, name: str, numbers: set[int]) -> list[dict[str, Any]]:
+        return [
+            d for d in self.store.list_docs(kind) if d.get("model") == name and d.get("version") in numbers
+        ]
+
+    def _with_artifacts(self, deletion: Deletion, variants: list[dict[str, Any]]) -> Deletion:
+        """The deletion, with the artifacts of its variants as read under the model's lock: a
+        compile marks its variant ready under it, perhaps since the deletion read the model.
+        Recorded before the variants go, for a finish cut short."""
+        artifacts = set(deletion.artifacts) | {d["artifact_key"] for d in variants if d.get("artifact_key")}
+        if artifacts == set(deletion.artifacts):
+            return deletion
+        self.store.update_doc("deletion", deletion.id, {"artifacts": sorted(artifacts)})
+        return deletion.model_copy(update={"artifacts": sorted(artifacts)})
+
+    @contextmanager
+    def marking_ready(self, model: str) -> Iterator[None]:
+        """Held while a compile's variant of `model` takes its artifact. The model's lock: a
+        deletion of the model reads its variants' artifacts and deletes the variants wholly before
+        (it collects the artifact) or after (the compile finds its variant gone). Then the blobs'
+        lock: a deletion of another model, whose identical compile shares the artifact's key,
+        does not collect it meanwhile."""
+        with self._model_lock(model), self.store.lock(MODEL_BLOBS_LOCK, MODEL_BLOBS_LOCK_S):
+            yield
+
+    def collect_artifacts(self, keys: Iterable[str]) -> None:
+        """Delete those of the artifacts `keys` that no variant references (an identical compile
+        shares one's key). Under the blobs' lock, which a variant takes its artifact under."""
+        live = {d["artifact_key"] for d in self.store.list_docs("variant") if d.get("artifact_key")}
+        for key in set(keys) - live:
+            self.store.delete_blob(ARTIFACT_BLOB.format(key=key))
+            self.store.delete_doc("artifact", key)
 
     def keep_model_blob(self, sha256: str, chunks: Callable[[], Iterable[bytes]]) -> None:
         """Put back the model bytes of a version just recorded, if a deletion of another model of
@@ -516,15 +553,13 @@ class Registry:
     def _collect_garbage(self, deletion: Deletion) -> None:
         """Only the deleted versions' own blobs are candidates: any other unreferenced blob may
         belong to work in flight (an upload between its blob and its version record, a compile
-        between its artifact and its variant's update), and deleting it would break that work."""
+        between its artifact and its variant's update), and deleting it would break that work.
+        (Such a compile puts back its artifact if one of these shared its key and went.)"""
         with self.store.lock(MODEL_BLOBS_LOCK, MODEL_BLOBS_LOCK_S):
             live_models = {VersionRecord.model_validate(d).sha256 for d in self.store.list_docs("version")}
             for sha256 in set(deletion.model_blobs) - live_models:
                 self.store.delete_blob(MODEL_BLOB.format(sha256=sha256))
-        live_artifacts = {d["artifact_key"] for d in self.store.list_docs("variant") if d.get("artifact_key")}
-        for key in set(deletion.artifacts) - live_artifacts:
-            self.store.delete_blob(ARTIFACT_BLOB.format(key=key))
-            self.store.delete_doc("artifact", key)
+            self.collect_artifacts(deletion.artifacts)
 
 
 def _jsonable(cls: type[BaseModel], fields: dict[str, Any]) -> dict[str, Any]:

@@ -20,12 +20,13 @@ from compiler.hardware import local_targets
 from compiler.pipeline import compile_to_bytes
 from service import jobs
 from service.jobs import run_compile_job
-from service.records import ArtifactRecord, JobRecord, JobStatus, VariantStatus
-from service.registry import Registry
+from service.records import ArtifactRecord, JobRecord, JobStatus, VariantRecord, VariantStatus
+from service.registry import ARTIFACT_BLOB, ModelView, Registry
 from service.sandbox import CANCEL_CHECK_S
 from service.settings import Settings
 from service.store import StoreUnavailableError
 from service.store.local import LocalStore
+from service.store.redis import RedisStore
 from tests.models import MODELS
 from tests.registries import ready_version, reference
 
@@ -215,3 +216,110 @@ def test_a_finished_compile_is_stored_through_a_short_outage(
     _child_started(handshake)
     assert run_to_ready(registry, handshake, thread, job).attempts == 1
     assert failures == [] and refused
+
+
+def run_now(registry: Registry, handshake: Path, tmp_path: Path, job: JobRecord) -> None:
+    """The job's whole run, here: its compile child told to go at once."""
+    (handshake / "go").touch()
+    run_compile_job(
+        registry, Settings(data_dir=tmp_path / "data", compile_timeout_s=120, race_rounds=0), job.id
+    )
+
+
+def no_artifacts(registry: Registry) -> bool:
+    return (
+        registry.store.list_docs("artifact") == []
+        and registry.store.list_blobs(ARTIFACT_BLOB.format(key="")) == []
+    )
+
+
+@pytest.mark.parametrize("finished", ["before the artifact is stored", "after its variant took it"])
+def test_a_model_deleted_as_its_compile_stores_its_artifact_leaves_nothing(
+    redis_url: str, handshake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, finished: str
+) -> None:
+    """The DELETE lands as a worker stores a finished compile: the deletion reads the model while
+    the variant has no artifact yet, and removes it before the artifact is stored, or after the
+    variant is marked ready with it. Either way the artifact goes with the model."""
+    registry = Registry(RedisStore(redis_url))
+    job = queued_job(registry)
+    name = MODELS["mlp"].name
+    viewed, go_on = threading.Event(), threading.Event()
+    get_model, put_artifact = registry.get_model, registry.put_artifact
+
+    def view_then_wait(model: str) -> ModelView:
+        view = get_model(model)
+        viewed.set()
+        go_on.wait(60)
+        return view
+
+    monkeypatch.setattr(registry, "get_model", view_then_wait)
+    deleting = threading.Thread(target=registry.delete_model, args=(name,))
+
+    def deleted_meanwhile(record: ArtifactRecord, data: bytes) -> None:
+        if not viewed.is_set():
+            deleting.start()
+            assert viewed.wait(30)
+            if finished.startswith("before"):
+                go_on.set()
+                deleting.join(30)
+        put_artifact(record, data)
+
+    monkeypatch.setattr(registry, "put_artifact", deleted_meanwhile)
+    run_now(registry, handshake, tmp_path, job)
+    go_on.set()
+    deleting.join(30)
+    assert not deleting.is_alive() and viewed.is_set()
+    for kind in ("version", "variant", "job", "deletion"):
+        assert registry.store.list_docs(kind) == [], kind
+    assert no_artifacts(registry)
+
+
+def test_an_artifact_that_an_identical_compile_shares_stays_with_it(
+    registry: Registry, handshake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The artifact's key is its content's: the same model compiled alike under another name
+    references it too. A model deleted as its compile stores the artifact leaves it to that one."""
+    job = queued_job(registry)
+    put_artifact, shared = registry.put_artifact, []
+
+    def deleted_meanwhile(record: ArtifactRecord, data: bytes) -> None:
+        shared.append(record.key)
+        identical = VariantRecord(
+            id="identical",
+            model="copy",
+            version=1,
+            backend="onnxruntime",
+            target=HOST,
+            status=VariantStatus.ready,
+            artifact_key=record.key,
+        )
+        registry.store.put_doc("variant", identical.id, identical.model_dump(mode="json"))
+        registry.delete_model(MODELS["mlp"].name)
+        put_artifact(record, data)
+
+    monkeypatch.setattr(registry, "put_artifact", deleted_meanwhile)
+    run_now(registry, handshake, tmp_path, job)
+    assert [doc["key"] for doc in registry.store.list_docs("artifact")] == shared
+    assert registry.get_artifact(shared[0]) is not None
+
+
+def test_an_artifact_collected_with_an_identical_compile_as_it_is_stored_is_put_back(
+    registry: Registry, handshake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deletion of another model, whose identical compile had the same artifact, collects
+    it between its store and the variant's update: the variant does not take a missing artifact."""
+    job = queued_job(registry)
+    put_artifact, collected = registry.put_artifact, []
+
+    def collected_meanwhile(record: ArtifactRecord, data: bytes) -> None:
+        put_artifact(record, data)
+        if not collected:
+            collected.append(record.key)
+            registry.store.delete_blob(ARTIFACT_BLOB.format(key=record.key))
+            registry.store.delete_doc("artifact", record.key)
+
+    monkeypatch.setattr(registry, "put_artifact", collected_meanwhile)
+    run_now(registry, handshake, tmp_path, job)
+    variant = registry.get_variant(job.variant_id)
+    assert variant is not None and variant.status == VariantStatus.ready and variant.artifact_key
+    assert registry.get_artifact(variant.artifact_key) is not None

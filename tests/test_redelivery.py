@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from dramatiq.common import dq_name
 from dramatiq.message import Message
 
 from service import queue as queue_module
@@ -133,6 +134,38 @@ def test_a_message_waiting_for_its_retry_is_held(redis_url: str) -> None:
     queue.broker.client.hset(f"{queue.broker.namespace}:{name}.msgs", "junk", b"not a message")
     assert queue.held([HOST]) == {job.id}
     assert requeue_lost(registry, queue, older_than_s=0) == []
+    queue.close()
+
+
+def test_a_retry_that_its_worker_lost_is_dropped_and_its_job_enqueued_again(redis_url: str) -> None:
+    """Dramatiq's consumer forgets the delayed messages it fetched when its connection fails (a
+    Redis restart), and leaves them in Redis, in the acks of a worker that lives on: nothing runs
+    them until that worker dies. One `queue_requeue_s` past its due time, its job is enqueued
+    again, and the message dropped: the worker's death later does not run it a second time."""
+    registry = Registry(RedisStore(redis_url))
+    job = one_lost_job(registry)
+    queue = DramatiqQueue(Settings(redis_url=redis_url, queue_requeue_s=5))
+    ns, name = queue.broker.namespace, queue_name(HOST)
+    queue.broker.declare_queue(name)
+    # As Dramatiq's Retries middleware leaves it, due 10 s ago; a worker fetched it, then forgot it.
+    retry = Message(queue_name=name, actor_name=ACTOR, args=(job.id,), kwargs={}, options={})
+    queue.broker.enqueue(retry, delay=-10_000)
+    assert len(queue.broker.do_fetch(dq_name(name), 1)) == 1
+    patient = DramatiqQueue(Settings(redis_url=redis_url, queue_requeue_s=30))
+    assert patient.held([HOST]) == {job.id}  # its worker may be about to move it on
+    patient.close()
+
+    assert requeue_lost(registry, queue, older_than_s=0) == [job.id]
+    client = queue.broker.client
+    assert client.hlen(f"{ns}:{name}.DQ.msgs") == 0 and client.llen(f"{ns}:{name}.DQ") == 0
+    assert queue.held([HOST]) == {job.id}  # its new message
+    assert requeue_lost(registry, queue, older_than_s=0) == []
+    # The worker that held the retry dies: another worker's maintenance brings nothing back.
+    client.zadd(f"{ns}:__heartbeats__", {queue.broker.broker_id: 0})
+    survivor = DramatiqQueue(Settings(redis_url=redis_url))
+    assert survivor.broker.do_fetch(dq_name(name), 10) == []
+    assert client.llen(f"{ns}:{name}") == 1
+    survivor.close()
     queue.close()
 
 
