@@ -104,17 +104,28 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
         _settle_failed(registry, job, VariantStatus.failed, reason)
         return
     key = variant_key(version, variant, settings.threads)
-    cached = registry.get_artifact(key)
-    if cached is not None:
+    if _take_cached(registry, job, key):
         metrics.CACHE_HITS.labels(job.backend).inc()
-        log.info("job %s: artifact cache hit %s", job.id, key[:12])
-        _mark_ready(registry, job, key, cached, cache_hit=True)
     else:
         metrics.CACHE_MISSES.labels(job.backend).inc()
         if not _compile(registry, settings, job, version, key):
             return
     # Serving already uses the new variant where its own numbers say so; the race settles it.
     race_version(registry, settings, version, job.target)
+
+
+def _take_cached(registry: Registry, job: JobRecord, key: str) -> bool:
+    """Whether an identical compile's artifact was there for the job's variant to take. Taken
+    under the lock a deletion collects artifacts under: the deletion of that compile's model may
+    have collected it since it was found, and the variant would point at nothing."""
+    if registry.get_artifact(key) is None:
+        return False
+    with registry.marking_ready(job.model):
+        cached = registry.get_artifact(key)
+        if cached is not None:
+            log.info("job %s: artifact cache hit %s", job.id, key[:12])
+            _mark_ready(registry, job, key, cached, cache_hit=True)
+    return cached is not None
 
 
 def unsettled_variant(registry: Registry, job: JobRecord) -> VariantRecord | None:

@@ -323,3 +323,41 @@ def test_an_artifact_collected_with_an_identical_compile_as_it_is_stored_is_put_
     variant = registry.get_variant(job.variant_id)
     assert variant is not None and variant.status == VariantStatus.ready and variant.artifact_key
     assert registry.get_artifact(variant.artifact_key) is not None
+
+
+def test_a_cached_artifact_collected_as_it_is_taken_is_compiled_anew(
+    registry: Registry, handshake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An identical compile's artifact, found in the cache and then collected with that compile's
+    model before the variant took it: the variant pointed at a missing artifact."""
+    job = queued_job(registry)
+    version, variant = registry.get_version(job.model, job.version), registry.get_variant(job.variant_id)
+    assert variant is not None
+    key = jobs.variant_key(version, variant, Settings().threads)
+    registry.put_artifact(
+        ArtifactRecord(
+            key=key,
+            backend="onnxruntime",
+            target=HOST,
+            size=1,
+            compile_s=1.0,
+            max_abs_error=0.0,
+            latency_ms_by_batch={1: 1.0},
+            baseline_latency_ms_by_batch={1: 2.0},
+        ),
+        b"x",
+    )
+    get_artifact, found = registry.get_artifact, []
+
+    def collected_once_found(wanted: str) -> ArtifactRecord | None:
+        record = get_artifact(wanted)
+        if record is not None and not found:
+            found.append(record)
+            registry.collect_artifacts([wanted])  # the other model's deletion, at this moment
+        return record
+
+    monkeypatch.setattr(registry, "get_artifact", collected_once_found)
+    run_now(registry, handshake, tmp_path, job)
+    done = registry.get_variant(job.variant_id)
+    assert done is not None and done.status == VariantStatus.ready and done.artifact_key == key
+    assert get_artifact(key) is not None and registry.get_job(job.id).cache_hit is False
