@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 import psutil
 
+from service.scratch import scratch_dir
+
 T = TypeVar("T")
 Progress = Callable[[dict[str, Any]], None]
 
@@ -81,7 +83,7 @@ def run_in_child(
     payload = pickle.dumps((fn, args))
     # The child's TMPDIR, removed here: a killed child never runs its own cleanups, and torch
     # and TVM leave caches and scratch files behind even when it returns.
-    with tempfile.TemporaryDirectory(prefix="kiln-child-", ignore_cleanup_errors=True) as tmp:
+    with scratch_dir() as tmp:
         reader, writer = multiprocessing.Pipe(duplex=False)
         # Never fork: the parent has threads and torch/TVM state that a fork would copy broken.
         proc = multiprocessing.get_context("spawn").Process(
@@ -190,6 +192,10 @@ def _kill_tree(pid: int) -> None:
 
 
 def _child_main(writer: Connection, payload: bytes, parent_pid: int, tmp: str) -> None:
+    # Out of the parent's process group: Ctrl-C in the server's terminal signals the whole group,
+    # and killed the compiles and upload checks that a graceful stop lets finish (an upload got a
+    # 400, "could not be validated", and a compile was failed for good).
+    os.setsid()
     _die_with_parent(parent_pid)
     # Before fn's module is imported and run: Python code reads tempfile's cache, and the
     # processes that torch and TVM start (compilers, tuning workers) inherit the variable.

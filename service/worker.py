@@ -11,6 +11,7 @@ from prometheus_client import start_http_server
 
 from compiler.backends import availability
 from compiler.threads import set_threads
+from service import scratch
 from service.jobs import this_worker
 from service.log_settings import LogControl
 from service.periodic import Periodic
@@ -69,6 +70,7 @@ def run_worker(settings: Settings) -> None:
     if settings.embedded:
         raise SystemExit("kiln worker needs KILN_REDIS_URL; embedded `kiln serve` compiles itself")
     set_threads(settings.threads)
+    scratch.sweep()  # what a worker killed mid-compile left on the disk
     registry = Registry(open_store(settings))
     broker = make_broker(settings)
     declare_actor(broker, registry, settings)

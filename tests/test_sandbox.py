@@ -291,3 +291,40 @@ def test_watchdog_fallback_kills_orphan(tmp_path: Path) -> None:
         subprocess.run([sys.executable, "-c", {textwrap.dedent(child)!r}])
     """
     _assert_dies_with_parent(script, pid_file)
+
+
+def sleep_then(seconds: float, progress: Progress) -> str:
+    progress({"started": True})
+    time.sleep(seconds)
+    return "finished"
+
+
+def test_ctrl_c_in_the_server_s_terminal_does_not_reach_its_children(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C signals its whole foreground group: it killed the upload checks and
+    compiles that the server's graceful stop then waited for (an upload got a 400, "could not be
+    validated", and a compile was failed for good)."""
+    out = tmp_path / "out"
+    script = f"""
+        import signal
+        from pathlib import Path
+        from service.sandbox import run_in_child
+        from tests.test_sandbox import sleep_then
+        signal.signal(signal.SIGINT, lambda *_: None)  # the server, draining: a handler of its own
+        answer = run_in_child(sleep_then, (3.0,), timeout_s=60, memory_mb=1024,
+                              on_progress=lambda e: Path({str(tmp_path / "started")!r}).touch())
+        Path({str(out)!r}).write_text(answer)
+    """
+    parent = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        start_new_session=True,  # its own group, as a terminal's foreground job
+    )
+    try:
+        assert _wait_for(lambda: (tmp_path / "started").exists(), 30)
+        os.killpg(parent.pid, signal.SIGINT)
+        assert parent.wait(30) == 0
+        assert out.read_text() == "finished"
+    finally:
+        parent.kill()
+        parent.wait()

@@ -18,7 +18,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
 
 from compiler.threads import set_threads
-from service import metrics
+from service import metrics, scratch
 from service.api import (
     events,
     health,
@@ -119,6 +119,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        scratch.sweep()  # what a process killed mid-upload or mid-compile left on the disk
         store = open_store(settings)
         registry = Registry(store)
         queue: JobQueue = EmbeddedQueue(registry, settings) if settings.embedded else DramatiqQueue(settings)

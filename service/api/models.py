@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any, BinaryIO
@@ -54,6 +53,7 @@ from service.records import (
 from service.registry import MODEL_BLOB, ModelView, NewVersion, job_for
 from service.router import ANY_TARGET, REFERENCE, serving_version
 from service.sandbox import SandboxError, run_in_child
+from service.scratch import scratch_file
 from service.store import StoreError
 
 log = logging.getLogger("kiln.api")
@@ -312,7 +312,7 @@ def store_version(
     `vet` checks the outputs the model turned out to have, before anything is recorded."""
     store = svc.registry.store
     store.ping()  # fail fast with 503 before reading a large body
-    with tempfile.NamedTemporaryFile(prefix="kiln-upload-") as tmp:
+    with scratch_file() as tmp:
         sha256 = spool(source, tmp)
         # The same file and compiled settings again (a repository deployed at each start, say)
         # were checked when they were first uploaded.
