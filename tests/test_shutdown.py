@@ -124,4 +124,8 @@ def test_a_request_that_never_finishes_is_cancelled_at_the_shutdown_timeout(tmp_
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
         assert server.proc.poll() is None, "the stalled request held HTTP's drain"
         assert terminate(server, 20) < 15
+        # Told to send it again: uvicorn's own answer was a 500, as for a bug.
+        stalled.settimeout(5)
+        answer = stalled.recv(4096).decode()
+        assert answer.startswith("HTTP/1.1 503 ") and "KILN_SHUTDOWN_TIMEOUT_S" in answer, answer
     assert "Cancel 1 running task(s), timeout graceful shutdown exceeded" in server.log.read_text()

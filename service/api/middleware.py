@@ -8,6 +8,7 @@ uvicorn's access log and the 500 handler, which all run in this request's task.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import re
@@ -21,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
 from service.api import auth
+from service.api.problems import problem
 from service.errors import KilnError
 from service.logs import request_id
 
@@ -82,6 +84,16 @@ class RequestContext:
 
         try:
             await self.app(scope, receive, send_with_id)
+        except asyncio.CancelledError:
+            if status:  # a response under way cannot be answered again
+                raise
+            # uvicorn cancels what still runs at its graceful shutdown's timeout, then answers 500
+            # as for a bug, with an error's traceback: a 503 says to send it again elsewhere.
+            await problem(
+                503,
+                "Service unavailable",
+                "the server stopped before this request finished (KILN_SHUTDOWN_TIMEOUT_S); send it again",
+            )(scope, receive, send_with_id)
         except Exception:
             # Answered by Starlette's 500 handler, which raises again once it has answered, or,
             # on the hot path or once a response had started, by uvicorn.
