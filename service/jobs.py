@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -75,9 +76,12 @@ def variant_key(version: VersionRecord, variant: VariantRecord, threads: int) ->
     )
 
 
-def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None:
+def run_compile_job(
+    registry: Registry, settings: Settings, job_id: str, stopping: threading.Event | None = None
+) -> None:
     """Run one job to a settled variant, then race it. Store outages before the variant settles
-    propagate, so that the queue retries."""
+    propagate, so that the queue retries. Once `stopping` is set, a compile under way is stopped
+    and the job left unsettled, for a process that starts to take up."""
     try:
         job = registry.get_job(job_id)
         version = registry.get_version(job.model, job.version)
@@ -108,10 +112,11 @@ def run_compile_job(registry: Registry, settings: Settings, job_id: str) -> None
         metrics.CACHE_HITS.labels(job.backend).inc()
     else:
         metrics.CACHE_MISSES.labels(job.backend).inc()
-        if not _compile(registry, settings, job, version, key):
+        if not _compile(registry, settings, job, version, key, stopping or threading.Event()):
             return
-    # Serving already uses the new variant where its own numbers say so; the race settles it.
-    race_version(registry, settings, version, job.target)
+    if stopping is None or not stopping.is_set():
+        # Serving already uses the new variant where its own numbers say so; the race settles it.
+        race_version(registry, settings, version, job.target)
 
 
 def _take_cached(registry: Registry, job: JobRecord, key: str) -> bool:
@@ -178,7 +183,12 @@ def _tuning_trials(job: JobRecord) -> int:
 
 
 def _compile(
-    registry: Registry, settings: Settings, job: JobRecord, version: VersionRecord, key: str
+    registry: Registry,
+    settings: Settings,
+    job: JobRecord,
+    version: VersionRecord,
+    key: str,
+    stopping: threading.Event,
 ) -> bool:
     """True when the variant turned ready."""
     model = registry.store.get_blob(MODEL_BLOB.format(sha256=version.sha256))
@@ -227,10 +237,13 @@ def _compile(
             timeout_s=compile_limit_s(settings, job),
             memory_mb=settings.compile_memory_mb,
             on_progress=on_progress,
-            cancelled=deleted,
+            cancelled=lambda: stopping.is_set() or deleted(),
         )
     except ChildCancelledError:
-        log.info("job %s: its model was deleted while it compiled; stopped the compile", job.id)
+        if stopping.is_set():
+            log.info("job %s: stopped the compile, as this process stops; it is taken up again", job.id)
+        else:
+            log.info("job %s: its model was deleted while it compiled; stopped the compile", job.id)
         return False
     except VerificationError as exc:
         observe(VariantStatus.rejected)

@@ -11,7 +11,7 @@ import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Protocol
 
@@ -26,6 +26,7 @@ from service.jobs import compile_limit_s, run_compile_job, this_worker
 from service.races import RACE_TIMEOUT_S
 from service.records import SETTLED_JOBS, JobRecord
 from service.registry import Registry
+from service.sandbox import CANCEL_CHECK_S
 from service.settings import Settings
 from service.store import StoreUnavailableError
 
@@ -51,6 +52,11 @@ class JobQueue(Protocol):
     def close(self) -> None: ...
 
 
+# How long closing waits for the compiles under way to stop: their children are asked every
+# CANCEL_CHECK_S, then killed.
+STOP_S = CANCEL_CHECK_S + 3.0
+
+
 class EmbeddedQueue:
     """Threads that each drive one sandboxed compile child: a pool of worker processes.
 
@@ -63,6 +69,8 @@ class EmbeddedQueue:
         self.registry = registry
         self.settings = settings
         self.pool = ThreadPoolExecutor(settings.compile_workers, thread_name_prefix="kiln-compile")
+        self._running: set[Future[None]] = set()
+        self._stopping = threading.Event()
         self.worker = this_worker()
         self._held: set[str] = set()
         self._held_lock = threading.Lock()
@@ -86,11 +94,13 @@ class EmbeddedQueue:
             with self._held_lock:
                 self._held.discard(job.id)
             raise
-        self.pool.submit(self._run, job.id)
+        future = self.pool.submit(self._run, job.id)
+        self._running.add(future)
+        future.add_done_callback(self._running.discard)
 
     def _run(self, job_id: str) -> None:
         try:
-            run_compile_job(self.registry, self.settings, job_id)
+            run_compile_job(self.registry, self.settings, job_id, self._stopping)
         except Exception:  # a store outage, say: held no more, the next sweep takes it up again
             log.exception("job %s failed unexpectedly; it is tried again", job_id)
         finally:
@@ -127,9 +137,14 @@ class EmbeddedQueue:
         return {queue_name(t): unsettled[t] for t in self.settings.host_targets()}
 
     def close(self) -> None:
-        # The lock file stays held until the process exits: a compile under way goes on until
-        # then (Python waits for the pool's threads), and no other process may take it up.
+        # A compile under way is stopped (its child killed, its scratch space removed) before the
+        # store closes, and its job left for the next process to start: a SIGTERM ends the
+        # process as soon as the app has stopped, and a compile going on after that wrote to a
+        # closed store. The lock file stays held until the process exits, so that no other
+        # process takes the job up meanwhile.
+        self._stopping.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        wait(list(self._running), timeout=STOP_S)
 
 
 def make_broker(settings: Settings) -> RedisBroker:

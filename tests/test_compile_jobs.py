@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -20,6 +21,7 @@ from compiler.hardware import local_targets
 from compiler.pipeline import compile_to_bytes
 from service import jobs
 from service.jobs import run_compile_job
+from service.queue import STOP_S, EmbeddedQueue
 from service.records import ArtifactRecord, JobRecord, JobStatus, VariantRecord, VariantStatus
 from service.registry import ARTIFACT_BLOB, ModelView, Registry
 from service.sandbox import CANCEL_CHECK_S
@@ -361,3 +363,28 @@ def test_a_cached_artifact_collected_as_it_is_taken_is_compiled_anew(
     done = registry.get_variant(job.variant_id)
     assert done is not None and done.status == VariantStatus.ready and done.artifact_key == key
     assert get_artifact(key) is not None and registry.get_job(job.id).cache_hit is False
+
+
+def test_a_closing_embedded_queue_stops_its_compile_and_leaves_the_job_to_the_next_start(
+    registry: Registry, handshake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server closes its store as it stops, and a SIGTERM ends it as soon as the app has:
+    a compile that went on wrote to a closed store, and left its scratch space behind."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    job = queued_job(registry)
+    queue = EmbeddedQueue(registry, Settings(data_dir=tmp_path / "data", compile_timeout_s=120))
+    queue.enqueue(job)
+    child = _child_started(handshake)
+    started = time.monotonic()
+    queue.close()
+    assert time.monotonic() - started < STOP_S + 1
+    assert _wait_for(
+        lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE, 5
+    )
+    assert not [t for t in threading.enumerate() if t.name.startswith("kiln-compile") and t.is_alive()]
+    assert list(scratch.iterdir()) == []
+    variant = registry.get_variant(job.variant_id)
+    assert variant is not None and variant.status not in {VariantStatus.failed, VariantStatus.ready}
+    assert registry.get_job(job.id).status == JobStatus.running  # for redelivery to take up

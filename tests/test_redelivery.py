@@ -241,11 +241,12 @@ def compiles(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     ran: list[str] = []
     done = threading.Event()
 
-    def compile_job(registry: Registry, settings: Settings, job_id: str) -> None:
+    def compile_job(registry: Registry, settings: Settings, job_id: str, stopping: threading.Event) -> None:
         ran.append(job_id)
         if FAILURES:
             raise FAILURES.pop()
-        done.wait(30)
+        while not (done.wait(0.05) or stopping.is_set()):
+            pass
 
     monkeypatch.setattr(queue_module, "run_compile_job", compile_job)
     yield ran
