@@ -292,7 +292,7 @@ def test_upload_over_limit(http: httpx.Client) -> None:
         content=iter([start, big[: 1024 * 1024], big[1024 * 1024 :], b"\r\n--kiln--\r\n"]),
         headers={"Content-Type": "multipart/form-data; boundary=kiln"},
     )
-    assert "larger than KILN_MAX_UPLOAD_MB allows" in problem(chunked, 413)
+    assert "larger than KILN_MAX_UPLOAD_MB" in problem(chunked, 413)
     assert chunked.json()["title"] == "Payload too large"
     assert http.get("/v1/models/mlp").json()["versions"][0]["version"] == 1  # nothing was lost
 
@@ -319,18 +319,71 @@ def test_v2_infer_over_limit(http: httpx.Client) -> None:
 
 
 def test_v2_infer_over_limit_once_decompressed(http: httpx.Client) -> None:
-    """A gzip body of 2 KiB that decompresses past KILN_MAX_UPLOAD_MB is refused with 413 as it
-    inflates, as a plain body of that size is; with KILN_RESPONSE_COMPRESSION off, a response
-    goes uncompressed even to a client that takes gzip."""
+    """A gzip body of 2 KiB that decompresses past the JSON limit (KILN_MAX_UPLOAD_MB's 1 here) is
+    refused with 413 as it inflates, as a plain body of that size is; with
+    KILN_RESPONSE_COMPRESSION off, a response goes uncompressed even to a client that takes gzip."""
     bomb = gzip.compress(b"\0" * (2 * 1024 * 1024))
     assert len(bomb) < 4096
     response = http.post("/v2/models/mlp/infer", content=bomb, headers={"Content-Encoding": "gzip"})
     assert response.status_code == 413, response.text
-    assert "decompressed; KILN_MAX_UPLOAD_MB allows 1048576" in response.json()["error"]
+    assert "decompressed; KILN_MAX_JSON_MB allows 1048576" in response.json()["error"]
     x = sample(MLP, 8)
     served = http.post("/v2/models/mlp/infer", json=infer_body(x), headers={"Accept-Encoding": "gzip"})
     assert served.status_code == 200, served.text
     assert len(served.content) > 1024 and "content-encoding" not in served.headers
+
+
+class Doubled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def test_json_inference_is_held_to_its_own_limit_binary_tensors_to_the_upload_s(tmp_path: Path) -> None:
+    """Parsed, JSON takes 10 to 15 times its size in memory: a 130 KB gzip body of 128 MiB of
+    JSON took a server from 0.7 to 2.4 GB, any infer key could send three at once, and the only
+    bound was KILN_MAX_UPLOAD_MB (512)."""
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(Doubled()), buffer)
+    config = {
+        "name": "doubled",
+        "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, -1]}],
+        "backends": [],
+    }
+    big = np.full((1, 600_000), 0.5, np.float32)  # 2.4 MB as binary, 3 MB as JSON
+    json_body = json.dumps(infer_body(big)).encode()
+    with (
+        embedded_server(tmp_path, KILN_MAX_UPLOAD_MB="16", KILN_MAX_JSON_MB="1") as server,
+        httpx.Client(base_url=server.url, timeout=120) as http,
+    ):
+        assert post_upload(http, json.dumps(config), buffer.getvalue()).status_code == 202
+        v2 = "/v2/models/doubled/infer"
+        bomb = http.post(v2, content=gzip.compress(json_body), headers={"Content-Encoding": "gzip"})
+        assert (
+            bomb.status_code == 413
+            and "decompressed; KILN_MAX_JSON_MB allows 1048576" in bomb.json()["error"]
+        )
+        plain = http.post(v2, content=json_body)
+        assert plain.status_code == 413 and "KILN_MAX_JSON_MB allows 1048576" in plain.json()["error"]
+        kserve = http.post("/v1/models/doubled:predict", json={"instances": big.tolist()})
+        assert kserve.status_code == 413 and "KILN_MAX_JSON_MB" in kserve.json()["error"]
+        native = http.post("/v1/models/doubled/predict", json={"inputs": {"x": big.tolist()}})
+        assert "KILN_MAX_JSON_MB" in problem(native, 413)
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "shape": [1, 600_000],
+                        "datatype": "FP32",
+                        "parameters": {"binary_data_size": big.nbytes},
+                    }
+                ]
+            }
+        ).encode()
+        binary = http.post(
+            v2, content=header + big.tobytes(), headers={"Inference-Header-Content-Length": str(len(header))}
+        )
+        assert binary.status_code == 200, binary.text
 
 
 def hang_up_mid_body(port: int, path: str, content_type: str, start: bytes) -> None:

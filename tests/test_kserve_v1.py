@@ -306,7 +306,7 @@ BAD_REQUESTS: dict[str, tuple[str, Any, int, str]] = {
         "output 'output0' has shapes [[1], [2]] in the batches the instances ran in",
     ),
     "unknown model": ("nope", {"instances": [ROW]}, 404, "'nope'"),
-    "too large": ("mlp", b"[" + b"0.5," * 300_000 + b"0.5]", 413, "KILN_MAX_UPLOAD_MB"),
+    "too large": ("mlp", b"[" + b"0.5," * 300_000 + b"0.5]", 413, "KILN_MAX_JSON_MB"),
 }
 
 

@@ -221,5 +221,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.add_middleware(KeyBeforeBody, keys=api_keys, routes=body_routes(routers))
     problems.install(app)
     for router in routers:
-        app.include_router(router)
+        # The native predict's JSON is held to KILN_MAX_JSON_MB, as the inference protocols' is.
+        app.include_router(
+            router, max_body_size=settings.max_json_bytes if router is predict.router else None
+        )
     return app

@@ -47,29 +47,39 @@ def json_request_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": content}}
 
 
-async def bounded_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 past `limit` bytes: a declared length before any is read, a
-    chunked body as it arrives. The route checks this itself, since `hot_path` serves it without
-    the framework's body limit."""
+async def bounded_body(request: Request, limit: int, setting: str = "KILN_MAX_UPLOAD_MB") -> bytes:
+    """The body, refused with 413 past `limit` bytes (the `setting`'s): a declared length before
+    any is read, a chunked body as it arrives. The route checks this itself, since `hot_path`
+    serves it without the framework's body limit."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLargeError(too_large(int(declared), limit))
+        raise PayloadTooLargeError(too_large(int(declared), limit, setting))
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLargeError(too_large(size, limit))
+            raise PayloadTooLargeError(too_large(size, limit, setting))
         chunks.append(chunk)
     return b"".join(chunks)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, decompressed as its Content-Encoding says, and at most `limit` bytes either way."""
+async def read_body(request: Request, limit: int, setting: str = "KILN_MAX_UPLOAD_MB") -> bytes:
+    """The body, decompressed as its Content-Encoding says, and at most `limit` bytes (the
+    `setting`'s) either way."""
     encoding = content_encoding(request.headers.get("content-encoding"))  # before the body is read
-    body = await bounded_body(request, limit)
+    body = await bounded_body(request, limit, setting)
     if encoding is not None:  # inflates to at most `limit`: off the event loop
-        body = await run_in_threadpool(decompress, body, encoding, limit)
+        body = await run_in_threadpool(decompress, body, encoding, limit, setting)
     return body
+
+
+async def inference_body(request: Request, settings: Settings, binary: bool) -> bytes:
+    """An inference request's body: JSON is held to KILN_MAX_JSON_MB, decompressed too, as its
+    parse takes many times its size; a binary one (`binary`: its JSON header's length given) to
+    KILN_MAX_UPLOAD_MB."""
+    if binary:
+        return await read_body(request, settings.max_request_bytes)
+    return await read_body(request, settings.max_json_bytes, "KILN_MAX_JSON_MB")
 
 
 async def answer(

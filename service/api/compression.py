@@ -36,7 +36,7 @@ def content_encoding(header: str | None) -> str | None:
     return encoding
 
 
-def decompress(body: bytes, encoding: str, limit: int) -> bytes:
+def decompress(body: bytes, encoding: str, limit: int, setting: str = "KILN_MAX_UPLOAD_MB") -> bytes:
     """The body as it was before `encoding`; 413 once it passes `limit` bytes, which a small body
     can (compressed zeros shrink a thousandfold), and 400 for data that is not of that encoding.
     One gzip member, as tritonclient and Triton write: a body of many members would each time
@@ -48,7 +48,7 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
         raise BadRequestError(f"the request body is not valid {encoding} data: {exc}") from exc
     if len(out) > limit:
         raise PayloadTooLargeError(
-            f"the request body is more than {limit} bytes decompressed; KILN_MAX_UPLOAD_MB allows {limit}"
+            f"the request body is more than {limit} bytes decompressed; {setting} allows {limit}"
         )
     if not stream.eof:
         raise BadRequestError(f"the request body's {encoding} data ends early")

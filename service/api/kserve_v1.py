@@ -24,9 +24,9 @@ from service.api.bodies import (
     INLINE_JSON_BYTES,
     INLINE_JSON_ELEMENTS,
     answer,
+    inference_body,
     json_request_body,
     parsed,
-    read_body,
 )
 from service.api.deps import Services, services
 from service.api.protocol import InferRoute, check_infer, version_number
@@ -206,7 +206,7 @@ def encoded(outputs: Arrays, rows: int | None) -> bytes:
 
 async def _predict(request: Request, name: str, version: int | None) -> Response:
     svc = await services(request)
-    body = await read_body(request, svc.settings.max_request_bytes)
+    body = await inference_body(request, svc.settings, binary=False)
     route = await svc.runtime.aroute(name, version)
     decode = partial(decoded, body, route.spec, route.version.outputs)
     rows, batches = decode() if len(body) <= INLINE_JSON_BYTES else await run_in_threadpool(decode)

@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY
 from starlette.requests import ClientDisconnect
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -67,8 +68,8 @@ def problem(status: int, title: str, detail: str, headers: dict[str, str] | None
     )
 
 
-def too_large(size: int, limit: int) -> str:
-    return f"the request body is at least {size} bytes; KILN_MAX_UPLOAD_MB allows {limit}"
+def too_large(size: int, limit: int, setting: str = "KILN_MAX_UPLOAD_MB") -> str:
+    return f"the request body is at least {size} bytes; {setting} allows {limit}"
 
 
 class DeclaredTooLarge:
@@ -96,9 +97,12 @@ class DeclaredTooLarge:
                 return  # the plain text's body
             if message["type"] == "http.response.start" and message["status"] == 413 and _plain(message):
                 replaced = True
-                declared = int(Headers(scope=scope).get("content-length", str(self.limit + 1)))
-                error = PayloadTooLargeError(too_large(declared, self.limit))
                 route = scope.get("route")  # set by the router once it matched
+                # The limit in force: a route's own is below the app's only for JSON inference.
+                limit = scope.get(MAX_BODY_SIZE_SCOPE_KEY) or self.limit
+                setting = "KILN_MAX_JSON_MB" if limit < self.limit else "KILN_MAX_UPLOAD_MB"
+                declared = int(Headers(scope=scope).get("content-length", str(limit + 1)))
+                error = PayloadTooLargeError(too_large(declared, limit, setting))
                 await self.answer(route)(error)(scope, receive, send)
                 return
             await send(message)
@@ -121,8 +125,12 @@ def http_detail(exc: HTTPException) -> tuple[int, str]:
     """The status and words of Starlette's own HTTP error, saying what to fix."""
     if disk_full(exc.__cause__):  # FastAPI's "error parsing the body", spooling an upload
         return 503, disk_full_detail()
-    if exc.status_code == 413:  # a body sent in chunks, past max_body_size
-        return 413, "the request body is larger than KILN_MAX_UPLOAD_MB allows"
+    if exc.status_code == 413:  # past max_body_size: the app's, or a JSON inference route's
+        return (
+            413,
+            "the request body is larger than KILN_MAX_UPLOAD_MB, or for JSON inference "
+            "KILN_MAX_JSON_MB, allows",
+        )
     if exc.status_code == 400 and str(exc.detail).startswith(FIELD_TOO_LARGE):
         return 413, (
             f"the form field config is over {FORM_FIELD_BYTES >> 20} MiB: give fewer or smaller "

@@ -16,14 +16,14 @@ from starlette.concurrency import run_in_threadpool
 
 from compiler.spec import DTYPES, InputSpec
 from service.api.auth import infer_scope
-from service.api.bodies import INLINE_JSON_BYTES, INLINE_JSON_ELEMENTS, answer, read_body
+from service.api.bodies import INLINE_JSON_BYTES, INLINE_JSON_ELEMENTS, answer, inference_body
 from service.api.deps import Services, ServicesDep, services
 from service.api.health import readiness
 from service.api.protocol import InferRoute, ProtocolRoute, check_infer, version_number
 from service.api.schemas import ProtocolError, error_responses
 from service.batcher import BatchPolicy, Gone
 from service.classification import check_classified, classified, classify_cost
-from service.errors import BadRequestError, NotFoundError, NotReadyError
+from service.errors import BadRequestError, NotFoundError, NotReadyError, PayloadTooLargeError
 from service.records import VersionRecord
 from service.registry import ModelView
 from service.router import servable, serving_version
@@ -323,8 +323,17 @@ async def run_infer(
 
 async def _infer(request: Request, name: str, version: int | None) -> Response:
     svc = await services(request)
-    body = await read_body(request, svc.settings.max_request_bytes)
     header_length = request.headers.get(HEADER_LENGTH)
+    body = await inference_body(request, svc.settings, header_length is not None)
+    if (
+        header_length is not None
+        and header_length.isdigit()
+        and int(header_length) > svc.settings.max_json_bytes
+    ):
+        raise PayloadTooLargeError(
+            f"the request's JSON header is {header_length} bytes; KILN_MAX_JSON_MB allows "
+            f"{svc.settings.max_json_bytes}: send large tensors as binary data"
+        )
     shared = svc.shared_memory
     if decodes_inline(body, header_length) and not names_shared_memory(body, header_length):
         infer = decode_request(body, header_length, shared)
