@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import httpx
@@ -17,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import models
 from tests.client import Samples, check_classes, expected, sample, scrape, upload
-from tests.servers import KilnServer, running
+from tests.servers import KilnServer, embedded_server, running
 from tests.test_v2 import HEADS
 
 ADMIN, INFER = "admin-secret", "infer-secret"
@@ -390,3 +391,22 @@ def test_an_unknown_method_is_unimplemented(server: KilnServer) -> None:
         with pytest.raises(grpc.RpcError) as caught:
             call(b"", metadata=tuple(ADMIN_KEY.items()))
     assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED, caught.value
+
+
+def test_a_stream_request_id_cannot_forge_log_lines(tmp_path: Path) -> None:
+    """Text logs carry the request id: a stream request's was taken as sent, newline included,
+    where HTTP's and unary gRPC's ids must be short and printable."""
+    forged = "abc]\nFORGED ERROR kiln.auth admin key rotated"
+    with (
+        embedded_server(tmp_path, KILN_LOG_FORMAT="text") as server,
+        httpx.Client(base_url=server.url, timeout=60) as http,
+        triton.InferenceServerClient(server.grpc_address) as client,
+    ):
+        assert upload(http, MLP, backends=[]).status_code == 202
+        traced = {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1"}
+        assert http.post("/v2/trace/setting", json=traced).status_code == 200
+        [(result, error)] = streamed(client, [("mlp", forged)], None)
+        assert error is None and result is not None and result.get_response().id == forged  # echoed
+    lines = server.log.read_text().splitlines()
+    assert any("kiln.trace" in line for line in lines), server.tail()
+    assert not [line for line in lines if line.startswith("FORGED")]

@@ -28,10 +28,12 @@ PLACEHOLDERS = ("change-me", "replace-me")
 def parse_keys(text: str) -> dict[str, Scope]:
     """`key1:admin,key2:infer` -> {key: scope}."""
     keys: dict[str, Scope] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    for n, item in enumerate(filter(None, (part.strip() for part in text.split(","))), 1):
         key, sep, scope = item.rpartition(":")
         if not sep or not key or scope not in Scope.__members__:
-            raise InvalidConfigError(f"KILN_API_KEYS: expected KEY:admin or KEY:infer, got {item!r}")
+            # Named by place and scope, never by the key: this goes to the logs.
+            why = "it has no ':'" if not sep else "it has no key" if not key else f"its scope reads {scope!r}"
+            raise InvalidConfigError(f"KILN_API_KEYS: entry {n} must be KEY:admin or KEY:infer; {why}")
         if key.lower().startswith(PLACEHOLDERS):
             raise InvalidConfigError(
                 f"KILN_API_KEYS: {key!r} is the example's placeholder, not a key: set keys of your "

@@ -35,7 +35,7 @@ from service.api.deps import Services
 from service.api.grpc_stream import in_order
 from service.api.grpc_tensors import decode, decodes_inline, encode
 from service.api.health import readiness
-from service.api.middleware import incoming_or_new
+from service.api.middleware import SANE_ID, incoming_or_new
 from service.api.problems import validation_detail
 from service.api.triton_load import load_request
 from service.errors import (
@@ -302,7 +302,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
         """A request's answer, or its error, as Triton sends either: marked final (a model that
         is not decoupled sends one), and an error with the request's id, so that the client
         knows which failed. Runs in a task of its own: its log lines carry the request's id."""
-        if request.id:
+        if SANE_ID.fullmatch(request.id):  # as HTTP's: a newline in it would forge log lines
             request_id.set(f"{request_id.get()}/{request.id}")
         try:
             response = await self._infer(request)
