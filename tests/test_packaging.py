@@ -526,7 +526,10 @@ def test_the_shipped_placeholder_keys_are_refused() -> None:
     assert parse_keys("7f3a9c:admin,") == {"7f3a9c": Scope.admin}
     assert parse_keys("") == {}
     # A malformed entry is named by its place, never by the secret, which went to the logs.
-    for keys, why in [("a1:admin,s3cr3t:Admin", "its scope reads 'Admin'"), ("a1:admin,s3cr3t", "no ':'")]:
+    for keys, why in [
+        ("a1:admin,s3cr3t:Admin", "its scope reads 'Admin'"),
+        ("a1:admin,s3cr3t", "it has no ':'"),
+    ]:
         with pytest.raises(InvalidConfigError) as refused:
             parse_keys(keys)
         assert f"entry 2 must be KEY:admin or KEY:infer; {why}" in str(refused.value)
