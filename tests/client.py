@@ -62,6 +62,18 @@ def infer_body(x: np.ndarray, **extra: object) -> dict[str, object]:
     return {"inputs": [tensor], **extra}
 
 
+def binary_infer(x: np.ndarray, **extra: object) -> dict[str, Any]:
+    """httpx's arguments for a v2 infer of a single-input model's float32 `x` as binary data."""
+    tensor = {
+        "name": "x",
+        "shape": list(x.shape),
+        "datatype": "FP32",
+        "parameters": {"binary_data_size": x.nbytes},
+    }
+    header = json.dumps({"inputs": [tensor], **extra}).encode()
+    return {"content": header + x.tobytes(), "headers": {"Inference-Header-Content-Length": str(len(header))}}
+
+
 def predict(
     http: httpx.Client, name: str, x: np.ndarray, backend: str | None = None, version: int | None = None
 ) -> httpx.Response:

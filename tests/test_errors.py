@@ -20,7 +20,7 @@ import psutil
 import pytest
 import torch
 
-from tests.client import expected, infer_body, predict, sample, scrape, upload, value
+from tests.client import binary_infer, expected, infer_body, predict, sample, scrape, upload, value
 from tests.models import MODELS, TOKENS
 from tests.repositories import scripted
 from tests.servers import KilnServer, RedisServer, embedded_server, running, wait_until
@@ -368,21 +368,7 @@ def test_json_inference_is_held_to_its_own_limit_binary_tensors_to_the_upload_s(
         assert kserve.status_code == 413 and "KILN_MAX_JSON_MB" in kserve.json()["error"]
         native = http.post("/v1/models/doubled/predict", json={"inputs": {"x": big.tolist()}})
         assert "KILN_MAX_JSON_MB" in problem(native, 413)
-        header = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "shape": [1, 600_000],
-                        "datatype": "FP32",
-                        "parameters": {"binary_data_size": big.nbytes},
-                    }
-                ]
-            }
-        ).encode()
-        binary = http.post(
-            v2, content=header + big.tobytes(), headers={"Inference-Header-Content-Length": str(len(header))}
-        )
+        binary = http.post(v2, **binary_infer(big))
         assert binary.status_code == 200, binary.text
 
 

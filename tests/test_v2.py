@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from service.api import compression, v2
 from tests import models
-from tests.client import check_classes, expected, infer_body, sample, upload
+from tests.client import binary_infer, check_classes, expected, infer_body, sample, upload
 from tests.servers import KilnServer
 
 ADMIN, INFER = "admin-secret", "infer-secret"
@@ -214,23 +214,8 @@ def test_json_on_the_wire(http: httpx.Client) -> None:
 
 def test_binary_on_the_wire(http: httpx.Client) -> None:
     x = sample(MLP, 2)
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "shape": [2, 64],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": x.nbytes},
-                }
-            ],
-            "parameters": {"binary_data_output": True},
-        }
-    ).encode()
     response = http.post(
-        "/v2/models/mlp/versions/1/infer",
-        content=header + x.tobytes(),
-        headers={"Inference-Header-Content-Length": str(len(header))},
+        "/v2/models/mlp/versions/1/infer", **binary_infer(x, parameters={"binary_data_output": True})
     )
     assert response.status_code == 200, response.text
     assert response.headers["content-type"] == "application/octet-stream"
