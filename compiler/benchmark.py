@@ -9,7 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from compiler.runner import Runner
-from compiler.spec import InputSpec
+from compiler.spec import TRACE_FILL, InputSpec
+
+# Where a spec has dynamic dims other than the batch (a sequence's length), runners are timed with
+# them at this size too, beside TRACE_FILL: timed at 8 alone, a TVM build of an attention 7x
+# faster than TorchScript there served 64 tokens 2x and 2048 tokens 2.3x slower.
+LONG_FILL = 8 * TRACE_FILL
+# Unless the inputs would take more than this at the largest batch.
+LONG_FILL_MAX_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -59,3 +66,38 @@ def benchmark(
         for b in benchmark_batches(spec)
     }
     return BenchmarkReport(latency)
+
+
+def long_latency(runner: Runner, spec: InputSpec, budget_s: float = 1.0) -> dict[int, float]:
+    """Median ms at each benchmark batch with the dynamic dims other than the batch at LONG_FILL;
+    none where the spec has no such dims, or the runner does not take or run that size (a
+    request of it goes to TorchScript; a model may take 16 positions at most)."""
+    varies = any(-1 in t.shape[1 if t.batched else 0 :] for t in spec.inputs)
+    if not varies or spec.nbytes(spec.largest_batch, LONG_FILL) > LONG_FILL_MAX_BYTES:
+        return {}
+    rng = np.random.default_rng(1)
+    try:
+        return {
+            b: time_runner(runner, spec.random_inputs(b, rng, LONG_FILL), 1, 10, budget_s)
+            for b in benchmark_batches(spec)
+        }
+    except Exception:  # OutsideDimsError, or the model's own limit
+        return {}
+
+
+def at_worst(
+    latency: dict[int, float],
+    long: dict[int, float],
+    baseline: dict[int, float],
+    baseline_long: dict[int, float],
+) -> dict[int, float]:
+    """A variant's latency at each batch as the router is to weigh it: TorchScript's (`baseline`)
+    times the variant's worst ratio to it, at TRACE_FILL or at LONG_FILL. The router compares
+    at the batch alone, and a variant that wins short inputs must not serve long ones slower."""
+    worst = {}
+    for b, ms in latency.items():
+        ratios = [ms / baseline[b]]
+        if b in long and b in baseline_long:
+            ratios.append(long[b] / baseline_long[b])
+        worst[b] = baseline[b] * max(ratios)
+    return worst

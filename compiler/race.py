@@ -16,7 +16,7 @@ import numpy as np
 
 from compiler.artifact import Artifact
 from compiler.backends import REFERENCE, get_backend, load_artifact
-from compiler.benchmark import benchmark_batches, fresh, time_runner
+from compiler.benchmark import at_worst, benchmark_batches, fresh, long_latency, time_runner
 from compiler.runner import Runner
 from compiler.spec import InputSpec
 from compiler.threads import set_threads
@@ -125,4 +125,11 @@ def race_artifacts(
         artifact = Artifact.unpack(packed)
         runners[name] = load_artifact(artifact)
     batches = tuple(benchmark_batches(spec))
-    return race(runners, spec, batches, rounds, ROUND_S)
+    timings = race(runners, spec, batches, rounds, ROUND_S)
+    baseline, baseline_long = timings[REFERENCE], long_latency(runners[REFERENCE], spec)
+    return {
+        name: ms
+        if name == REFERENCE
+        else at_worst(ms, long_latency(runners[name], spec), baseline, baseline_long)
+        for name, ms in timings.items()
+    }

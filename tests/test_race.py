@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from compiler.backends import get_backend
+from compiler.benchmark import LONG_FILL, at_worst, benchmark, long_latency
 from compiler.race import race
-from compiler.spec import InputSpec
+from compiler.spec import TRACE_FILL, InputSpec
 from service.races import race_version
 from service.records import VariantRecord, VariantStatus, VersionRecord
 from service.registry import ARTIFACT_BLOB, Registry
@@ -210,3 +211,51 @@ def test_a_variant_far_slower_than_torchscript_is_not_raced(registry: Registry) 
     registry.update_variant("tvm", latency_ms_by_batch={1: 1.0, 8: 8.0})
     race_version(registry, Settings(threads=1), version, TARGET)
     assert all(mlp_v1(registry)[1][name].raced_at is None for name in COMPILED)
+
+
+class ByLength:
+    """A runner whose time follows its input's length: `short` ms at TRACE_FILL, `long` at
+    LONG_FILL; or, `refuses`, one that cannot run long inputs."""
+
+    backend = "test"
+
+    def __init__(self, short: float, long: float, refuses: bool = False) -> None:
+        self.short, self.long, self.refuses = short, long, refuses
+
+    def run(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        length = inputs["x"].shape[1]
+        if length == LONG_FILL and self.refuses:
+            raise ValueError("at most 16 positions")
+        time.sleep((self.short if length == TRACE_FILL else self.long) / 1000)
+        return {"output0": inputs["x"][:, :1]}
+
+
+def test_a_variant_that_wins_short_inputs_and_loses_long_ones_is_weighed_at_its_worst() -> None:
+    """Timed at 8 tokens alone, a TVM build of an attention 7x faster than TorchScript there was
+    served for 2048 tokens, 2.3x slower."""
+    spec = InputSpec.from_dicts([{"name": "x", "dtype": "float32", "shape": [-1, -1]}], 2)
+    variant, torchscript = ByLength(short=0.5, long=20.0), ByLength(short=5.0, long=10.0)
+    baseline = benchmark(torchscript, spec).latency_ms
+    weighed = at_worst(
+        benchmark(variant, spec).latency_ms,
+        long_latency(variant, spec),
+        baseline,
+        long_latency(torchscript, spec),
+    )
+    assert all(weighed[b] > 1.5 * baseline[b] for b in baseline), (weighed, baseline)  # twice as slow, long
+    faster = ByLength(short=0.5, long=2.0)  # faster at both: weighed at its worse ratio, still a win
+    kept = at_worst(
+        benchmark(faster, spec).latency_ms,
+        long_latency(faster, spec),
+        baseline,
+        long_latency(torchscript, spec),
+    )
+    assert all(kept[b] < 0.5 * baseline[b] for b in baseline), (kept, baseline)
+    # A model that cannot run long inputs, or a spec without such dims, is weighed as timed.
+    assert long_latency(ByLength(1.0, 1.0, refuses=True), spec) == {}
+    assert (
+        long_latency(
+            torchscript, InputSpec.from_dicts([{"name": "x", "dtype": "float32", "shape": [-1, 8]}], 2)
+        )
+        == {}
+    )
