@@ -632,11 +632,13 @@ class Runtime:
 
     def _stand_in(self, route: Route, batch: int) -> tuple[VariantRecord, Loaded] | None:
         """The fastest variant of the route's version that is loaded already and no slower than
-        TorchScript at this batch size (a stand-in never serves slower than the upload), if any."""
+        TorchScript at this batch size (a stand-in never serves slower than the upload), if any;
+        not one benched for failing a batch, which stays loaded."""
         candidates = []
+        now = time.monotonic()
         for v in serving_group(servable(route.variants, self.targets)):
             ratio = cost_ratio(v, batch)
-            if ratio is not None and ratio <= 1:
+            if ratio is not None and ratio <= 1 and self._unloadable.get(v.id, 0.0) <= now:
                 with self._lock:  # looked at, not touched: only the one that serves is used
                     if runner_key(route.version, v) in self._loaded:
                         candidates.append((ratio, v))

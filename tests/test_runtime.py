@@ -351,6 +351,18 @@ def test_a_variant_slower_than_torchscript_never_stands_in(runtime: Runtime) -> 
     assert runtime.loaded_runners == 2
 
 
+def test_a_benched_variant_never_stands_in(runtime: Runtime) -> None:
+    """ONNX Runtime, loaded and fastest at batch 8, failed a batch that TorchScript ran: benched,
+    it stays loaded, and it stood in while TorchScript loaded, failing again."""
+    route = runtime.route("mlp", None)
+    [ort] = [v for v in route.variants if v.backend == "onnxruntime"]
+    runtime.load(route.version, ort)
+    runtime._unloadable[ort.id] = time.monotonic() + 60  # as a failed batch benches it
+    x8 = np.ones((8, 64), np.float32)
+    served = asyncio.run(runtime.predict("mlp", None, {"x": x8}))
+    assert served.variant.backend == "torchscript"
+
+
 def test_each_batching_model_runs_its_batches_on_one_thread(
     runtime: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
