@@ -288,7 +288,9 @@ def _compile(
             if registry.get_variant(job.variant_id) is None:
                 # Deleted since: its deletion may have read the variant before it had the
                 # artifact, and would never collect it.
-                log.info("job %s: its model was deleted as it stored the artifact; dropping it", job.id)
+                log.info(
+                    "job %s: its model was deleted as it stored the artifact; dropping the artifact", job.id
+                )
                 registry.collect_artifacts([key])
                 return False
             if registry.get_artifact(key) is None:  # collected with the model of an identical compile

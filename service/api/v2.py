@@ -327,7 +327,7 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
     body = await inference_body(request, svc.settings, header_length is not None)
     if (
         header_length is not None
-        and header_length.isdigit()
+        and header_length.isdecimal()  # "²" is a digit, but int() refuses it: decode_request says so
         and int(header_length) > svc.settings.max_json_bytes
     ):
         raise PayloadTooLargeError(
