@@ -72,8 +72,7 @@ def long_latency(runner: Runner, spec: InputSpec, budget_s: float = 1.0) -> dict
     """Median ms at each benchmark batch with the dynamic dims other than the batch at LONG_FILL;
     none where the spec has no such dims, or the runner does not take or run that size (a
     request of it goes to TorchScript; a model may take 16 positions at most)."""
-    varies = any(-1 in t.shape[1 if t.batched else 0 :] for t in spec.inputs)
-    if not varies or spec.nbytes(spec.largest_batch, LONG_FILL) > LONG_FILL_MAX_BYTES:
+    if not spec.free_dims or spec.nbytes(spec.largest_batch, LONG_FILL) > LONG_FILL_MAX_BYTES:
         return {}
     rng = np.random.default_rng(1)
     try:

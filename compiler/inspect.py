@@ -151,7 +151,7 @@ def _varied(runner: TorchScriptRunner, spec: InputSpec, rng: np.random.Generator
     """The outputs' shapes at batch 1 with the inputs' other dynamic dimensions at VARIED_FILL
     (none if they have none): where they differ from those at TRACE_FILL, the output follows
     them. A model that cannot run so shows its outputs' dimensions as they were at TRACE_FILL."""
-    if not any(-1 in t.shape[1 if t.batched else 0 :] for t in spec.inputs):
+    if not spec.free_dims:
         return {}
     try:
         outputs = runner.run(spec.random_inputs(1, rng, VARIED_FILL))

@@ -138,6 +138,11 @@ class InputSpec:
         return all(t.batched for t in self.inputs)
 
     @property
+    def free_dims(self) -> bool:
+        """Whether an input has a dynamic dim besides the batch (a sequence's length)."""
+        return any(-1 in t.shape[1 if t.batched else 0 :] for t in self.inputs)
+
+    @property
     def largest_batch(self) -> int:
         """The largest batch one call may have: as check() takes them, up to max_batch_size rows
         wherever an input's first dimension is the batch, though only a `batched` spec's calls
