@@ -8,6 +8,9 @@ import threading
 
 log = logging.getLogger("kiln.periodic")
 
+# How long a stop waits for a turn or a load in progress, which cannot be cut short.
+STOP_WAIT_S = 10.0
+
 
 class Periodic:
     """Runs `run_once` every `interval_s` on a daemon thread, from `start` until `stop`."""
@@ -31,8 +34,8 @@ class Periodic:
                 log.exception("%s failed; it runs again in %g s", self._thread.name, self.interval_s)
 
     def stop(self, wait_s: float | None = None) -> None:
-        """Waits for a turn in progress, up to `wait_s` (the thread is a daemon: one that cannot
-        be cut short, past it, does not keep the process from exiting)."""
+        """Waits for a turn in progress, up to `wait_s` (None: STOP_WAIT_S). The thread is a
+        daemon: one that hangs on the store past it does not keep the process from exiting."""
         self._stop.set()
         if self._thread.ident is not None:  # a start that failed earlier stops what never started
-            self._thread.join(wait_s)
+            self._thread.join(STOP_WAIT_S if wait_s is None else wait_s)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from service.errors import NotFoundError, NotReadyError
+from service.periodic import STOP_WAIT_S
 from service.runtime import Runtime
 from service.store import StoreUnavailableError
 
@@ -20,8 +21,6 @@ log = logging.getLogger("kiln.preload")
 EVERY_MODEL = "*"
 # While the store is unreachable, how often to ask it again: readiness fails on it meanwhile.
 STORE_RETRY_S = 1.0
-# How long shutdown waits for a load in progress, which cannot be cut short.
-STOP_WAIT_S = 10.0
 T = TypeVar("T")
 
 

@@ -36,3 +36,29 @@ def test_a_turn_that_raises_does_not_end_the_thread(caplog: pytest.LogCaptureFix
     [record] = caplog.records
     assert record.getMessage() == "kiln-flaky failed; it runs again in 0.01 s"
     assert record.exc_info is not None and "EXECABORT" in str(record.exc_info[1])
+
+
+class Hung(Periodic):
+    def __init__(self) -> None:
+        super().__init__("kiln-hung", 0.01)
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def run_once(self) -> None:
+        self.entered.set()
+        self.release.wait()  # a store call that never answers
+
+
+def test_stop_gives_up_on_a_hung_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shutdown is not held forever by a turn stuck on the store: stop waits a bounded time."""
+    monkeypatch.setattr("service.periodic.STOP_WAIT_S", 0.2)
+    hung = Hung()
+    hung.start()
+    try:
+        assert hung.entered.wait(10)
+        stopper = threading.Thread(target=hung.stop)
+        stopper.start()
+        stopper.join(5)
+        assert not stopper.is_alive()
+    finally:
+        hung.release.set()

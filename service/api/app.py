@@ -47,7 +47,7 @@ from service.deletions import DeletionSweep
 from service.errors import KilnError
 from service.log_settings import LogControl
 from service.memory import collect_young_less_often, freeze_heap
-from service.preload import STOP_WAIT_S, Preload
+from service.preload import Preload
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
 from service.redelivery import EmbeddedRedelivery
 from service.registry import Registry
@@ -184,12 +184,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             shutdown.unwatch()
             await run_in_threadpool(preload.stop)  # waits for a load in progress
             if poller is not None:  # as long as preload waits; it may wait for the lock, uncut
-                await run_in_threadpool(poller.stop, STOP_WAIT_S)
+                await run_in_threadpool(poller.stop)
             await run_in_threadpool(logs.stop)
             await run_in_threadpool(traces.stop)
             await run_in_threadpool(sweep.stop)
             if redelivery is not None:
-                await run_in_threadpool(redelivery.stop, STOP_WAIT_S)
+                await run_in_threadpool(redelivery.stop)
             if grpc_server is not None:  # awaits a drain under way
                 await grpc_server.stop(GRPC_GRACE_S)
             if grpc_drain is not None:  # still waiting, when the app stops with no signal
