@@ -241,6 +241,8 @@ def _compile(
         )
     except ChildCancelledError:
         if stopping.is_set():
+            # A restart is no failed attempt: twelve rollouts would otherwise fail a long tuning.
+            registry.update_job(job.id, attempts=job.attempts)
             log.info("job %s: stopped the compile, as this process stops; it is taken up again", job.id)
         else:
             log.info("job %s: its model was deleted while it compiled; stopped the compile", job.id)

@@ -387,4 +387,6 @@ def test_a_closing_embedded_queue_stops_its_compile_and_leaves_the_job_to_the_ne
     assert list(scratch.iterdir()) == []
     variant = registry.get_variant(job.variant_id)
     assert variant is not None and variant.status not in {VariantStatus.failed, VariantStatus.ready}
-    assert registry.get_job(job.id).status == JobStatus.running  # for redelivery to take up
+    stopped = registry.get_job(job.id)
+    assert stopped.status == JobStatus.running  # for redelivery to take up
+    assert stopped.attempts == job.attempts  # a restart does not bring its giving up nearer
