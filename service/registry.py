@@ -51,6 +51,8 @@ MODEL_BLOBS_LOCK_S = 30.0
 # sees the artifact of every variant it deletes. Taken before MODEL_BLOBS_LOCK.
 MODEL_LOCK = "model:{name}"
 MODEL_LOCK_S = 30.0
+# A worker doc this long unannounced is a killed worker's, and is dropped.
+FORGET_WORKER_S = 86400.0
 
 
 def version_id(name: str, version: int) -> str:
@@ -423,9 +425,18 @@ class Registry:
         self.store.delete_doc("worker", worker_id)
 
     def live_workers(self, max_age_s: float) -> list[WorkerRecord]:
-        """Workers heard from in the last `max_age_s`; a killed worker's doc just goes stale."""
-        workers = [WorkerRecord.model_validate(d) for d in self.store.list_docs("worker")]
-        return [w for w in workers if now() - w.last_seen <= max_age_s]
+        """Workers heard from in the last `max_age_s`. A killed worker's doc goes stale, and is
+        dropped once FORGET_WORKER_S old: every pod a rollout replaced would stay, read by each
+        upload. One that comes back announces itself again."""
+        live = []
+        for doc in self.store.list_docs("worker"):
+            worker = WorkerRecord.model_validate(doc)
+            age = now() - worker.last_seen
+            if age > FORGET_WORKER_S:
+                self.remove_worker(worker.id)
+            elif age <= max_age_s:
+                live.append(worker)
+        return live
 
     def live_targets(self, max_age_s: float) -> set[str]:
         return {t for w in self.live_workers(max_age_s) for t in w.targets}

@@ -255,6 +255,10 @@ def test_live_targets_ignore_stale_workers(tmp_path: Path) -> None:
     assert registry.live_targets(max_age_s=15) == {"cpu-x"}
     registry.remove_worker("a-1")
     assert registry.live_targets(max_age_s=3600) == {"cuda-sm90"}
+    # A doc silent for a day is a killed worker's: it is dropped, not read by every upload forever.
+    registry.announce_worker(WorkerRecord(id="c-3", targets=["cpu-y"], backends={}, last_seen=now() - 86401))
+    assert registry.live_targets(max_age_s=10**6) == {"cuda-sm90"}
+    assert {d["id"] for d in registry.store.list_docs("worker")} == {"b-2"}
 
 
 def test_kiln_targets_command() -> None:
