@@ -233,7 +233,7 @@ _JSON_KINDS = {
     "b": "true/false",
     "i": "integers",
     "u": "integers",
-    "f": "numbers with a fraction, or integers too large for int64",
+    "f": "numbers written with a decimal point or exponent (1.0, 1e3), or integers too large for int64",
     "U": "strings",
     "O": "values that are not all numbers (null, objects, mixed kinds), or integers too large for int64",
 }

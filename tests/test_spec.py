@@ -65,8 +65,11 @@ def test_no_values_for_an_integer_input_are_an_empty_array() -> None:
     """numpy makes floats of `[]`: no values, which v2 takes too, are not refused as fractions."""
     assert to_array([], "int64", "k").dtype == np.int64
     assert to_array([[]], "int64", "k").shape == (1, 0)
-    with pytest.raises(InputMismatchError, match="received numbers with a fraction"):
+    with pytest.raises(InputMismatchError, match=r"received numbers written with a decimal point"):
         to_array([0.5], "int64", "k")
+    # 1.0 has no fraction: the message says what is wrong with it, its writing.
+    with pytest.raises(InputMismatchError, match=r"\(1\.0, 1e3\)"):
+        to_array([1.0, 2, 3], "int64", "k")
 
 
 def test_true_and_false_are_only_for_bool_inputs() -> None:
