@@ -146,6 +146,12 @@ def _plain(start: Message) -> bool:
 def validation_detail(exc: RequestValidationError | ValidationError) -> str:
     parts = []
     for err in exc.errors():
+        if err.get("type") == "json_invalid":  # FastAPI's loc is the offset: "29: JSON decode error"
+            offset = err["loc"][-1]
+            parts.append(
+                f"the body is not valid JSON: {err.get('ctx', {}).get('error')} at character {offset}"
+            )
+            continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
     return "; ".join(parts)
