@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from compiler.backends import ANY_TARGET, REFERENCE, pads_batches, reference_target
-from service.errors import NotFoundError
+from compiler.backends import ANY_TARGET, REFERENCE, REGISTRY, pads_batches, reference_target
+from service.errors import BadRequestError, NotFoundError
 from service.records import VariantRecord, VariantStatus, VersionRecord
 from service.registry import ModelView
 
@@ -57,6 +57,8 @@ def choose_variant(
     version's variants have raced (service.races) they share one TorchScript timing, and the
     ratio orders them as their times in that race do.
     """
+    if backend is not None and backend not in REGISTRY:  # a typo is not a compile still to come
+        raise BadRequestError(f"unknown backend {backend!r}; use one of {sorted(REGISTRY)}")
     ready = servable(variants, targets)
     if backend is not None:
         pinned = [v for v in ready if v.backend == backend]

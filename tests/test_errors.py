@@ -140,6 +140,16 @@ def test_a_body_not_sent_as_json_says_so(http: httpx.Client) -> None:
     assert http.put("/v1/models/nope/default-version", json={"version": 1}).status_code == 404  # read
 
 
+def test_a_body_that_is_not_json_says_where(http: httpx.Client) -> None:
+    """The README's example with its `...` left in: the 422 said "17: JSON decode error"."""
+    response = http.post(
+        "/v1/models/mlp/predict",
+        content=b'{"inputs": {"x": [[0.0, 0.1, ...]]}}',
+        headers={"Content-Type": "application/json"},
+    )
+    assert problem(response, 422) == "the body is not valid JSON: Expecting value at character 29"
+
+
 def test_uploads_are_checked_a_few_at_a_time(tmp_path: Path) -> None:
     """Each upload's check is a child allowed KILN_COMPILE_MEMORY_MB: a burst of uploads ran them
     all at once (12 uploads, 13 children), which could take the host's memory."""
@@ -205,6 +215,9 @@ def test_a_full_temporary_disk_is_a_503_that_says_so(tmp_path: Path) -> None:
 def test_unknown_backend(http: httpx.Client) -> None:
     config = json.dumps(MLP.config(backends=["nope"]))
     assert "nope" in problem(post_upload(http, config, MLP.torchscript()), 422)
+    # Pinned at predict: it was a 404 "no ready 'nope' variant", as for one still compiling.
+    detail = problem(predict(http, "mlp", sample(MLP, 1), backend="nope"), 400)
+    assert detail.startswith("unknown backend 'nope'; use one of [") and "'tvm'" in detail, detail
 
 
 def test_file_not_torchscript(http: httpx.Client) -> None:
