@@ -36,11 +36,22 @@ def _listed(value: object) -> object:
     return [value] if isinstance(value, str) else value
 
 
+def _not_bool(value: object) -> object:
+    """Triton's parser takes a number or its string; pydantic would take true for 1."""
+    if isinstance(value, bool):
+        raise ValueError("a number, or a string of one, not true or false")
+    return value
+
+
+Count = Annotated[int | None, BeforeValidator(_not_bool)]
+
+
 def _only(*taken: object) -> BeforeValidator:
     """A setting of a trace file, which Kiln does not write: only its value that means none."""
 
     def check(value: object) -> object:
-        if value is not None and value not in taken:
+        # By type too: False and 0.0 equal 0, and are not what Triton's parser takes.
+        if value is not None and not any(type(value) is type(t) and value == t for t in taken):
             raise ValueError(f"Kiln writes each trace to stderr, in its log, as it ends; send {taken[-1]!r}")
         return value
 
@@ -94,11 +105,17 @@ class TraceSettingsIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     trace_level: Annotated[list[TraceLevel] | None, BeforeValidator(_listed)] = Field(
-        default=None, description="['OFF'], or ['TIMESTAMPS'] to trace; TENSORS is not offered."
+        default=None,
+        min_length=1,
+        description="['OFF'], or ['TIMESTAMPS'] to trace; TENSORS is not offered.",
     )
-    trace_rate: int | None = Field(default=None, ge=1, description="One request traced in so many.")
-    trace_count: int | None = Field(
-        default=None, ge=-1, description="How many more traces to take, in each process; -1: no end."
+    # Bounded as Triton's own types are: a uint32 rate, an int32 count.
+    trace_rate: Count = Field(default=None, ge=1, le=2**32 - 1, description="One request traced in so many.")
+    trace_count: Count = Field(
+        default=None,
+        ge=-1,
+        le=2**31 - 1,
+        description="How many more traces to take, in each process; -1: no end.",
     )
     log_frequency: Annotated[int | None, _only(0, "0")] = Field(
         default=None, description="Only '0': each trace is written as it ends."
