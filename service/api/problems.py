@@ -146,11 +146,12 @@ def _plain(start: Message) -> bool:
 def validation_detail(exc: RequestValidationError | ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        if err.get("type") == "json_invalid":  # FastAPI's loc is the offset: "29: JSON decode error"
-            offset = err["loc"][-1]
-            parts.append(
-                f"the body is not valid JSON: {err.get('ctx', {}).get('error')} at character {offset}"
-            )
+        if err.get("type") == "json_invalid":
+            # FastAPI's loc is ("body", offset) ("29: JSON decode error"); pydantic's own parse
+            # gives none, its error the line and column.
+            loc = err.get("loc") or ()
+            at = f" at character {loc[-1]}" if loc else ""
+            parts.append(f"the body is not valid JSON: {err.get('ctx', {}).get('error')}{at}")
             continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
