@@ -18,7 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from service.logs import LEVELS, LogFormat, formatter
+from service.logs import LEVELS, LogFormat, formatter, kiln_handlers
 from service.periodic import Periodic
 from service.store import Store, StoreUnavailableError
 
@@ -122,6 +122,5 @@ def _configure(settings: LogSettings) -> None:
     verbose = settings.log_verbose_level
     logging.getLogger("kiln").setLevel(logging.DEBUG if verbose >= 1 else logging.NOTSET)
     logging.getLogger().setLevel(logging.DEBUG if verbose >= 2 else logging.INFO)
-    for handler in logging.getLogger().handlers:
-        if LEVELS in handler.filters:  # the handler logging_config made, not one embedding Kiln added
-            handler.setFormatter(formatter(settings.log_format))
+    for handler in kiln_handlers():
+        handler.setFormatter(formatter(settings.log_format))

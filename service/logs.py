@@ -10,6 +10,7 @@ import json
 import logging
 import logging.config
 from contextvars import ContextVar
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -110,6 +111,54 @@ def logging_config(fmt: LogFormat, level: str = "INFO") -> dict[str, Any]:
 
 def setup_logging(fmt: LogFormat) -> None:
     logging.config.dictConfig(logging_config(fmt))
+    capture_strays()
+
+
+def kiln_handlers() -> list[logging.Handler]:
+    """The root's handlers that `logging_config` made, not ones that an embedding app added."""
+    return [h for h in logging.getLogger().handlers if LEVELS in h.filters]
+
+
+def capture_strays() -> None:
+    """Sends what bypasses the root's handler through it, as one line of the format each:
+    Python's warnings, and torch's registered loggers, which torch gives stderr handlers of their
+    own and keeps from propagating (`W1206 22:17:51.49 ... torch/onnx/...` lines). Call it once
+    torch is imported."""
+    logging.captureWarnings(True)
+    for name, logger in list(logging.Logger.manager.loggerDict.items()):
+        torch_logger = name == "torch" or name.startswith("torch.")
+        if torch_logger and isinstance(logger, logging.Logger) and logger.handlers:
+            logger.handlers.clear()
+            logger.propagate = True
+
+
+@dataclass(frozen=True)
+class LogSetup:
+    """A process's Kiln logging as it stands (runtime settings included), for a child to take up."""
+
+    fmt: LogFormat
+    root_level: int
+    kiln_level: int
+    off: frozenset[int]
+
+    @classmethod
+    def current(cls) -> LogSetup | None:
+        """None where Kiln did not set up this process's logging."""
+        handlers = kiln_handlers()
+        if not handlers:
+            return None
+        fmt: LogFormat = "json" if isinstance(handlers[0].formatter, JsonFormatter) else "text"
+        root = logging.getLogger().level
+        # A child's libraries (the ONNX exporter's passes, a dozen lines a compile) log at INFO
+        # what only log_verbose_level 2, a DEBUG root, asks for.
+        child_root = root if root < logging.INFO else max(root, logging.WARNING)
+        return cls(fmt, child_root, logging.getLogger("kiln").level, LEVELS.off)
+
+    def apply(self) -> None:
+        logging.config.dictConfig(logging_config(self.fmt, logging.getLevelName(self.root_level)))
+        logging.getLogger("kiln").setLevel(self.kiln_level)
+        LEVELS.off = self.off
+        capture_strays()
 
 
 def formatter(fmt: LogFormat) -> logging.Formatter:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import psutil
 
+from service.logs import LogSetup, capture_strays
 from service.scratch import scratch_dir
 
 T = TypeVar("T")
@@ -87,7 +88,7 @@ def run_in_child(
         reader, writer = multiprocessing.Pipe(duplex=False)
         # Never fork: the parent has threads and torch/TVM state that a fork would copy broken.
         proc = multiprocessing.get_context("spawn").Process(
-            target=_child_main, args=(writer, payload, os.getpid(), tmp)
+            target=_child_main, args=(writer, payload, os.getpid(), tmp, LogSetup.current())
         )
         try:
             proc.start()
@@ -191,7 +192,7 @@ def _kill_tree(pid: int) -> None:
             p.kill()
 
 
-def _child_main(writer: Connection, payload: bytes, parent_pid: int, tmp: str) -> None:
+def _child_main(writer: Connection, payload: bytes, parent_pid: int, tmp: str, logs: LogSetup | None) -> None:
     # Out of the parent's process group: Ctrl-C in the server's terminal signals the whole group,
     # and killed the compiles and upload checks that a graceful stop lets finish (an upload got a
     # 400, "could not be validated", and a compile was failed for good).
@@ -201,6 +202,8 @@ def _child_main(writer: Connection, payload: bytes, parent_pid: int, tmp: str) -
     # processes that torch and TVM start (compilers, tuning workers) inherit the variable.
     os.environ["TMPDIR"] = tmp
     tempfile.tempdir = tmp
+    if logs is not None:  # a spawned child starts with Python's bare stderr lines
+        logs.apply()
     lock = threading.Lock()  # fn may report progress from several threads
 
     def send(message: tuple[Any, ...]) -> None:
@@ -213,6 +216,8 @@ def _child_main(writer: Connection, payload: bytes, parent_pid: int, tmp: str) -
 
     try:
         fn, args = pickle.loads(payload)
+        if logs is not None:  # the import of fn's module brought torch's own handlers
+            capture_strays()
         answer: tuple[Any, ...] = ("ok", fn(*args, progress))
         send(answer)
     except Exception as exc:  # includes an answer that does not pickle

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import tritonclient.grpc as triton_grpc
 import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
-from tests.servers import KilnServer, running, wait_until
+from tests.client import upload, wait_settled
+from tests.models import MODELS
+from tests.servers import KilnServer, embedded_server, running, wait_until
 
 ADMIN, INFER = "admin-secret", "infer-secret"
 # Lower case, as gRPC metadata must be; read-only, as these calls do not add to them.
@@ -163,3 +167,25 @@ def test_grpc_verbose_lines_and_format(
     grpc.update_log_settings({"log_format": "json"}, headers=AS_ADMIN)
     settle(server, "'log_format': 'json'", before)
     assert server.log.read_text().splitlines()[-1].startswith("{")
+
+
+def test_every_line_is_json_warnings_and_compile_children_included(tmp_path: Path) -> None:
+    """Python's warnings, and whatever a spawned upload check or compile wrote (torch's own
+    handlers, its warnings), bypassed the JSON handler: bare text lines among the JSON."""
+    with (
+        embedded_server(tmp_path, KILN_LOG_FORMAT="json") as server,
+        httpx.Client(base_url=server.url, timeout=120) as http,
+    ):
+        assert upload(http, MODELS["mlp"], "strays", backends=["onnxruntime"]).status_code == 202
+        settled = wait_settled(http, "strays", 1)
+        assert {v["backend"]: v["status"] for v in settled} == {
+            "torchscript": "ready",
+            "onnxruntime": "ready",
+        }
+        # float32 cannot hold 1e40: numpy warns of the overflow as it casts.
+        huge = {"name": "x", "shape": [1, 64], "datatype": "FP32", "data": [1e40] * 64}
+        assert http.post("/v2/models/strays/infer", json={"inputs": [huge]}).status_code == 200
+        wait_until(lambda: "RuntimeWarning" in server.log.read_text(), 10, "the overflow's warning")
+    lines = server.log.read_text().splitlines()
+    docs = [json.loads(line) for line in lines]  # raises on the first line that is not JSON
+    assert any(d["logger"] == "py.warnings" and "overflow" in d["message"] for d in docs)

@@ -46,6 +46,7 @@ from service.api.v2_grpc import start_grpc
 from service.deletions import DeletionSweep
 from service.errors import KilnError
 from service.log_settings import LogControl
+from service.logs import capture_strays, kiln_handlers
 from service.memory import collect_young_less_often, freeze_heap
 from service.preload import Preload
 from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
@@ -116,6 +117,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     api_keys = parse_keys(settings.api_keys)
     max_bytes = settings.max_request_bytes
+    if kiln_handlers():  # uvicorn applied Kiln's log config in this process; torch is imported
+        capture_strays()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
