@@ -230,6 +230,13 @@ def test_each_error_has_its_status(stub: pb_grpc.GRPCInferenceServiceStub) -> No
     big = pb.ModelInferRequest(model_name="mlp", inputs=[raw], raw_input_contents=[bytes(2 * 1024 * 1024)])
     code, _ = infer(big)
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # Typed contents are held to the elements a JSON body of KILN_MAX_JSON_MB (1 MiB here) holds:
+    # packed zeros take a byte each, and each became a Python number (38 MB of them took 1.5 GB).
+    zeros = pb.ModelInferRequest.InferInputTensor(name="x", datatype="INT64", shape=[8193, 64])
+    zeros.contents.int64_contents.extend(np.zeros(8193 * 64, np.int64))
+    code, message = infer(pb.ModelInferRequest(model_name="mlp", inputs=[zeros]))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "typed contents of 524352 elements, past the 524288 that KILN_MAX_JSON_MB allows" in message
     assert stub.ModelInfer(good, metadata=tuple(INFER_KEY.items())).model_name == "mlp"  # nothing stuck
     with pytest.raises(grpc.RpcError) as caught:
         stub.CudaSharedMemoryStatus(pb.CudaSharedMemoryStatusRequest())

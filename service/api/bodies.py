@@ -52,7 +52,7 @@ async def bounded_body(request: Request, limit: int, setting: str = "KILN_MAX_UP
     any is read, a chunked body as it arrives. The route checks this itself, since `hot_path`
     serves it without the framework's body limit."""
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if declared.isdecimal() and int(declared) > limit:
         raise PayloadTooLargeError(too_large(int(declared), limit, setting))
     chunks, size = [], 0
     async for chunk in request.stream():

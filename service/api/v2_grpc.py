@@ -317,11 +317,11 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _infer(self, request: Any) -> Any:
         name, version = request.model_name, version_of(request.model_version)
-        shared = self.svc.shared_memory
+        shared, limit = self.svc.shared_memory, self.svc.settings.max_json_bytes
         if decodes_inline(request):
-            infer = decode(request, shared)
+            infer = decode(request, shared, limit)
         else:
-            infer = await run_in_threadpool(decode, request, shared)
+            infer = await run_in_threadpool(decode, request, shared, limit)
         result, outputs = await v2.run_infer(self.svc, name, version, infer)
         if v2.encodes_inline(outputs) and not infer.shared_outputs:
             return encode(name, result.version, request.id, infer, outputs, shared)
