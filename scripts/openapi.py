@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, iter_route_contexts
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = ROOT / "openapi.json"
@@ -39,8 +39,9 @@ def build_app() -> FastAPI:
 def undocumented(app: FastAPI) -> list[str]:
     """Operations an SDK could not name or document well."""
     problems = []
-    for route in app.routes:
-        if not isinstance(route, APIRoute) or not route.include_in_schema:
+    # The routes of the included routers: FastAPI includes a router as a whole, not route by route.
+    for route in iter_route_contexts(app.routes):
+        if not isinstance(route.original_route, APIRoute) or not route.include_in_schema:
             continue
         where = f"{','.join(sorted(route.methods or ()))} {route.path}"
         # FastAPI derives an id from the function name and path when none is set: it changes

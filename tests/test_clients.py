@@ -41,16 +41,19 @@ from kiln_client.api.models import (
     update_serving,
     upload_model,
 )
+from kiln_client.api.v2 import v2_infer, v2_live, v2_model_ready, v2_ready
 from kiln_client.models import (
     BodyUploadModel,
     CompileIn,
     CompileOut,
     DefaultVersionIn,
+    InferenceResponse,
     PredictIn,
     PredictInInputs,
     Problem,
     ServingIn,
     UploadOut,
+    V2InferInferenceRequest,
     VariantStatus,
 )
 from kiln_client.types import File
@@ -98,6 +101,15 @@ def test_openapi_json_is_current() -> None:
     run([sys.executable, "scripts/openapi.py", "--check"])
 
 
+def test_upload_config_schema_is_documented() -> None:
+    """The upload's `config` is a JSON string to the SDKs, with its schema in the spec (OpenAPI 3.1)."""
+    spec = json.loads((ROOT / "openapi.json").read_text(encoding="utf-8"))
+    config = spec["components"]["schemas"]["Body_upload_model"]["properties"]["config"]
+    assert (config["type"], config["contentMediaType"]) == ("string", "application/json")
+    assert {"name", "inputs", "backends", "max_batch_size"} <= config["contentSchema"]["properties"].keys()
+    assert config["contentSchema"]["required"] == ["name", "inputs"]
+
+
 def test_python_sdk_is_current(tmp_path: Path) -> None:
     generate("python", tmp_path / "python")
     assert_same_tree(tmp_path / "python", ROOT / "clients" / "python")
@@ -115,17 +127,21 @@ def test_python_sdk_flow(server: KilnServer) -> None:
     model = MODELS["mlp"]
     name = "py-sdk-mlp"
     with Client(base_url=server.url, timeout=httpx.Timeout(60), raise_on_unexpected_status=True) as client:
-        upload = upload_model.sync_detailed(
-            client=client,
-            body=BodyUploadModel(
-                file=File(payload=io.BytesIO(model.torchscript()), file_name="mlp.pt"),
-                config=json.dumps(model.config(name=name, backends=[])),
-            ),
+        config, torchscript = json.dumps(model.config(name=name, backends=[])), model.torchscript()
+        first, again = (
+            upload_model.sync_detailed(
+                client=client,
+                body=BodyUploadModel(
+                    file=File(payload=io.BytesIO(torchscript), file_name="mlp.pt"), config=config
+                ),
+            )
+            for _ in range(2)
         )
-        assert upload.status_code == HTTPStatus.ACCEPTED, upload.content
-        # The spec gives a schema to the 200 (deduplicated) body only; the 202 one is the same model.
-        uploaded = UploadOut.from_dict(json.loads(upload.content))
-        assert uploaded.name == name and not uploaded.deduplicated
+        # Both typed: a new upload's 202 and a deduplicated one's 200.
+        assert first.status_code == HTTPStatus.ACCEPTED and isinstance(first.parsed, UploadOut), first.content
+        assert again.status_code == HTTPStatus.OK and isinstance(again.parsed, UploadOut), again.content
+        uploaded = first.parsed
+        assert uploaded.name == name and not uploaded.deduplicated and again.parsed.deduplicated
 
         deadline = time.monotonic() + 60
         while True:
@@ -144,6 +160,26 @@ def test_python_sdk_flow(server: KilnServer) -> None:
         assert result is not None and result.model_version == uploaded.version
         out = np.asarray(result.outputs["output0"], dtype=np.float32)
         np.testing.assert_allclose(out, expected(model, x), rtol=1e-4, atol=1e-5)
+
+        # The Open Inference Protocol's JSON, through the SDK's typed request and response.
+        tensor = {"name": "x", "shape": [3, 64], "datatype": "FP32", "data": x.tolist()}
+        body = V2InferInferenceRequest.from_dict({"id": "sdk", "inputs": [tensor]})
+        inferred = v2_infer.sync(client=client, name=name, body=body)
+        assert isinstance(inferred, InferenceResponse), inferred
+        assert [inferred.id, inferred.model_name, inferred.model_version] == [
+            "sdk",
+            name,
+            str(uploaded.version),
+        ]
+        [output] = inferred.outputs
+        assert (output.name, output.datatype, output.shape) == ("output0", "FP32", [3, 10])
+        np.testing.assert_allclose(
+            np.reshape(output.data, output.shape), expected(model, x), rtol=1e-4, atol=1e-5
+        )
+        live, ready = v2_live.sync(client=client), v2_ready.sync(client=client)
+        assert live is not None and live.live and ready is not None and ready.ready
+        model_ready = v2_model_ready.sync(client=client, name=name)
+        assert model_ready is not None and model_ready.to_dict() == {"name": name, "ready": True}
 
         listed = list_models.sync(client=client)
         assert listed is not None and name in [m.name for m in listed.models]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 import zlib
 from collections.abc import Iterator
 
@@ -304,6 +306,45 @@ def test_server_metadata_and_open_health(server: KilnServer) -> None:
         assert "API key" in error(anon.post("/v2/models/mlp/infer", json=infer_body(sample(MLP, 1))), 401)
         bad_key = anon.get("/v2/models/mlp", headers={"Authorization": "Bearer wrong"})
         assert "not valid" in error(bad_key, 401)
+
+
+def test_health_in_the_protocol_s_bodies(server: KilnServer, http: httpx.Client) -> None:
+    """The Open Inference Protocol's JSON, which kserve's v2 client reads; tritonclient reads
+    only the status."""
+    with httpx.Client(base_url=server.url, timeout=60) as anon:
+        assert anon.get("/v2/health/live").json() == {"live": True}
+        assert anon.get("/v2/health/ready").json() == {"ready": True}
+    for path in ("/v2/models/mlp/ready", "/v2/models/mlp/versions/1/ready"):
+        assert http.get(path).json() == {"name": "mlp", "ready": True}
+
+
+# kserve's v2 REST client, in a process of its own (see tests/kserve_client.py).
+KSERVE_V2 = """
+import asyncio, json, sys
+from kserve import InferenceRESTClient, RESTConfig
+
+async def main(url: str, key: str) -> list[bool]:
+    async with InferenceRESTClient(RESTConfig(protocol="v2", timeout=60)) as client:
+        auth = {"Authorization": f"Bearer {key}"}
+        return [
+            await client.is_server_live(url),
+            await client.is_server_ready(url),
+            await client.is_model_ready(url, "mlp", headers=auth),
+        ]
+
+print(json.dumps(asyncio.run(main(*sys.argv[1:]))))
+"""
+
+
+def test_kserve_v2_client_reads_health(server: KilnServer) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", KSERVE_V2, server.url, INFER],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [True, True, True]
 
 
 def error(response: httpx.Response, status: int) -> str:

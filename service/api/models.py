@@ -9,8 +9,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Annotated, Any, BinaryIO
 
-from fastapi import APIRouter, Depends, File, Form, UploadFile
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, File, Form, Response, UploadFile
 from pydantic import ConfigDict, ValidationError, field_validator
 
 from compiler.backends import REGISTRY as BACKENDS
@@ -32,6 +31,7 @@ from service.api.schemas import (
     VariantOut,
     VersionOut,
     error_responses,
+    inline_schema,
 )
 from service.classification import check_labels
 from service.deletions import forget_deleted
@@ -128,6 +128,14 @@ class UploadConfig(ModelConfig):
                 f"inputs named in Triton's <name>__<index> form must be listed by index from 0; got {indices}"
             )
         return inputs
+
+
+CONFIG_DOC = (
+    "The model config, as JSON (its schema is the contentSchema): name and inputs; optionally "
+    "max_batch_size, backends, targets, tolerances, samples, labels and the serving settings."
+)
+# OpenAPI 3.1's way to type a string's JSON content: the field stays a string to the SDKs.
+CONFIG_SCHEMA = {"contentMediaType": "application/json", "contentSchema": inline_schema(UploadConfig)}
 
 
 def parse_config(text: str, svc: Services) -> ModelConfig:
@@ -276,6 +284,7 @@ def plan_variants(
     operation_id="upload_model",
     summary="Upload a TorchScript model; it serves at once and compiles in the background.",
     status_code=202,
+    response_model=UploadOut,
     responses={
         200: {"model": UploadOut, "description": "Identical bytes and config: nothing new."},
         **error_responses(Problem, 400, 401, 403, 413, 422, 503),
@@ -284,12 +293,17 @@ def plan_variants(
 )
 def upload_model(
     file: Annotated[UploadFile, File(description="A TorchScript archive (torch.jit.save).")],
-    config: Annotated[str, Form(description="JSON model config.", examples=[EXAMPLE_CONFIG])],
+    config: Annotated[
+        str, Form(description=CONFIG_DOC, examples=[EXAMPLE_CONFIG], json_schema_extra=CONFIG_SCHEMA)
+    ],
     svc: Annotated[Services, Depends(services)],
-) -> Any:
+    response: Response,
+) -> UploadOut:
     cfg = parse_config(config, svc)
     created, sha256 = store_version(svc, cfg, file.file)
-    body = UploadOut(
+    if created.deduplicated:
+        response.status_code = 200
+    return UploadOut(
         name=created.version.name,
         version=created.version.version,
         sha256=sha256,
@@ -297,7 +311,6 @@ def upload_model(
         variants=[VariantOut.of(v) for v in created.variants],
         unserved_targets=unserved_targets(svc, created.variants),
     )
-    return JSONResponse(body.model_dump(mode="json"), status_code=200 if created.deduplicated else 202)
 
 
 def store_version(

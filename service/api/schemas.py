@@ -298,3 +298,21 @@ def error_responses(model: type[BaseModel], *statuses: int) -> dict[int | str, d
     }
     documented["default"] = {"model": model, "description": "An unexpected error; the server log has more."}
     return documented
+
+
+def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with its nested models written in place, for `openapi_extra`,
+    which cannot add components: a `#/$defs/...` reference would not resolve in the document."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolved(node: Any) -> Any:
+        if isinstance(node, list):
+            return [resolved(item) for item in node]
+        if not isinstance(node, dict):
+            return node
+        if "$ref" in node:
+            return resolved(defs[node["$ref"].removeprefix("#/$defs/")])
+        return {key: resolved(value) for key, value in node.items()}
+
+    return resolved(schema)

@@ -19,7 +19,17 @@ from service.api.auth import infer_scope
 from service.api.bodies import INLINE_JSON_BYTES, INLINE_JSON_ELEMENTS, answer, inference_body
 from service.api.deps import Services, ServicesDep, services
 from service.api.health import readiness
-from service.api.protocol import InferRoute, ProtocolRoute, check_infer, version_number
+from service.api.protocol import (
+    INFER_BODY,
+    INFER_OK,
+    InferRoute,
+    ModelReadyResponse,
+    ProtocolRoute,
+    ServerLiveResponse,
+    ServerReadyResponse,
+    check_infer,
+    version_number,
+)
 from service.api.schemas import ProtocolError, error_responses
 from service.batcher import BatchPolicy, Gone
 from service.classification import check_classified, classified, classify_cost
@@ -63,26 +73,24 @@ def extensions(settings: Settings) -> list[str]:
     return [*EXTENSIONS, "system_shared_memory"] if settings.shared_memory else EXTENSIONS
 
 
-@router.get(
-    "/v2/health/live", operation_id="v2_live", summary="200 while the process is up.", response_class=Response
-)
-async def live() -> Response:  # on the event loop: see health.healthz
-    return Response()
+@router.get("/v2/health/live", operation_id="v2_live", summary="Live while the process is up.")
+async def live() -> ServerLiveResponse:  # on the event loop: see health.healthz
+    return ServerLiveResponse(live=True)
 
 
 @router.get(
     "/v2/health/ready",
     operation_id="v2_ready",
-    summary="200 when the store answers, or loaded models serve without it.",
-    response_class=Response,
+    summary="Ready when the store answers, or loaded models serve without it; else a 400, as Triton answers.",
+    responses=error_responses(ProtocolError, 400),
 )
-async def ready(svc: ServicesDep) -> Response:
+async def ready(svc: ServicesDep) -> ServerReadyResponse:
     try:
         await readiness(svc)
     except (StoreUnavailableError, NotReadyError) as exc:
         # The protocol answers "not ready" with a 4xx, and Triton uses 400.
         raise BadRequestError(f"not ready: {exc}") from exc
-    return Response()
+    return ServerReadyResponse(ready=True)
 
 
 def described(svc: Services, name: str, version: int | None) -> tuple[ModelView, VersionRecord]:
@@ -184,7 +192,11 @@ def config_doc(svc: Services, name: str, version: int | None) -> dict[str, Any]:
 
 
 @router.get(
-    "/v2/models/{name}", operation_id="v2_model_metadata", dependencies=infer_scope, responses=MODEL_ERRORS
+    "/v2/models/{name}",
+    operation_id="v2_model_metadata",
+    summary="The model's inputs and outputs: the version's serving here, else its default's or newest's.",
+    dependencies=infer_scope,
+    responses=MODEL_ERRORS,
 )
 def model_metadata(name: str, svc: ServicesDep) -> dict[str, Any]:
     return metadata_doc(svc, name, None)
@@ -193,6 +205,7 @@ def model_metadata(name: str, svc: ServicesDep) -> dict[str, Any]:
 @router.get(
     "/v2/models/{name}/versions/{version}",
     operation_id="v2_model_version_metadata",
+    summary="One version's inputs and outputs.",
     dependencies=infer_scope,
     responses=MODEL_ERRORS,
 )
@@ -232,25 +245,25 @@ def check_model_ready(svc: Services, name: str, version: int | None) -> None:
 @router.get(
     "/v2/models/{name}/ready",
     operation_id="v2_model_ready",
+    summary="Whether the model serves requests naming no version here; else a 400 (409: unloaded).",
     dependencies=infer_scope,
     responses=READY_ERRORS,
-    response_class=Response,
 )
-def model_ready(name: str, svc: ServicesDep) -> Response:
+def model_ready(name: str, svc: ServicesDep) -> ModelReadyResponse:
     check_model_ready(svc, name, None)
-    return Response()
+    return ModelReadyResponse(name=name, ready=True)
 
 
 @router.get(
     "/v2/models/{name}/versions/{version}/ready",
     operation_id="v2_model_version_ready",
+    summary="Whether one version of the model serves here; else a 400 (409: unloaded).",
     dependencies=infer_scope,
     responses=READY_ERRORS,
-    response_class=Response,
 )
-def model_version_ready(name: str, version: str, svc: ServicesDep) -> Response:
+def model_version_ready(name: str, version: str, svc: ServicesDep) -> ModelReadyResponse:
     check_model_ready(svc, name, version_number(version))
-    return Response()
+    return ModelReadyResponse(name=name, ready=True)
 
 
 def check_datatypes(spec: InputSpec, inputs: dict[str, np.ndarray]) -> None:
@@ -360,17 +373,27 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
 inference = APIRouter(
     tags=["v2"],
     route_class=InferRoute,
-    responses=error_responses(ProtocolError, 400, 401, 403, 404, 409, 413, 503),
+    responses={200: INFER_OK, **error_responses(ProtocolError, 400, 401, 403, 404, 409, 413, 503)},
 )
 
 
-@inference.post("/v2/models/{name}/infer", operation_id="v2_infer")
+@inference.post(
+    "/v2/models/{name}/infer",
+    operation_id="v2_infer",
+    summary="Run the model's default version, else its newest ready one.",
+    openapi_extra=INFER_BODY,
+)
 async def infer(name: str, request: Request) -> Response:
     await check_infer(request)
     return await _infer(request, name, None)
 
 
-@inference.post("/v2/models/{name}/versions/{version}/infer", operation_id="v2_infer_version")
+@inference.post(
+    "/v2/models/{name}/versions/{version}/infer",
+    operation_id="v2_infer_version",
+    summary="Run one version of the model.",
+    openapi_extra=INFER_BODY,
+)
 async def infer_version(name: str, version: str, request: Request) -> Response:
     await check_infer(request)
     return await _infer(request, name, version_number(version))

@@ -2,7 +2,7 @@
 
 import { client } from './client.gen.js';
 import { type Client, formDataBodySerializer, type Options as Options2, type TDataShape } from './client/index.js';
-import type { AliveData, AliveResponses, CompileVersionData, CompileVersionErrors, CompileVersionResponses, DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, SetDefaultVersionData, SetDefaultVersionErrors, SetDefaultVersionResponses, UpdateServingData, UpdateServingErrors, UpdateServingResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V1ProtocolMetadataData, V1ProtocolMetadataErrors, V1ProtocolMetadataResponses, V1ProtocolPredictData, V1ProtocolPredictErrors, V1ProtocolPredictResponses, V1ProtocolPredictVersionData, V1ProtocolPredictVersionErrors, V1ProtocolPredictVersionResponses, V1ProtocolVersionMetadataData, V1ProtocolVersionMetadataErrors, V1ProtocolVersionMetadataResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2LogSettingsData, V2LogSettingsErrors, V2LogSettingsResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelTraceSettingsData, V2ModelTraceSettingsErrors, V2ModelTraceSettingsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses, V2SharedMemoryRegionStatusData, V2SharedMemoryRegionStatusErrors, V2SharedMemoryRegionStatusResponses, V2SharedMemoryRegisterData, V2SharedMemoryRegisterErrors, V2SharedMemoryRegisterResponses, V2SharedMemoryStatusData, V2SharedMemoryStatusErrors, V2SharedMemoryStatusResponses, V2SharedMemoryUnregisterAllData, V2SharedMemoryUnregisterAllErrors, V2SharedMemoryUnregisterAllResponses, V2SharedMemoryUnregisterData, V2SharedMemoryUnregisterErrors, V2SharedMemoryUnregisterResponses, V2TraceSettingsData, V2TraceSettingsErrors, V2TraceSettingsResponses, V2UpdateLogSettingsData, V2UpdateLogSettingsErrors, V2UpdateLogSettingsResponses, V2UpdateModelTraceSettingsData, V2UpdateModelTraceSettingsErrors, V2UpdateModelTraceSettingsResponses, V2UpdateTraceSettingsData, V2UpdateTraceSettingsErrors, V2UpdateTraceSettingsResponses } from './types.gen.js';
+import type { AliveData, AliveResponses, CompileVersionData, CompileVersionErrors, CompileVersionResponses, DeleteModelData, DeleteModelErrors, DeleteModelResponses, DeleteModelVersionData, DeleteModelVersionErrors, DeleteModelVersionResponses, GetJobData, GetJobErrors, GetJobResponses, GetModelData, GetModelErrors, GetModelResponses, GetModelVersionData, GetModelVersionErrors, GetModelVersionResponses, HealthzData, HealthzResponses, JobEventsData, JobEventsErrors, JobEventsResponses, ListModelsData, ListModelsErrors, ListModelsResponses, PredictData, PredictErrors, PredictResponses, PredictVersionData, PredictVersionErrors, PredictVersionResponses, ReadyzData, ReadyzResponses, SetDefaultVersionData, SetDefaultVersionErrors, SetDefaultVersionResponses, UpdateServingData, UpdateServingErrors, UpdateServingResponses, UploadModelData, UploadModelErrors, UploadModelResponses, V1ProtocolMetadataData, V1ProtocolMetadataErrors, V1ProtocolMetadataResponses, V1ProtocolPredictData, V1ProtocolPredictErrors, V1ProtocolPredictResponses, V1ProtocolPredictVersionData, V1ProtocolPredictVersionErrors, V1ProtocolPredictVersionResponses, V1ProtocolVersionMetadataData, V1ProtocolVersionMetadataErrors, V1ProtocolVersionMetadataResponses, V2AllStatsData, V2AllStatsErrors, V2AllStatsResponses, V2InferData, V2InferErrors, V2InferResponses, V2InferVersionData, V2InferVersionErrors, V2InferVersionResponses, V2LiveData, V2LiveResponses, V2LogSettingsData, V2LogSettingsErrors, V2LogSettingsResponses, V2ModelConfigData, V2ModelConfigErrors, V2ModelConfigResponses, V2ModelMetadataData, V2ModelMetadataErrors, V2ModelMetadataResponses, V2ModelReadyData, V2ModelReadyErrors, V2ModelReadyResponses, V2ModelStatsData, V2ModelStatsErrors, V2ModelStatsResponses, V2ModelTraceSettingsData, V2ModelTraceSettingsErrors, V2ModelTraceSettingsResponses, V2ModelVersionConfigData, V2ModelVersionConfigErrors, V2ModelVersionConfigResponses, V2ModelVersionMetadataData, V2ModelVersionMetadataErrors, V2ModelVersionMetadataResponses, V2ModelVersionReadyData, V2ModelVersionReadyErrors, V2ModelVersionReadyResponses, V2ModelVersionStatsData, V2ModelVersionStatsErrors, V2ModelVersionStatsResponses, V2ReadyData, V2ReadyErrors, V2ReadyResponses, V2RepositoryIndexData, V2RepositoryIndexErrors, V2RepositoryIndexResponses, V2RepositoryLoadData, V2RepositoryLoadErrors, V2RepositoryLoadResponses, V2RepositoryUnloadData, V2RepositoryUnloadErrors, V2RepositoryUnloadResponses, V2ServerMetadataData, V2ServerMetadataResponses, V2SharedMemoryRegionStatusData, V2SharedMemoryRegionStatusErrors, V2SharedMemoryRegionStatusResponses, V2SharedMemoryRegisterData, V2SharedMemoryRegisterErrors, V2SharedMemoryRegisterResponses, V2SharedMemoryStatusData, V2SharedMemoryStatusErrors, V2SharedMemoryStatusResponses, V2SharedMemoryUnregisterAllData, V2SharedMemoryUnregisterAllErrors, V2SharedMemoryUnregisterAllResponses, V2SharedMemoryUnregisterData, V2SharedMemoryUnregisterErrors, V2SharedMemoryUnregisterResponses, V2TraceSettingsData, V2TraceSettingsErrors, V2TraceSettingsResponses, V2UpdateLogSettingsData, V2UpdateLogSettingsErrors, V2UpdateLogSettingsResponses, V2UpdateModelTraceSettingsData, V2UpdateModelTraceSettingsErrors, V2UpdateModelTraceSettingsResponses, V2UpdateTraceSettingsData, V2UpdateTraceSettingsErrors, V2UpdateTraceSettingsResponses } from './types.gen.js';
 
 export type Options<TData extends TDataShape = TDataShape, ThrowOnError extends boolean = boolean, TResponse = unknown> = Options2<TData, ThrowOnError, TResponse> & {
     /**
@@ -198,14 +198,14 @@ export const v1ProtocolPredict = <ThrowOnError extends boolean = false>(options:
 export const v2ServerMetadata = <ThrowOnError extends boolean = false>(options?: Options<V2ServerMetadataData, ThrowOnError>) => (options?.client ?? client).get<V2ServerMetadataResponses, unknown, ThrowOnError>({ url: '/v2', ...options });
 
 /**
- * 200 while the process is up.
+ * Live while the process is up.
  */
 export const v2Live = <ThrowOnError extends boolean = false>(options?: Options<V2LiveData, ThrowOnError>) => (options?.client ?? client).get<V2LiveResponses, unknown, ThrowOnError>({ url: '/v2/health/live', ...options });
 
 /**
- * 200 when the store answers, or loaded models serve without it.
+ * Ready when the store answers, or loaded models serve without it; else a 400, as Triton answers.
  */
-export const v2Ready = <ThrowOnError extends boolean = false>(options?: Options<V2ReadyData, ThrowOnError>) => (options?.client ?? client).get<V2ReadyResponses, unknown, ThrowOnError>({ url: '/v2/health/ready', ...options });
+export const v2Ready = <ThrowOnError extends boolean = false>(options?: Options<V2ReadyData, ThrowOnError>) => (options?.client ?? client).get<V2ReadyResponses, V2ReadyErrors, ThrowOnError>({ url: '/v2/health/ready', ...options });
 
 /**
  * This process's log settings.
@@ -230,7 +230,7 @@ export const v2UpdateLogSettings = <ThrowOnError extends boolean = false>(option
 export const v2AllStats = <ThrowOnError extends boolean = false>(options?: Options<V2AllStatsData, ThrowOnError>) => (options?.client ?? client).get<V2AllStatsResponses, V2AllStatsErrors, ThrowOnError>({ url: '/v2/models/stats', ...options });
 
 /**
- * Model Metadata
+ * The model's inputs and outputs: the version's serving here, else its default's or newest's.
  */
 export const v2ModelMetadata = <ThrowOnError extends boolean = false>(options: Options<V2ModelMetadataData, ThrowOnError>) => (options.client ?? client).get<V2ModelMetadataResponses, V2ModelMetadataErrors, ThrowOnError>({ url: '/v2/models/{name}', ...options });
 
@@ -240,12 +240,19 @@ export const v2ModelMetadata = <ThrowOnError extends boolean = false>(options: O
 export const v2ModelConfig = <ThrowOnError extends boolean = false>(options: Options<V2ModelConfigData, ThrowOnError>) => (options.client ?? client).get<V2ModelConfigResponses, V2ModelConfigErrors, ThrowOnError>({ url: '/v2/models/{name}/config', ...options });
 
 /**
- * Infer
+ * Run the model's default version, else its newest ready one.
  */
-export const v2Infer = <ThrowOnError extends boolean = false>(options: Options<V2InferData, ThrowOnError>) => (options.client ?? client).post<V2InferResponses, V2InferErrors, ThrowOnError>({ url: '/v2/models/{name}/infer', ...options });
+export const v2Infer = <ThrowOnError extends boolean = false>(options: Options<V2InferData, ThrowOnError>) => (options.client ?? client).post<V2InferResponses, V2InferErrors, ThrowOnError>({
+    url: '/v2/models/{name}/infer',
+    ...options,
+    headers: {
+        'Content-Type': 'application/json',
+        ...options.headers
+    }
+});
 
 /**
- * Model Ready
+ * Whether the model serves requests naming no version here; else a 400 (409: unloaded).
  */
 export const v2ModelReady = <ThrowOnError extends boolean = false>(options: Options<V2ModelReadyData, ThrowOnError>) => (options.client ?? client).get<V2ModelReadyResponses, V2ModelReadyErrors, ThrowOnError>({ url: '/v2/models/{name}/ready', ...options });
 
@@ -272,7 +279,7 @@ export const v2UpdateModelTraceSettings = <ThrowOnError extends boolean = false>
 });
 
 /**
- * Model Version Metadata
+ * One version's inputs and outputs.
  */
 export const v2ModelVersionMetadata = <ThrowOnError extends boolean = false>(options: Options<V2ModelVersionMetadataData, ThrowOnError>) => (options.client ?? client).get<V2ModelVersionMetadataResponses, V2ModelVersionMetadataErrors, ThrowOnError>({ url: '/v2/models/{name}/versions/{version}', ...options });
 
@@ -282,12 +289,19 @@ export const v2ModelVersionMetadata = <ThrowOnError extends boolean = false>(opt
 export const v2ModelVersionConfig = <ThrowOnError extends boolean = false>(options: Options<V2ModelVersionConfigData, ThrowOnError>) => (options.client ?? client).get<V2ModelVersionConfigResponses, V2ModelVersionConfigErrors, ThrowOnError>({ url: '/v2/models/{name}/versions/{version}/config', ...options });
 
 /**
- * Infer Version
+ * Run one version of the model.
  */
-export const v2InferVersion = <ThrowOnError extends boolean = false>(options: Options<V2InferVersionData, ThrowOnError>) => (options.client ?? client).post<V2InferVersionResponses, V2InferVersionErrors, ThrowOnError>({ url: '/v2/models/{name}/versions/{version}/infer', ...options });
+export const v2InferVersion = <ThrowOnError extends boolean = false>(options: Options<V2InferVersionData, ThrowOnError>) => (options.client ?? client).post<V2InferVersionResponses, V2InferVersionErrors, ThrowOnError>({
+    url: '/v2/models/{name}/versions/{version}/infer',
+    ...options,
+    headers: {
+        'Content-Type': 'application/json',
+        ...options.headers
+    }
+});
 
 /**
- * Model Version Ready
+ * Whether one version of the model serves here; else a 400 (409: unloaded).
  */
 export const v2ModelVersionReady = <ThrowOnError extends boolean = false>(options: Options<V2ModelVersionReadyData, ThrowOnError>) => (options.client ?? client).get<V2ModelVersionReadyResponses, V2ModelVersionReadyErrors, ThrowOnError>({ url: '/v2/models/{name}/versions/{version}/ready', ...options });
 

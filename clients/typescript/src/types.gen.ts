@@ -51,7 +51,7 @@ export type BodyUploadModel = {
     /**
      * Config
      *
-     * JSON model config.
+     * The model config, as JSON (its schema is the contentSchema): name and inputs; optionally max_batch_size, backends, targets, tolerances, samples, labels and the serving settings.
      */
     config: string;
     /**
@@ -135,6 +135,36 @@ export type DefaultVersionIn = {
      * The version to serve to requests that name none, on every replica; null: the newest ready one again.
      */
     version: number | null;
+};
+
+/**
+ * InferenceResponse
+ */
+export type InferenceResponse = {
+    /**
+     * Id
+     *
+     * The request's, when it gave one.
+     */
+    id?: string | null;
+    /**
+     * Model Name
+     */
+    model_name: string;
+    /**
+     * Model Version
+     */
+    model_version: string;
+    /**
+     * Outputs
+     */
+    outputs: Array<ResponseOutput>;
+    /**
+     * Parameters
+     */
+    parameters?: {
+        [key: string]: string | number | number | boolean;
+    };
 };
 
 /**
@@ -297,6 +327,20 @@ export type ModelOut = {
 };
 
 /**
+ * ModelReadyResponse
+ */
+export type ModelReadyResponse = {
+    /**
+     * Name
+     */
+    name: string;
+    /**
+     * Ready
+     */
+    ready: boolean;
+};
+
+/**
  * OutputInfo
  */
 export type OutputInfo = {
@@ -429,6 +473,60 @@ export type Region = {
      * Offset
      */
     offset: number;
+};
+
+/**
+ * ResponseOutput
+ */
+export type ResponseOutput = {
+    /**
+     * Data
+     *
+     * The values in row-major order; none when binary or in shared memory.
+     */
+    data?: Array<unknown>;
+    /**
+     * Datatype
+     *
+     * BOOL, UINT8 to UINT64, INT8 to INT64, FP16, FP32, FP64 or BYTES.
+     */
+    datatype: string;
+    /**
+     * Name
+     */
+    name: string;
+    /**
+     * Parameters
+     *
+     * binary_data_size: its bytes follow the JSON; shared_memory_region, shared_memory_byte_size and shared_memory_offset: where it is.
+     */
+    parameters?: {
+        [key: string]: string | number | number | boolean;
+    };
+    /**
+     * Shape
+     */
+    shape: Array<number>;
+};
+
+/**
+ * ServerLiveResponse
+ */
+export type ServerLiveResponse = {
+    /**
+     * Live
+     */
+    live: boolean;
+};
+
+/**
+ * ServerReadyResponse
+ */
+export type ServerReadyResponse = {
+    /**
+     * Ready
+     */
+    ready: boolean;
 };
 
 /**
@@ -1024,11 +1122,9 @@ export type UploadModelResponses = {
      */
     200: UploadOut;
     /**
-     * Response Upload Model
-     *
      * Successful Response
      */
-    202: unknown;
+    202: UploadOut;
 };
 
 export type UploadModelResponse = UploadModelResponses[keyof UploadModelResponses];
@@ -1884,8 +1980,10 @@ export type V2LiveResponses = {
     /**
      * Successful Response
      */
-    200: unknown;
+    200: ServerLiveResponse;
 };
+
+export type V2LiveResponse = V2LiveResponses[keyof V2LiveResponses];
 
 export type V2ReadyData = {
     body?: never;
@@ -1894,12 +1992,27 @@ export type V2ReadyData = {
     url: '/v2/health/ready';
 };
 
+export type V2ReadyErrors = {
+    /**
+     * Bad input (a file that is not TorchScript, inputs of the wrong name, shape or dtype).
+     */
+    400: ProtocolError;
+    /**
+     * An unexpected error; the server log has more.
+     */
+    default: ProtocolError;
+};
+
+export type V2ReadyError = V2ReadyErrors[keyof V2ReadyErrors];
+
 export type V2ReadyResponses = {
     /**
      * Successful Response
      */
-    200: unknown;
+    200: ServerReadyResponse;
 };
+
+export type V2ReadyResponse = V2ReadyResponses[keyof V2ReadyResponses];
 
 export type V2LogSettingsData = {
     body?: never;
@@ -2164,7 +2277,79 @@ export type V2ModelConfigResponses = {
 export type V2ModelConfigResponse = V2ModelConfigResponses[keyof V2ModelConfigResponses];
 
 export type V2InferData = {
-    body?: never;
+    /**
+     * InferenceRequest
+     *
+     * An inference request, as JSON; or in Triton's binary tensor extension: `application/octet-stream`, the JSON first, its length in the Inference-Header-Content-Length header, then the bytes of each tensor whose parameters give binary_data_size, in order. Gzip and deflate bodies (Content-Encoding) are read too.
+     */
+    body: {
+        /**
+         * Id
+         *
+         * Echoed in the response.
+         */
+        id?: string | null;
+        /**
+         * Inputs
+         */
+        inputs: Array<{
+            /**
+             * Data
+             *
+             * The values in row-major order, flat or nested; none when binary or in shared memory.
+             */
+            data?: Array<unknown>;
+            /**
+             * Datatype
+             *
+             * BOOL, UINT8 to UINT64, INT8 to INT64, FP16, FP32, FP64 or BYTES.
+             */
+            datatype: string;
+            /**
+             * Name
+             */
+            name: string;
+            /**
+             * Parameters
+             *
+             * binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: it lies in a registered region.
+             */
+            parameters?: {
+                [key: string]: string | number | number | boolean;
+            };
+            /**
+             * Shape
+             */
+            shape: Array<number>;
+        }>;
+        /**
+         * Outputs
+         *
+         * The outputs to return, and how; none: every output.
+         */
+        outputs?: Array<{
+            /**
+             * Name
+             */
+            name: string;
+            /**
+             * Parameters
+             *
+             * binary_data: return it as binary; classification: its top n classes; shared_memory_region, shared_memory_byte_size and shared_memory_offset: write it there.
+             */
+            parameters?: {
+                [key: string]: string | number | number | boolean;
+            };
+        }>;
+        /**
+         * Parameters
+         *
+         * binary_data_output: every output as binary; priority: 1 the highest, 0 the model's default; timeout: microseconds it may wait in the queue.
+         */
+        parameters?: {
+            [key: string]: string | number | number | boolean;
+        };
+    };
     path: {
         /**
          * Name
@@ -2214,10 +2399,12 @@ export type V2InferError = V2InferErrors[keyof V2InferErrors];
 
 export type V2InferResponses = {
     /**
-     * Successful Response
+     * The outputs, as JSON; with binary outputs (binary_data_output, or an output's binary_data), in Triton's binary tensor extension: `application/octet-stream`, the JSON first, its length in the Inference-Header-Content-Length header, then the bytes of each tensor whose parameters give binary_data_size, in order.
      */
-    200: unknown;
+    200: InferenceResponse;
 };
+
+export type V2InferResponse = V2InferResponses[keyof V2InferResponses];
 
 export type V2ModelReadyData = {
     body?: never;
@@ -2264,8 +2451,10 @@ export type V2ModelReadyResponses = {
     /**
      * Successful Response
      */
-    200: unknown;
+    200: ModelReadyResponse;
 };
+
+export type V2ModelReadyResponse = V2ModelReadyResponses[keyof V2ModelReadyResponses];
 
 export type V2ModelStatsData = {
     body?: never;
@@ -2568,7 +2757,79 @@ export type V2ModelVersionConfigResponses = {
 export type V2ModelVersionConfigResponse = V2ModelVersionConfigResponses[keyof V2ModelVersionConfigResponses];
 
 export type V2InferVersionData = {
-    body?: never;
+    /**
+     * InferenceRequest
+     *
+     * An inference request, as JSON; or in Triton's binary tensor extension: `application/octet-stream`, the JSON first, its length in the Inference-Header-Content-Length header, then the bytes of each tensor whose parameters give binary_data_size, in order. Gzip and deflate bodies (Content-Encoding) are read too.
+     */
+    body: {
+        /**
+         * Id
+         *
+         * Echoed in the response.
+         */
+        id?: string | null;
+        /**
+         * Inputs
+         */
+        inputs: Array<{
+            /**
+             * Data
+             *
+             * The values in row-major order, flat or nested; none when binary or in shared memory.
+             */
+            data?: Array<unknown>;
+            /**
+             * Datatype
+             *
+             * BOOL, UINT8 to UINT64, INT8 to INT64, FP16, FP32, FP64 or BYTES.
+             */
+            datatype: string;
+            /**
+             * Name
+             */
+            name: string;
+            /**
+             * Parameters
+             *
+             * binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: it lies in a registered region.
+             */
+            parameters?: {
+                [key: string]: string | number | number | boolean;
+            };
+            /**
+             * Shape
+             */
+            shape: Array<number>;
+        }>;
+        /**
+         * Outputs
+         *
+         * The outputs to return, and how; none: every output.
+         */
+        outputs?: Array<{
+            /**
+             * Name
+             */
+            name: string;
+            /**
+             * Parameters
+             *
+             * binary_data: return it as binary; classification: its top n classes; shared_memory_region, shared_memory_byte_size and shared_memory_offset: write it there.
+             */
+            parameters?: {
+                [key: string]: string | number | number | boolean;
+            };
+        }>;
+        /**
+         * Parameters
+         *
+         * binary_data_output: every output as binary; priority: 1 the highest, 0 the model's default; timeout: microseconds it may wait in the queue.
+         */
+        parameters?: {
+            [key: string]: string | number | number | boolean;
+        };
+    };
     path: {
         /**
          * Name
@@ -2622,10 +2883,12 @@ export type V2InferVersionError = V2InferVersionErrors[keyof V2InferVersionError
 
 export type V2InferVersionResponses = {
     /**
-     * Successful Response
+     * The outputs, as JSON; with binary outputs (binary_data_output, or an output's binary_data), in Triton's binary tensor extension: `application/octet-stream`, the JSON first, its length in the Inference-Header-Content-Length header, then the bytes of each tensor whose parameters give binary_data_size, in order.
      */
-    200: unknown;
+    200: InferenceResponse;
 };
+
+export type V2InferVersionResponse = V2InferVersionResponses[keyof V2InferVersionResponses];
 
 export type V2ModelVersionReadyData = {
     body?: never;
@@ -2676,8 +2939,10 @@ export type V2ModelVersionReadyResponses = {
     /**
      * Successful Response
      */
-    200: unknown;
+    200: ModelReadyResponse;
 };
+
+export type V2ModelVersionReadyResponse = V2ModelVersionReadyResponses[keyof V2ModelVersionReadyResponses];
 
 export type V2ModelVersionStatsData = {
     body?: never;

@@ -13,6 +13,8 @@ import {
   listModels,
   predict,
   uploadModel,
+  v2Infer,
+  v2Live,
 } from '../dist/index.js';
 
 const { KILN_URL, KILN_MODEL_PATH } = process.env;
@@ -55,6 +57,16 @@ test(
     assert.equal(result.model_version, upload.data.version);
     assert.equal(result.outputs.output0.length, 2);
     assert.equal(result.outputs.output0[0].length, 10);
+
+    // The Open Inference Protocol's JSON, typed by the spec.
+    const { data: inferred } = await v2Infer({
+      path: { name },
+      body: { id: 'ts', inputs: [{ name: 'x', shape: [1, 64], datatype: 'FP32', data: Array(64).fill(0.5) }] },
+      throwOnError: true,
+    });
+    assert.deepEqual([inferred.id, inferred.model_version], ['ts', String(upload.data.version)]);
+    assert.deepEqual([inferred.outputs[0].name, inferred.outputs[0].shape], ['output0', [1, 10]]);
+    assert.deepEqual((await v2Live({ throwOnError: true })).data, { live: true });
 
     const { data: listed } = await listModels({ throwOnError: true });
     assert.ok(listed.models.some((m) => m.name === name));

@@ -9,6 +9,8 @@ from .compile_in import CompileIn
 from .compile_out import CompileOut
 from .default_version_in import DefaultVersionIn
 from .healthz_response_healthz import HealthzResponseHealthz
+from .inference_response import InferenceResponse
+from .inference_response_parameters import InferenceResponseParameters
 from .job_out import JobOut
 from .job_out_options import JobOutOptions
 from .job_out_tuning_type_0 import JobOutTuningType0
@@ -17,6 +19,7 @@ from .log_settings import LogSettings
 from .log_settings_log_format import LogSettingsLogFormat
 from .model_list import ModelList
 from .model_out import ModelOut
+from .model_ready_response import ModelReadyResponse
 from .output_info import OutputInfo
 from .predict_in import PredictIn
 from .predict_in_inputs import PredictInInputs
@@ -27,6 +30,10 @@ from .problem import Problem
 from .protocol_error import ProtocolError
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .region import Region
+from .response_output import ResponseOutput
+from .response_output_parameters import ResponseOutputParameters
+from .server_live_response import ServerLiveResponse
+from .server_ready_response import ServerReadyResponse
 from .serving_config import ServingConfig
 from .serving_config_labels import ServingConfigLabels
 from .serving_in import ServingIn
@@ -52,6 +59,22 @@ from .v1_protocol_version_metadata_response_v1_protocol_version_metadata import 
     V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata,
 )
 from .v2_all_stats_response_v2_all_stats import V2AllStatsResponseV2AllStats
+from .v2_infer_inference_request import V2InferInferenceRequest
+from .v2_infer_inference_request_parameters import V2InferInferenceRequestParameters
+from .v2_infer_inference_request_request_input import V2InferInferenceRequestRequestInput
+from .v2_infer_inference_request_request_input_parameters import V2InferInferenceRequestRequestInputParameters
+from .v2_infer_inference_request_request_output import V2InferInferenceRequestRequestOutput
+from .v2_infer_inference_request_request_output_parameters import V2InferInferenceRequestRequestOutputParameters
+from .v2_infer_version_inference_request import V2InferVersionInferenceRequest
+from .v2_infer_version_inference_request_parameters import V2InferVersionInferenceRequestParameters
+from .v2_infer_version_inference_request_request_input import V2InferVersionInferenceRequestRequestInput
+from .v2_infer_version_inference_request_request_input_parameters import (
+    V2InferVersionInferenceRequestRequestInputParameters,
+)
+from .v2_infer_version_inference_request_request_output import V2InferVersionInferenceRequestRequestOutput
+from .v2_infer_version_inference_request_request_output_parameters import (
+    V2InferVersionInferenceRequestRequestOutputParameters,
+)
 from .v2_model_config_response_v2_model_config import V2ModelConfigResponseV2ModelConfig
 from .v2_model_metadata_response_v2_model_metadata import V2ModelMetadataResponseV2ModelMetadata
 from .v2_model_stats_response_v2_model_stats import V2ModelStatsResponseV2ModelStats
@@ -94,6 +117,8 @@ __all__ = (
     "CompileOut",
     "DefaultVersionIn",
     "HealthzResponseHealthz",
+    "InferenceResponse",
+    "InferenceResponseParameters",
     "JobOut",
     "JobOutOptions",
     "JobOutTuningType0",
@@ -102,6 +127,7 @@ __all__ = (
     "LogSettingsLogFormat",
     "ModelList",
     "ModelOut",
+    "ModelReadyResponse",
     "OutputInfo",
     "PredictIn",
     "PredictInInputs",
@@ -112,6 +138,10 @@ __all__ = (
     "ProtocolError",
     "ReadyzResponseReadyz",
     "Region",
+    "ResponseOutput",
+    "ResponseOutputParameters",
+    "ServerLiveResponse",
+    "ServerReadyResponse",
     "ServingConfig",
     "ServingConfigLabels",
     "ServingIn",
@@ -131,6 +161,18 @@ __all__ = (
     "V1ProtocolPredictVersionPredictRequestSignatureNameType0",
     "V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata",
     "V2AllStatsResponseV2AllStats",
+    "V2InferInferenceRequest",
+    "V2InferInferenceRequestParameters",
+    "V2InferInferenceRequestRequestInput",
+    "V2InferInferenceRequestRequestInputParameters",
+    "V2InferInferenceRequestRequestOutput",
+    "V2InferInferenceRequestRequestOutputParameters",
+    "V2InferVersionInferenceRequest",
+    "V2InferVersionInferenceRequestParameters",
+    "V2InferVersionInferenceRequestRequestInput",
+    "V2InferVersionInferenceRequestRequestInputParameters",
+    "V2InferVersionInferenceRequestRequestOutput",
+    "V2InferVersionInferenceRequestRequestOutputParameters",
     "V2ModelConfigResponseV2ModelConfig",
     "V2ModelMetadataResponseV2ModelMetadata",
     "V2ModelStatsResponseV2ModelStats",

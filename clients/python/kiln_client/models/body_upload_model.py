@@ -17,7 +17,8 @@ T = TypeVar("T", bound="BodyUploadModel")
 class BodyUploadModel:
     """
     Attributes:
-        config (str): JSON model config.
+        config (str): The model config, as JSON (its schema is the contentSchema): name and inputs; optionally
+            max_batch_size, backends, targets, tolerances, samples, labels and the serving settings.
         file (File): A TorchScript archive (torch.jit.save).
     """
 

@@ -29,14 +29,15 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | Problem | UploadOut:
+def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Problem | UploadOut:
     if response.status_code == 200:
         response_200 = UploadOut.from_dict(response.json())
 
         return response_200
 
     if response.status_code == 202:
-        response_202 = response.json()
+        response_202 = UploadOut.from_dict(response.json())
+
         return response_202
 
     if response.status_code == 400:
@@ -74,9 +75,7 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
     return response_default
 
 
-def _build_response(
-    *, client: AuthenticatedClient | Client, response: httpx.Response
-) -> Response[Any | Problem | UploadOut]:
+def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Problem | UploadOut]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -89,7 +88,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: BodyUploadModel,
-) -> Response[Any | Problem | UploadOut]:
+) -> Response[Problem | UploadOut]:
     """Upload a TorchScript model; it serves at once and compiles in the background.
 
     Args:
@@ -100,7 +99,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | Problem | UploadOut]
+        Response[Problem | UploadOut]
     """
 
     kwargs = _get_kwargs(
@@ -118,7 +117,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
     body: BodyUploadModel,
-) -> Any | Problem | UploadOut | None:
+) -> Problem | UploadOut | None:
     """Upload a TorchScript model; it serves at once and compiles in the background.
 
     Args:
@@ -129,7 +128,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | Problem | UploadOut
+        Problem | UploadOut
     """
 
     return sync_detailed(
@@ -142,7 +141,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
     body: BodyUploadModel,
-) -> Response[Any | Problem | UploadOut]:
+) -> Response[Problem | UploadOut]:
     """Upload a TorchScript model; it serves at once and compiles in the background.
 
     Args:
@@ -153,7 +152,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | Problem | UploadOut]
+        Response[Problem | UploadOut]
     """
 
     kwargs = _get_kwargs(
@@ -169,7 +168,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
     body: BodyUploadModel,
-) -> Any | Problem | UploadOut | None:
+) -> Problem | UploadOut | None:
     """Upload a TorchScript model; it serves at once and compiles in the background.
 
     Args:
@@ -180,7 +179,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | Problem | UploadOut
+        Problem | UploadOut
     """
 
     return (

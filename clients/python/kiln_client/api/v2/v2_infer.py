@@ -5,13 +5,18 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
+from ...models.inference_response import InferenceResponse
 from ...models.protocol_error import ProtocolError
+from ...models.v2_infer_inference_request import V2InferInferenceRequest
 from ...types import Response
 
 
 def _get_kwargs(
     name: str,
+    *,
+    body: V2InferInferenceRequest,
 ) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
 
     _kwargs: dict[str, Any] = {
         "method": "post",
@@ -20,12 +25,20 @@ def _get_kwargs(
         ),
     }
 
+    _kwargs["json"] = body.to_dict()
+
+    headers["Content-Type"] = "application/json"
+
+    _kwargs["headers"] = headers
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | ProtocolError:
+def _parse_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> InferenceResponse | ProtocolError:
     if response.status_code == 200:
-        response_200 = response.json()
+        response_200 = InferenceResponse.from_dict(response.json())
+
         return response_200
 
     if response.status_code == 400:
@@ -68,7 +81,9 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
     return response_default
 
 
-def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | ProtocolError]:
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[InferenceResponse | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -81,22 +96,25 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | ProtocolError]:
-    """Infer
+    body: V2InferInferenceRequest,
+) -> Response[InferenceResponse | ProtocolError]:
+    """Run the model's default version, else its newest ready one.
 
     Args:
         name (str):
+        body (V2InferInferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | ProtocolError]
+        Response[InferenceResponse | ProtocolError]
     """
 
     kwargs = _get_kwargs(
         name=name,
+        body=body,
     )
 
     response = client.get_httpx_client().request(
@@ -110,23 +128,26 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | ProtocolError | None:
-    """Infer
+    body: V2InferInferenceRequest,
+) -> InferenceResponse | ProtocolError | None:
+    """Run the model's default version, else its newest ready one.
 
     Args:
         name (str):
+        body (V2InferInferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | ProtocolError
+        InferenceResponse | ProtocolError
     """
 
     return sync_detailed(
         name=name,
         client=client,
+        body=body,
     ).parsed
 
 
@@ -134,22 +155,25 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | ProtocolError]:
-    """Infer
+    body: V2InferInferenceRequest,
+) -> Response[InferenceResponse | ProtocolError]:
+    """Run the model's default version, else its newest ready one.
 
     Args:
         name (str):
+        body (V2InferInferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | ProtocolError]
+        Response[InferenceResponse | ProtocolError]
     """
 
     kwargs = _get_kwargs(
         name=name,
+        body=body,
     )
 
     response = await client.get_async_httpx_client().request(**kwargs)
@@ -161,23 +185,26 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | ProtocolError | None:
-    """Infer
+    body: V2InferInferenceRequest,
+) -> InferenceResponse | ProtocolError | None:
+    """Run the model's default version, else its newest ready one.
 
     Args:
         name (str):
+        body (V2InferInferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | ProtocolError
+        InferenceResponse | ProtocolError
     """
 
     return (
         await asyncio_detailed(
             name=name,
             client=client,
+            body=body,
         )
     ).parsed

@@ -5,14 +5,19 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
+from ...models.inference_response import InferenceResponse
 from ...models.protocol_error import ProtocolError
+from ...models.v2_infer_version_inference_request import V2InferVersionInferenceRequest
 from ...types import Response
 
 
 def _get_kwargs(
     name: str,
     version: str,
+    *,
+    body: V2InferVersionInferenceRequest,
 ) -> dict[str, Any]:
+    headers: dict[str, Any] = {}
 
     _kwargs: dict[str, Any] = {
         "method": "post",
@@ -22,12 +27,20 @@ def _get_kwargs(
         ),
     }
 
+    _kwargs["json"] = body.to_dict()
+
+    headers["Content-Type"] = "application/json"
+
+    _kwargs["headers"] = headers
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | ProtocolError:
+def _parse_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> InferenceResponse | ProtocolError:
     if response.status_code == 200:
-        response_200 = response.json()
+        response_200 = InferenceResponse.from_dict(response.json())
+
         return response_200
 
     if response.status_code == 400:
@@ -70,7 +83,9 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
     return response_default
 
 
-def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | ProtocolError]:
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[InferenceResponse | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -84,24 +99,27 @@ def sync_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | ProtocolError]:
-    """Infer Version
+    body: V2InferVersionInferenceRequest,
+) -> Response[InferenceResponse | ProtocolError]:
+    """Run one version of the model.
 
     Args:
         name (str):
         version (str):
+        body (V2InferVersionInferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | ProtocolError]
+        Response[InferenceResponse | ProtocolError]
     """
 
     kwargs = _get_kwargs(
         name=name,
         version=version,
+        body=body,
     )
 
     response = client.get_httpx_client().request(
@@ -116,25 +134,28 @@ def sync(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | ProtocolError | None:
-    """Infer Version
+    body: V2InferVersionInferenceRequest,
+) -> InferenceResponse | ProtocolError | None:
+    """Run one version of the model.
 
     Args:
         name (str):
         version (str):
+        body (V2InferVersionInferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | ProtocolError
+        InferenceResponse | ProtocolError
     """
 
     return sync_detailed(
         name=name,
         version=version,
         client=client,
+        body=body,
     ).parsed
 
 
@@ -143,24 +164,27 @@ async def asyncio_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | ProtocolError]:
-    """Infer Version
+    body: V2InferVersionInferenceRequest,
+) -> Response[InferenceResponse | ProtocolError]:
+    """Run one version of the model.
 
     Args:
         name (str):
         version (str):
+        body (V2InferVersionInferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | ProtocolError]
+        Response[InferenceResponse | ProtocolError]
     """
 
     kwargs = _get_kwargs(
         name=name,
         version=version,
+        body=body,
     )
 
     response = await client.get_async_httpx_client().request(**kwargs)
@@ -173,19 +197,21 @@ async def asyncio(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | ProtocolError | None:
-    """Infer Version
+    body: V2InferVersionInferenceRequest,
+) -> InferenceResponse | ProtocolError | None:
+    """Run one version of the model.
 
     Args:
         name (str):
         version (str):
+        body (V2InferVersionInferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | ProtocolError
+        InferenceResponse | ProtocolError
     """
 
     return (
@@ -193,5 +219,6 @@ async def asyncio(
             name=name,
             version=version,
             client=client,
+            body=body,
         )
     ).parsed

@@ -73,7 +73,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[ProtocolError | V2ModelMetadataResponseV2ModelMetadata]:
-    """Model Metadata
+    """The model's inputs and outputs: the version's serving here, else its default's or newest's.
 
     Args:
         name (str):
@@ -102,7 +102,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
 ) -> ProtocolError | V2ModelMetadataResponseV2ModelMetadata | None:
-    """Model Metadata
+    """The model's inputs and outputs: the version's serving here, else its default's or newest's.
 
     Args:
         name (str):
@@ -126,7 +126,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[ProtocolError | V2ModelMetadataResponseV2ModelMetadata]:
-    """Model Metadata
+    """The model's inputs and outputs: the version's serving here, else its default's or newest's.
 
     Args:
         name (str):
@@ -153,7 +153,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
 ) -> ProtocolError | V2ModelMetadataResponseV2ModelMetadata | None:
-    """Model Metadata
+    """The model's inputs and outputs: the version's serving here, else its default's or newest's.
 
     Args:
         name (str):

@@ -1,10 +1,11 @@
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from ...client import AuthenticatedClient, Client
+from ...models.model_ready_response import ModelReadyResponse
 from ...models.protocol_error import ProtocolError
 from ...types import Response
 
@@ -23,9 +24,12 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | ProtocolError:
+def _parse_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> ModelReadyResponse | ProtocolError:
     if response.status_code == 200:
-        response_200 = cast(Any, None)
+        response_200 = ModelReadyResponse.from_dict(response.json())
+
         return response_200
 
     if response.status_code == 400:
@@ -58,7 +62,9 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
     return response_default
 
 
-def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | ProtocolError]:
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[ModelReadyResponse | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -71,8 +77,8 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | ProtocolError]:
-    """Model Ready
+) -> Response[ModelReadyResponse | ProtocolError]:
+    """Whether the model serves requests naming no version here; else a 400 (409: unloaded).
 
     Args:
         name (str):
@@ -82,7 +88,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | ProtocolError]
+        Response[ModelReadyResponse | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -100,8 +106,8 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | ProtocolError | None:
-    """Model Ready
+) -> ModelReadyResponse | ProtocolError | None:
+    """Whether the model serves requests naming no version here; else a 400 (409: unloaded).
 
     Args:
         name (str):
@@ -111,7 +117,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | ProtocolError
+        ModelReadyResponse | ProtocolError
     """
 
     return sync_detailed(
@@ -124,8 +130,8 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | ProtocolError]:
-    """Model Ready
+) -> Response[ModelReadyResponse | ProtocolError]:
+    """Whether the model serves requests naming no version here; else a 400 (409: unloaded).
 
     Args:
         name (str):
@@ -135,7 +141,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | ProtocolError]
+        Response[ModelReadyResponse | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -151,8 +157,8 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | ProtocolError | None:
-    """Model Ready
+) -> ModelReadyResponse | ProtocolError | None:
+    """Whether the model serves requests naming no version here; else a 400 (409: unloaded).
 
     Args:
         name (str):
@@ -162,7 +168,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | ProtocolError
+        ModelReadyResponse | ProtocolError
     """
 
     return (

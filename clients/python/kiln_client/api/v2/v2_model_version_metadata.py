@@ -78,7 +78,7 @@ def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
-    """Model Version Metadata
+    """One version's inputs and outputs.
 
     Args:
         name (str):
@@ -110,7 +110,7 @@ def sync(
     *,
     client: AuthenticatedClient | Client,
 ) -> ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
-    """Model Version Metadata
+    """One version's inputs and outputs.
 
     Args:
         name (str):
@@ -137,7 +137,7 @@ async def asyncio_detailed(
     *,
     client: AuthenticatedClient | Client,
 ) -> Response[ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata]:
-    """Model Version Metadata
+    """One version's inputs and outputs.
 
     Args:
         name (str):
@@ -167,7 +167,7 @@ async def asyncio(
     *,
     client: AuthenticatedClient | Client,
 ) -> ProtocolError | V2ModelVersionMetadataResponseV2ModelVersionMetadata | None:
-    """Model Version Metadata
+    """One version's inputs and outputs.
 
     Args:
         name (str):

@@ -1,10 +1,11 @@
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from ...client import AuthenticatedClient, Client
+from ...models.model_ready_response import ModelReadyResponse
 from ...models.protocol_error import ProtocolError
 from ...types import Response
 
@@ -25,9 +26,12 @@ def _get_kwargs(
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | ProtocolError:
+def _parse_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> ModelReadyResponse | ProtocolError:
     if response.status_code == 200:
-        response_200 = cast(Any, None)
+        response_200 = ModelReadyResponse.from_dict(response.json())
+
         return response_200
 
     if response.status_code == 400:
@@ -60,7 +64,9 @@ def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Res
     return response_default
 
 
-def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any | ProtocolError]:
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[ModelReadyResponse | ProtocolError]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -74,8 +80,8 @@ def sync_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | ProtocolError]:
-    """Model Version Ready
+) -> Response[ModelReadyResponse | ProtocolError]:
+    """Whether one version of the model serves here; else a 400 (409: unloaded).
 
     Args:
         name (str):
@@ -86,7 +92,7 @@ def sync_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | ProtocolError]
+        Response[ModelReadyResponse | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -106,8 +112,8 @@ def sync(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | ProtocolError | None:
-    """Model Version Ready
+) -> ModelReadyResponse | ProtocolError | None:
+    """Whether one version of the model serves here; else a 400 (409: unloaded).
 
     Args:
         name (str):
@@ -118,7 +124,7 @@ def sync(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | ProtocolError
+        ModelReadyResponse | ProtocolError
     """
 
     return sync_detailed(
@@ -133,8 +139,8 @@ async def asyncio_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any | ProtocolError]:
-    """Model Version Ready
+) -> Response[ModelReadyResponse | ProtocolError]:
+    """Whether one version of the model serves here; else a 400 (409: unloaded).
 
     Args:
         name (str):
@@ -145,7 +151,7 @@ async def asyncio_detailed(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any | ProtocolError]
+        Response[ModelReadyResponse | ProtocolError]
     """
 
     kwargs = _get_kwargs(
@@ -163,8 +169,8 @@ async def asyncio(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-) -> Any | ProtocolError | None:
-    """Model Version Ready
+) -> ModelReadyResponse | ProtocolError | None:
+    """Whether one version of the model serves here; else a 400 (409: unloaded).
 
     Args:
         name (str):
@@ -175,7 +181,7 @@ async def asyncio(
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Any | ProtocolError
+        ModelReadyResponse | ProtocolError
     """
 
     return (

@@ -3,8 +3,9 @@ from typing import Any
 
 import httpx
 
-from ... import errors
 from ...client import AuthenticatedClient, Client
+from ...models.protocol_error import ProtocolError
+from ...models.server_ready_response import ServerReadyResponse
 from ...types import Response
 
 
@@ -18,17 +19,27 @@ def _get_kwargs() -> dict[str, Any]:
     return _kwargs
 
 
-def _parse_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Any | None:
+def _parse_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> ProtocolError | ServerReadyResponse:
     if response.status_code == 200:
-        return None
+        response_200 = ServerReadyResponse.from_dict(response.json())
 
-    if client.raise_on_unexpected_status:
-        raise errors.UnexpectedStatus(response.status_code, response.content)
-    else:
-        return None
+        return response_200
+
+    if response.status_code == 400:
+        response_400 = ProtocolError.from_dict(response.json())
+
+        return response_400
+
+    response_default = ProtocolError.from_dict(response.json())
+
+    return response_default
 
 
-def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Response) -> Response[Any]:
+def _build_response(
+    *, client: AuthenticatedClient | Client, response: httpx.Response
+) -> Response[ProtocolError | ServerReadyResponse]:
     return Response(
         status_code=HTTPStatus(response.status_code),
         content=response.content,
@@ -40,15 +51,15 @@ def _build_response(*, client: AuthenticatedClient | Client, response: httpx.Res
 def sync_detailed(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any]:
-    """200 when the store answers, or loaded models serve without it.
+) -> Response[ProtocolError | ServerReadyResponse]:
+    """Ready when the store answers, or loaded models serve without it; else a 400, as Triton answers.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any]
+        Response[ProtocolError | ServerReadyResponse]
     """
 
     kwargs = _get_kwargs()
@@ -60,18 +71,37 @@ def sync_detailed(
     return _build_response(client=client, response=response)
 
 
-async def asyncio_detailed(
+def sync(
     *,
     client: AuthenticatedClient | Client,
-) -> Response[Any]:
-    """200 when the store answers, or loaded models serve without it.
+) -> ProtocolError | ServerReadyResponse | None:
+    """Ready when the store answers, or loaded models serve without it; else a 400, as Triton answers.
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
         httpx.TimeoutException: If the request takes longer than Client.timeout.
 
     Returns:
-        Response[Any]
+        ProtocolError | ServerReadyResponse
+    """
+
+    return sync_detailed(
+        client=client,
+    ).parsed
+
+
+async def asyncio_detailed(
+    *,
+    client: AuthenticatedClient | Client,
+) -> Response[ProtocolError | ServerReadyResponse]:
+    """Ready when the store answers, or loaded models serve without it; else a 400, as Triton answers.
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        Response[ProtocolError | ServerReadyResponse]
     """
 
     kwargs = _get_kwargs()
@@ -79,3 +109,24 @@ async def asyncio_detailed(
     response = await client.get_async_httpx_client().request(**kwargs)
 
     return _build_response(client=client, response=response)
+
+
+async def asyncio(
+    *,
+    client: AuthenticatedClient | Client,
+) -> ProtocolError | ServerReadyResponse | None:
+    """Ready when the store answers, or loaded models serve without it; else a 400, as Triton answers.
+
+    Raises:
+        errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
+        httpx.TimeoutException: If the request takes longer than Client.timeout.
+
+    Returns:
+        ProtocolError | ServerReadyResponse
+    """
+
+    return (
+        await asyncio_detailed(
+            client=client,
+        )
+    ).parsed
