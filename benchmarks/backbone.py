@@ -1,10 +1,15 @@
-"""Backbone numbers: upload-to-ready per variant, p50 predict through HTTP, and p50 in-process.
+"""Backbone numbers: for each test model (tests/models.py) and each of its variants (TorchScript and
+untuned TVM), the seconds from upload to ready, the median latency of sequential batch-1 predictions
+through HTTP and of the same variant's runner called in-process, and the difference: what the
+server's HTTP path adds to a request.
 
-Starts its own embedded `kiln serve` on a loopback port and prints one table. Run: make benchmark
+Starts its own embedded `kiln serve` on a loopback port, with one intra-op thread, and prints one
+table. Run: make benchmark
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import tempfile
@@ -27,11 +32,19 @@ from tests.client import predict, sample, upload, wait_settled
 from tests.models import MODELS
 from tests.servers import KilnServer, unwind_on_signals
 
-REQUESTS = 200
 THREADS = 1
 
 
-def p50_ms(fn: Callable[[], object], n: int = REQUESTS) -> float:
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--requests", type=int, default=200, help="sequential requests timed per variant and path")
+    args = p.parse_args()
+    if args.requests < 1:
+        p.error("--requests must be at least 1")
+    return args
+
+
+def p50_ms(fn: Callable[[], object], n: int) -> float:
     for _ in range(5):
         fn()
     times = []
@@ -43,6 +56,7 @@ def p50_ms(fn: Callable[[], object], n: int = REQUESTS) -> float:
 
 
 def main() -> None:
+    args = parse_args()
     unwind_on_signals()
     set_threads(THREADS)
     table = Table(
@@ -52,7 +66,7 @@ def main() -> None:
         "HTTP p50 ms",
         "in-process p50 ms",
         "HTTP overhead ms",
-        title=f"Kiln backbone: batch 1, {THREADS} intra-op thread, {REQUESTS} sequential requests each",
+        title=f"Kiln backbone: batch 1, {THREADS} intra-op thread, {args.requests} sequential requests each",
     )
     with tempfile.TemporaryDirectory() as tmp:
         data = Path(tmp) / "data"
@@ -78,11 +92,13 @@ def main() -> None:
                             table.add_row(name, v["backend"], v["status"], "", "", "")
                             continue
                         backend = v["backend"]
-                        http_ms = p50_ms(lambda b=backend, n=name, x=x: predict(http, n, x, backend=b))
+                        http_ms = p50_ms(
+                            lambda b=backend, n=name, x=x: predict(http, n, x, backend=b), args.requests
+                        )
                         record = registry.get_variant(v["id"])
                         assert record is not None
                         runner = runtime.load(version, record).runner
-                        local_ms = p50_ms(lambda r=runner, x=x: r.run({"x": x}))
+                        local_ms = p50_ms(lambda r=runner, x=x: r.run({"x": x}), args.requests)
                         table.add_row(
                             name,
                             backend,

@@ -4,15 +4,17 @@ offline compile."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
 import httpx
@@ -24,8 +26,13 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
 from rich.table import Table
 from rich.text import Text
 
+if TYPE_CHECKING:  # imported where used: `kiln models` need not load numpy
+    from compiler.spec import InputSpec
+
 app = typer.Typer(help="Kiln: a model server that compiles what it serves.", no_args_is_help=True)
 console = Console()
+# Piped or in CI, a line is not broken at $COLUMNS or 80 columns: grep and logs get it whole.
+console.soft_wrap = not console.is_terminal
 
 UrlOption = Annotated[str, typer.Option(envvar="KILN_URL", help="Kiln server URL.")]
 KeyOption = Annotated[str | None, typer.Option(envvar="KILN_API_KEY", help="API key.")]
@@ -37,6 +44,9 @@ STAGES = ["queued", "compiling", "verifying", "benchmarking", "ready"]
 REFOLLOWS = 30
 GATEWAY_ERRORS = {502, 503, 504}
 SLOW_S = 900  # a request that checks a model by running it, or loads and warms one up
+# The server's 401 names the header; a CLI user gives the key as an option.
+KEY_HINT = "; pass --api-key KEY or set KILN_API_KEY"
+SHOWN_CHARS = 40  # of a setting's JSON value in a line, such as a model's labels
 
 
 class NotKiln(Exception):
@@ -123,7 +133,8 @@ def error_of(response: httpx.Response) -> str:
     except ValueError:
         return response.text
     found = doc.get("detail") or doc.get("error") if isinstance(doc, dict) else None
-    return str(found or response.text)
+    text = str(found or response.text)
+    return text + KEY_HINT if response.status_code == 401 else text
 
 
 @app.command()
@@ -302,18 +313,52 @@ def upload(
     if labels:
         config["labels"] = label_files(labels)
     with client(url, api_key) as http:
+        before = serving_settings(http, name)
         # The server checks the model by running it (up to KILN_VALIDATE_TIMEOUT_S) before it answers.
         files, data = {"file": file.read_bytes()}, {"config": json.dumps(config)}
         body = check(http.post("/v1/models", files=files, data=data, timeout=SLOW_S))
-        console.print(
-            escape(f"{body['name']} version {body['version']} ({body['sha256'][:12]})")
-            + (" [dim]already uploaded[/dim]" if body["deduplicated"] else "")
-        )
+        line = escape(f"{body['name']} version {body['version']} ({body['sha256'][:12]})")
+        if body["deduplicated"]:
+            # It compiles nothing, but takes this upload's serving settings, left-out ones at
+            # their defaults: say what that changed.
+            after = check(http.get(f"/v1/models/{segment(name)}/versions/{body['version']}")).get("serving")
+            line += " [dim]already uploaded[/dim]" + escape(
+                serving_changes(before.get(body["version"]), after)
+            )
+        console.print(line)
         variants = body["variants"]
         if wait:
             unserved = body.get("unserved_targets", [])  # an older server says nothing
             variants = settled(http, body["name"], body["version"], variants, unserved)
     show(variants)
+
+
+def serving_settings(http: httpx.Client, name: str) -> dict[int, dict[str, Any]]:
+    """The serving settings of each of the model's versions; none for a new model (or an answer
+    that is not Kiln's, which the upload then names)."""
+    response = http.get(f"/v1/models/{segment(name)}")
+    if not response.is_success:
+        return {}
+    return {v["version"]: v["serving"] for v in json_of(response).get("versions", [])}
+
+
+def serving_changes(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    """What an upload found again changed of its version's serving settings, as the end of a line;
+    nothing where they are not known (a version uploaded as this one ran, an older server)."""
+    if before is None or after is None:
+        return ""
+    changed = [
+        f"{field}={setting_text(value)} (was {setting_text(before.get(field))})"
+        for field, value in after.items()
+        if before.get(field) != value
+    ]
+    return "; serving settings applied: " + ", ".join(changed) if changed else "; serving settings unchanged"
+
+
+def setting_text(value: Any) -> str:
+    """A setting's value in JSON, as `--set` takes it, cut short."""
+    text = json.dumps(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
 
 
 @app.command("add-variants")
@@ -465,37 +510,78 @@ def follow_job(http: httpx.Client, job_id: str, progress: Progress, task: TaskID
 
 
 @app.command()
-def models(url: UrlOption = "http://127.0.0.1:8000", api_key: KeyOption = None) -> None:
-    """List models, versions and variants."""
+def models(
+    name: Annotated[str | None, typer.Argument(help="Only this model.")] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the server's JSON, every field, instead of a table.")
+    ] = False,
+    url: UrlOption = "http://127.0.0.1:8000",
+    api_key: KeyOption = None,
+) -> None:
+    """List models, versions and variants, with each variant's batch-1 latency and its speedup
+    over TorchScript timed in the same run."""
     with client(url, api_key) as http:
-        body = check(http.get("/v1/models"))
-    columns = ("model", "version", "backend", "target", "status", "batch-1 ms", "speedup", "timed", "active")
-    table = Table(*columns)
-    for model in body["models"]:
+        body = check(http.get("/v1/models" + ("" if name is None else f"/{segment(name)}")))
+    if as_json:
+        typer.echo(json.dumps(body, indent=2))
+        return
+    # A variant timed at compile and one timed in a race (or races apart) each have their own
+    # TorchScript baseline: their ms do not compare, their speedups do.
+    caption = "speedup: TorchScript ms / batch-1 ms, TorchScript timed in the same run as the variant"
+    table = Table(caption=caption)
+    for column in (
+        "model",
+        "version",
+        "backend",
+        "target",
+        "status",
+        "batch-1 ms",
+        "TorchScript ms, same run",
+        "speedup",
+        "timed",
+        "active",
+    ):
+        # In a narrow terminal a value wraps in its cell, rather than lose its end to an ellipsis.
+        table.add_column(column, overflow="fold")
+    for model in body["models"] if name is None else [body]:
         active = model["active"] or {}
-        name = f"{model['name']} (unloaded)" if model.get("unloaded") else model["name"]
+        shown_name = f"{model['name']} (unloaded)" if model.get("unloaded") else model["name"]
         default = model.get("default_version")
         for version in model["versions"]:
             number = str(version["version"]) + (" (default)" if version["version"] == default else "")
             for v in version["variants"]:
                 ms = v["latency_ms"]
-                base = v["baseline_latency_ms_by_batch"].get("1")
-                # Against TorchScript timed in the same run: what the router compares.
-                speedup = f"{base / ms:.2f}x" if ms and base and v["backend"] != "torchscript" else ""
-                timed = "" if ms is None else ("race" if v["raced_at"] else "compile")
+                compiled = v["backend"] != "torchscript"
+                base = v["baseline_latency_ms_by_batch"].get("1") if compiled else None
                 cells = (
-                    name,
+                    shown_name,
                     number,
                     label(v),
                     v["target"],
                     v["status"],
                     f"{ms:.3f}" if ms is not None else "",
-                    speedup,
-                    timed if v["backend"] != "torchscript" else "",
+                    f"{base:.3f}" if base is not None else "",
+                    f"{base / ms:.2f}x" if ms and base else "",
+                    ("race" if v["raced_at"] else "compile") if ms is not None and compiled else "",
                     "*" if v["id"] == active.get("variant_id") else "",
                 )
                 table.add_row(*map(Text, cells))  # no markup: `openvino[precision=fp32]` keeps its options
-    console.print(table)
+    print_table(table)
+
+
+def print_table(table: Table) -> None:
+    """Piped or in CI, Rich lays a table out in $COLUMNS or 80 columns, cutting headers and values
+    short ('backe…', 'cpu-x…'): there it gets the width it needs, whole for grep and logs."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    wide = console.options.update(max_width=sys.maxsize)
+    width = console.width
+    console.width = max(width, console.measure(table, options=wide).maximum)
+    try:
+        console.print(table)
+    finally:
+        console.width = width
 
 
 @app.command()
@@ -588,7 +674,7 @@ def import_triton(
             failed |= not import_model(http, model_dir, table)
     for other in [] if model else others:
         table.add_row(Text(other.name), "", "", Text("skipped: no config.pbtxt", style="yellow"))
-    console.print(table)
+    print_table(table)
     if failed:
         raise typer.Exit(1)
 
@@ -715,7 +801,10 @@ def targets() -> None:
     for d in cuda_devices():
         memory = f"{d.memory_mb} MiB" if d.memory_mb is not None else "?"
         devices.add_row(str(d.index), Text(d.name), "{}.{}".format(*d.compute_capability), memory, d.target)
-    console.print(devices if devices.row_count else "CUDA devices: none found")
+    if devices.row_count:
+        print_table(devices)
+    else:
+        console.print("CUDA devices: none found")
     detected = local_targets()
     chosen = get_settings().host_targets()
     if chosen != detected:
@@ -725,7 +814,7 @@ def targets() -> None:
         for name, reason in availability(target).items():
             status = Text("available", style="green") if reason is None else Text(reason)
             table.add_row(Text(target), name, status)
-    console.print(table)
+    print_table(table)
 
 
 @app.command(name="compile")
@@ -733,15 +822,21 @@ def compile_command(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="TorchScript file.")],
     input: Annotated[list[str], typer.Option("--input", help="NAME:DTYPE[D0,...], -1 = dynamic.")],
     backend: Annotated[str, typer.Option(help="Backend to compile with.")] = "tvm",
-    output: Annotated[Path, typer.Option("-o", "--output", help="Artifact file to write.")] = Path(
-        "out.kiln"
-    ),
+    output: Annotated[
+        Path, typer.Option("-o", "--output", help="Artifact file to write (see above for its use).")
+    ] = Path("out.kiln"),
     max_batch_size: Annotated[int, typer.Option(help="Largest batch.")] = 8,
     rtol: Annotated[float, typer.Option(help="Verification rtol.")] = 1e-4,
     atol: Annotated[float, typer.Option(help="Verification atol.")] = 1e-5,
     tuning_trials: Annotated[int, typer.Option(help="tvm: MetaSchedule trials (0: untuned).")] = 0,
 ) -> None:
-    """Compile, verify and benchmark offline, with no server."""
+    """Compile, verify against TorchScript and benchmark one backend offline, with no server: to
+    see whether and how fast a model compiles before uploading it.
+
+    The artifact is a zip of kiln.json (backend, target, input spec, the verification report)
+    and the backend's compiled payload, which Python loads and runs with
+    compiler.backends.load_artifact(compiler.artifact.Artifact.unpack(data)).run({"x": array}).
+    The server does not take it: upload the TorchScript file, which it compiles itself."""
     from compiler.errors import CompilerError
     from compiler.hardware import cpu_target
     from compiler.pipeline import CompileOptions, compile_and_check
@@ -757,9 +852,12 @@ def compile_command(
     options = CompileOptions(  # KILN_THREADS, as `kiln serve` and `kiln worker` run
         rtol=rtol, atol=atol, threads=get_settings().threads, backend_options=backend_options
     )
+    quiet_torch()
     try:
         spec = InputSpec.parse(input, max_batch_size)
-        with console.status(escape(f"compiling with {backend}")) as status:
+        with console.status("checking that the model runs on its inputs") as status:
+            spec = checked(file, spec)
+            status.update(escape(f"compiling with {backend}"))
 
             def show(event: dict[str, Any]) -> None:
                 if "stage" in event:
@@ -783,7 +881,7 @@ def compile_command(
     for batch, ms in sorted(result.latency_ms.items()):
         base = result.baseline_latency_ms[batch]
         table.add_row(str(batch), f"{ms:.3f}", f"{base:.3f}", f"{base / ms:.2f}x")
-    console.print(table)
+    print_table(table)
     console.print(
         f"verified: max abs error {result.max_abs_error:.3g}; "
         f"compiled in {result.compile_s:.1f} s; wrote {output} "
@@ -794,6 +892,29 @@ def compile_command(
         console.print(
             f"tuned: {result.tuning['trials_done']} trials over {len(result.tuning['tasks'])} kernels"
         )
+
+
+def checked(file: Path, spec: InputSpec) -> InputSpec:
+    """The spec, its inputs in the order the model takes them, once the model ran on it as an
+    upload's check runs it: a spec it cannot take is an InvalidModelError that says so ("the
+    model failed on inputs ... at batch 1: ..."), not an export failure of the backend."""
+    from compiler.inspect import inspect_model
+    from compiler.spec import InputSpec
+
+    found = inspect_model(str(file), spec.to_dict(), [], progress=lambda event: None)
+    by_name = {t.name: t for t in spec.inputs}
+    return InputSpec(tuple(by_name[n] for n in found["inputs"]), spec.max_batch_size)
+
+
+def quiet_torch() -> None:
+    """torch logs to stderr what export tries and fails on (fake_tensor's tracebacks, torch.onnx's
+    skipped ops) and warns of its own deprecations: noise about Kiln's use of torch, where the
+    compile's one line says what failed. Its loggers that TORCH_LOGS leaves alone follow `torch`'s
+    level, so TORCH_LOGS still shows what it asks for."""
+    import torch  # noqa: F401  # its logging is set up as it loads
+
+    logging.getLogger("torch").setLevel(logging.CRITICAL)
+    warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def main() -> None:

@@ -78,6 +78,33 @@ def test_compile_rejects_a_bad_spec(tmp_path: Path) -> None:
     assert "Traceback" not in done.stdout + done.stderr
 
 
+def test_compile_with_a_spec_the_model_cannot_take_says_so(tmp_path: Path) -> None:
+    """The model runs on the spec first, as an upload's check runs it: its own error, in a line,
+    not export's failure after torch's fake_tensor tracebacks on stderr."""
+    source = tmp_path / "mlp.pt"
+    source.write_bytes(MLP.torchscript())
+    done = kiln("compile", str(source), "--input", "x:float32[-1,3,32,32]", "-o", str(tmp_path / "x.kiln"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    message = (
+        "InvalidModelError: the model failed on inputs x:float32[-1,3,32,32] at batch 1: "
+        "RuntimeError: mat1 and mat2 shapes cannot be multiplied"
+    )
+    assert message in done.stdout
+    assert "fake_tensor" not in done.stdout + done.stderr and "Traceback" not in done.stdout + done.stderr
+    assert not (tmp_path / "x.kiln").exists()
+
+
+def test_help_says_what_a_command_does_and_stops() -> None:
+    """`kiln compile --help` says how its artifact is used; the backbone benchmark's --help is
+    its usage, not a run."""
+    done = kiln("compile", "--help")
+    assert done.returncode == 0 and "Artifact.unpack(data)" in done.stdout, done.stdout + done.stderr
+    bench = [sys.executable, "benchmarks/backbone.py", "--help"]
+    done = subprocess.run(bench, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("usage: backbone.py") and "through HTTP" in done.stdout
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full, a device that is always full")
 def test_compile_that_cannot_write_its_artifact_says_so_in_a_line(tmp_path: Path) -> None:
     source = tmp_path / "mlp.pt"
@@ -146,6 +173,7 @@ class Stub:
     def __init__(self) -> None:
         self.answer: tuple[int, dict[str, str], bytes] = (200, {}, b"{}")
         self.seen: list[dict[str, str]] = []
+        self.paths: list[str] = []
 
 
 @contextmanager
@@ -156,6 +184,7 @@ def stub_server() -> Iterator[tuple[str, Stub]]:
         def reply(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
             stub.seen.append(dict(self.headers))
+            stub.paths.append(self.path)
             status, headers, body = stub.answer
             self.send_response(status)
             for name, value in {**headers, "Content-Length": str(len(body))}.items():
@@ -225,6 +254,88 @@ def test_an_api_key_is_stripped_and_never_echoed() -> None:
         assert len(stub.seen) == 1
 
 
+def test_a_401_says_how_to_give_the_key() -> None:
+    with stub_server() as (url, stub):
+        detail = b'{"detail": "an API key is required: send `Authorization: Bearer <key>`"}'
+        stub.answer = (401, {"Content-Type": "application/json"}, detail)
+        done = kiln("models", "--url", url)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "error 401: an API key is required" in done.stdout
+    assert "pass --api-key KEY or set KILN_API_KEY" in done.stdout
+
+
+# onnxruntime timed in its compile beside a TorchScript of 0.054 ms; TorchScript's own row from
+# another run, 0.031 ms: 1.54x is against the former.
+LISTED = {
+    "name": "mlp",
+    "active": {"version": 1, "variant_id": "ort"},
+    "default_version": None,
+    "unloaded": False,
+    "versions": [
+        {
+            "version": 1,
+            "variants": [
+                {
+                    "id": "ts",
+                    "backend": "torchscript",
+                    "options": {},
+                    "target": "any",
+                    "status": "ready",
+                    "latency_ms": 0.031,
+                    "baseline_latency_ms_by_batch": {},
+                    "raced_at": None,
+                },
+                {
+                    "id": "ort",
+                    "backend": "onnxruntime",
+                    "options": {},
+                    "target": "cpu-x86_64-emeraldrapids-avx512",
+                    "status": "ready",
+                    "latency_ms": 0.035,
+                    "baseline_latency_ms_by_batch": {"1": 0.054},
+                    "raced_at": None,
+                },
+            ],
+        }
+    ],
+}
+
+
+def test_models_as_json_and_as_a_whole_table_when_piped() -> None:
+    """--json is the server's JSON; the table, piped at 80 columns, cuts no header or value short,
+    and shows the TorchScript time each speedup is against."""
+    with stub_server() as (url, stub):
+        stub.answer = (200, {"Content-Type": "application/json"}, json.dumps({"models": [LISTED]}).encode())
+        done = kiln("models", "--json", "--url", url)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert json.loads(done.stdout) == {"models": [LISTED]}
+        done = kiln("models", "--url", url, COLUMNS="80")
+        assert done.returncode == 0, done.stdout + done.stderr
+        stub.answer = (200, {"Content-Type": "application/json"}, json.dumps(LISTED).encode())
+        one = kiln("models", "mlp", "--json", "--url", url)
+        assert one.returncode == 0 and json.loads(one.stdout) == LISTED, one.stdout + one.stderr
+        assert stub.paths[-1] == "/v1/models/mlp"
+    assert "…" not in done.stdout
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in done.stdout.splitlines() if "│" in line]
+    assert rows == [
+        ["mlp", "1", "torchscript", "any", "ready", "0.031", "", "", "", ""],
+        [
+            "mlp",
+            "1",
+            "onnxruntime",
+            "cpu-x86_64-emeraldrapids-avx512",
+            "ready",
+            "0.035",
+            "0.054",
+            "1.54x",
+            "compile",
+            "*",
+        ],
+    ]
+    assert "TorchScript ms, same run" in done.stdout
+    assert "speedup: TorchScript ms / batch-1 ms, TorchScript timed in the same run" in done.stdout
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KilnServer]:
     # Its access log says when the CLI follows a job.
@@ -265,6 +376,27 @@ def test_the_server_s_text_is_shown_as_it_is(server: KilnServer, tmp_path: Path,
     done = kiln("serving", victim, "1", "--set", "[/x]=1", "--url", server.url)
     assert done.returncode == 1 and "error 422: unknown setting(s) ['[/x]']" in done.stdout, done.stdout
     assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_an_upload_found_again_says_what_it_changed(server: KilnServer, tmp_path: Path) -> None:
+    """An identical upload compiles nothing, but takes its serving settings: the line says which."""
+    source = tmp_path / "mlp.pt"
+    source.write_bytes(MLP.torchscript())
+    args = ["upload", str(source), "--name", "again", "--input", "x:float32[-1,64]", "--set", "backends=[]"]
+    done = kiln(*args, "--no-wait", "--url", server.url)
+    assert done.returncode == 0 and "already uploaded" not in done.stdout, done.stdout + done.stderr
+    for settings, said in [
+        (
+            ["--set", "max_queue_delay_us=2000"],
+            "serving settings applied: max_queue_delay_us=2000 (was null)",
+        ),
+        (["--set", "max_queue_delay_us=2000"], "serving settings unchanged"),
+        ([], "serving settings applied: max_queue_delay_us=null (was 2000)"),  # left out: the default
+    ]:
+        done = kiln(*args, *settings, "--no-wait", "--url", server.url)
+        assert done.returncode == 0, done.stdout + done.stderr
+        first = done.stdout.splitlines()[0]
+        assert first.startswith("again version 1 (") and first.endswith(f") already uploaded; {said}"), first
 
 
 def test_ctrl_c_stops_following_at_once_and_the_jobs_go_on(
