@@ -88,6 +88,11 @@ def inspect_model(
             # max_batch_size 1: every run is of batch 1, and a leading 1 is the batch's, as
             # Triton has every output of a batching model lead with it.
             shape[0] = -1
+        last = runs[-1][name].shape
+        if len(last) == len(shape):
+            # A dimension past the first that grows with the batch (x.t()) is dynamic too: its
+            # size at batch 1 told clients to size an output region for one row.
+            shape[1:] = [-1 if d != other else d for d, other in zip(shape[1:], last[1:], strict=True)]
         if name in varied and len(varied[name]) == len(shape):
             # The batch's dimension stays as the batch run found it: one that followed another
             # dimension instead would be split as if it were the batch.

@@ -186,3 +186,19 @@ def test_rows_apart_is_told_for_each_output_of_several_inputs(tmp_path: Path) ->
     }
     outputs = inspect_model(str(path), spec, [], lambda event: None)["outputs"]
     assert [(o["shape"], o["rows_apart"]) for o in outputs] == [([-1, 8], True), ([-1, 8], False)]
+
+
+class Transposed(nn.Module):
+    """The batch comes out second."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.t()
+
+
+def test_a_dimension_past_the_first_that_follows_the_batch_is_dynamic(tmp_path: Path) -> None:
+    """It was reported at its size at batch 1, [4, 1], where a batch of 2 answers [4, 2]."""
+    path = tmp_path / "model.pt"
+    torch.jit.save(torch.jit.script(Transposed()), str(path))
+    spec = {"inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 4]}], "max_batch_size": 8}
+    [output] = inspect_model(str(path), spec, [], lambda event: None)["outputs"]
+    assert (output["shape"], output["rows_apart"]) == ([4, -1], True)
