@@ -230,6 +230,17 @@ def scrape(queue_depth: Callable[[], Mapping[str, int]]) -> bytes:
     return generate_latest(registry)
 
 
+def replica_runners() -> float:
+    """The runners loaded in the other live workers of this replica (in multiprocess mode: the
+    livesum a scrape shows); 0 in a process of its own."""
+    if not multiprocess():
+        return 0.0
+    registry = CollectorRegistry()
+    forget_dead_processes()
+    MultiProcessCollector(registry)
+    return registry.get_sample_value(LOADED_RUNNERS.describe()[0].name) or 0.0
+
+
 def forget_dead_processes() -> None:
     """uvicorn kills and replaces a worker that misses its health check, and nothing then marks
     it dead: drop the live gauges of every process that no longer exists."""

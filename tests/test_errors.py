@@ -512,12 +512,19 @@ def test_redis_outage(tmp_path: Path) -> None:
     redis_server = RedisServer(tmp_path)
     server = KilnServer({"KILN_REDIS_URL": redis_server.url}, tmp_path / "kiln.log")
     idle = KilnServer({"KILN_REDIS_URL": redis_server.url}, tmp_path / "idle.log")
-    with running(redis_server, server, idle), httpx.Client(base_url=server.url, timeout=60) as http:
+    pair = KilnServer({"KILN_REDIS_URL": redis_server.url}, tmp_path / "pair.log", workers=2)
+    with running(redis_server, server, idle, pair), httpx.Client(base_url=server.url, timeout=60) as http:
         assert upload(http, MLP, backends=[]).status_code == 202
         x = sample(MLP, 2)
         before = predict(http, "mlp", x)
         assert before.status_code == 200
+        with httpx.Client(base_url=pair.url, timeout=60) as one_connection:  # loads in one worker
+            assert predict(one_connection, "mlp", x).status_code == 200
         redis_server.stop()
+        # Each probe on a connection of its own, to whichever worker the kernel gives it: a
+        # worker with nothing loaded said 503 while its sibling served (7 in 16 probes).
+        probes = [httpx.get(f"{pair.url}/readyz", timeout=30) for _ in range(12)]
+        assert [(p.status_code, p.json()) for p in probes] == [(200, {"status": "degraded"})] * 12
         assert "unreachable" in problem(upload(http, MLP, name="other", backends=[]), 503)
         during = predict(http, "mlp", x)
         assert during.status_code == 200, during.text

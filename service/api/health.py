@@ -37,15 +37,17 @@ PING_WAIT_S = 0.5
 
 
 async def readiness(svc: Services) -> str:
-    """ "ready" when the store answers. When it does not, "degraded" if this process holds
+    """ "ready" when the store answers. When it does not, "degraded" if this replica holds
     loaded runners, which serve on without it: a Redis outage must not take every replica out
-    of its Service at once. Raises StoreUnavailableError when there is nothing to serve, and
-    NotReadyError while the models that KILN_LOAD_MODELS names load."""
+    of its Service at once. Under `--workers N`, any of its processes' count: asked of this
+    one alone, probes landing on one worker or another flapped between 200 and 503. Raises
+    StoreUnavailableError when there is nothing to serve, and NotReadyError while the models
+    that KILN_LOAD_MODELS names load."""
     svc.preload.check()
     try:
         await asyncio.wait_for(run_in_threadpool(svc.registry.store.ping), PING_WAIT_S)
     except (StoreUnavailableError, TimeoutError) as exc:
-        if not svc.runtime.loaded_runners:
+        if not svc.runtime.loaded_runners and not await run_in_threadpool(metrics.replica_runners):
             if isinstance(exc, TimeoutError):
                 raise StoreUnavailableError(f"the store did not answer in {PING_WAIT_S} s") from exc
             raise
