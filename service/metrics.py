@@ -238,7 +238,8 @@ def replica_runners() -> float:
     registry = CollectorRegistry()
     forget_dead_processes()
     MultiProcessCollector(registry)
-    return registry.get_sample_value(LOADED_RUNNERS.describe()[0].name) or 0.0
+    [described] = LOADED_RUNNERS.describe()
+    return registry.get_sample_value(described.name) or 0.0
 
 
 def forget_dead_processes() -> None:
