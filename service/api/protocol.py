@@ -92,19 +92,24 @@ DATATYPE = Field(description="BOOL, UINT8 to UINT64, INT8 to INT64, FP16, FP32, 
 SHARED = "shared_memory_region, shared_memory_byte_size and shared_memory_offset"
 
 
-class RequestInput(BaseModel):
+class Tensor(BaseModel):
     name: str
     shape: list[int]
     datatype: str = DATATYPE
     parameters: Parameters = Field(
         default_factory=dict,
         description=f"binary_data_size: its bytes follow the JSON (the binary extension); {SHARED}: "
-        "it lies in a registered region.",
+        "where it lies, in a registered region.",
     )
     data: list[Any] = Field(
         default_factory=list,
-        description="The values in row-major order, flat or nested; none when binary or in shared memory.",
+        description="The values in row-major order (a request's flat or nested); none when binary or "
+        "in shared memory.",
     )
+
+
+class RequestInput(Tensor):
+    """An input tensor of a request."""
 
 
 class RequestOutput(BaseModel):
@@ -129,18 +134,8 @@ class InferenceRequest(BaseModel):
     )
 
 
-class ResponseOutput(BaseModel):
-    name: str
-    shape: list[int]
-    datatype: str = DATATYPE
-    parameters: Parameters = Field(
-        default_factory=dict,
-        description=f"binary_data_size: its bytes follow the JSON; {SHARED}: where it is.",
-    )
-    data: list[Any] = Field(
-        default_factory=list,
-        description="The values in row-major order; none when binary or in shared memory.",
-    )
+class ResponseOutput(Tensor):
+    """An output tensor of a response."""
 
 
 class InferenceResponse(BaseModel):

@@ -477,12 +477,14 @@ export type Region = {
 
 /**
  * ResponseOutput
+ *
+ * An output tensor of a response.
  */
 export type ResponseOutput = {
     /**
      * Data
      *
-     * The values in row-major order; none when binary or in shared memory.
+     * The values in row-major order (a request's flat or nested); none when binary or in shared memory.
      */
     data?: Array<unknown>;
     /**
@@ -498,7 +500,7 @@ export type ResponseOutput = {
     /**
      * Parameters
      *
-     * binary_data_size: its bytes follow the JSON; shared_memory_region, shared_memory_byte_size and shared_memory_offset: where it is.
+     * binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: where it lies, in a registered region.
      */
     parameters?: {
         [key: string]: string | number | number | boolean;
@@ -2296,7 +2298,7 @@ export type V2InferData = {
             /**
              * Data
              *
-             * The values in row-major order, flat or nested; none when binary or in shared memory.
+             * The values in row-major order (a request's flat or nested); none when binary or in shared memory.
              */
             data?: Array<unknown>;
             /**
@@ -2312,7 +2314,7 @@ export type V2InferData = {
             /**
              * Parameters
              *
-             * binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: it lies in a registered region.
+             * binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: where it lies, in a registered region.
              */
             parameters?: {
                 [key: string]: string | number | number | boolean;
@@ -2776,7 +2778,7 @@ export type V2InferVersionData = {
             /**
              * Data
              *
-             * The values in row-major order, flat or nested; none when binary or in shared memory.
+             * The values in row-major order (a request's flat or nested); none when binary or in shared memory.
              */
             data?: Array<unknown>;
             /**
@@ -2792,7 +2794,7 @@ export type V2InferVersionData = {
             /**
              * Parameters
              *
-             * binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: it lies in a registered region.
+             * binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: where it lies, in a registered region.
              */
             parameters?: {
                 [key: string]: string | number | number | boolean;

@@ -11,8 +11,8 @@ T = TypeVar("T", bound="ResponseOutputParameters")
 
 @_attrs_define
 class ResponseOutputParameters:
-    """binary_data_size: its bytes follow the JSON; shared_memory_region, shared_memory_byte_size and shared_memory_offset:
-    where it is.
+    """binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size
+    and shared_memory_offset: where it lies, in a registered region.
 
     """
 

@@ -12,7 +12,7 @@ T = TypeVar("T", bound="V2InferInferenceRequestRequestInputParameters")
 @_attrs_define
 class V2InferInferenceRequestRequestInputParameters:
     """binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size
-    and shared_memory_offset: it lies in a registered region.
+    and shared_memory_offset: where it lies, in a registered region.
 
     """
 

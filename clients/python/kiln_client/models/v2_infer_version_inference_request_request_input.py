@@ -19,15 +19,17 @@ T = TypeVar("T", bound="V2InferVersionInferenceRequestRequestInput")
 
 @_attrs_define
 class V2InferVersionInferenceRequestRequestInput:
-    """
+    """An input tensor of a request.
+
     Attributes:
         datatype (str): BOOL, UINT8 to UINT64, INT8 to INT64, FP16, FP32, FP64 or BYTES.
         name (str):
         shape (list[int]):
-        data (list[Any] | Unset): The values in row-major order, flat or nested; none when binary or in shared memory.
+        data (list[Any] | Unset): The values in row-major order (a request's flat or nested); none when binary or in
+            shared memory.
         parameters (V2InferVersionInferenceRequestRequestInputParameters | Unset): binary_data_size: its bytes follow
-            the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: it lies
-            in a registered region.
+            the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: where
+            it lies, in a registered region.
     """
 
     datatype: str
