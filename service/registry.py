@@ -11,7 +11,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from service.errors import ConflictError, NotFoundError
 from service.records import (
@@ -142,6 +142,9 @@ class Registry:
         `plan(name, version)` builds the variants and jobs of a new version.
         """
         with self._model_lock(config.name):
+            # First: an identical upload would otherwise find a version that a deletion cut short
+            # still names, answer with it, and see the deletion's finish take it afterwards.
+            self._finish_deletions_of(config.name)
             version = self.uploaded(config, sha256)
             if version is not None:
                 wanted = config.serving().model_dump()
@@ -164,13 +167,17 @@ class Registry:
                 outputs=outputs,
                 variant_ids=[v.id for v in variants],
             )
-            for variant in variants:
-                self._put("variant", variant.id, variant)
-            for job in jobs:
-                self._put("job", job.id, job)
-            # The version doc goes last: readers never see a version whose variants are missing.
-            self._put("version", version_id(config.name, number), version)
-            self.record_upload(config, sha256, number)
+            # In one write: readers never see a version whose variants are missing, and a failure
+            # midway can leave neither jobs of no version, queued for ever, nor a version without
+            # its upload record, which an identical retry would then record again.
+            self.store.put_docs(
+                [
+                    *(("variant", v.id, v.model_dump(mode="json")) for v in variants),
+                    *(("job", j.id, j.model_dump(mode="json")) for j in jobs),
+                    ("version", version_id(config.name, number), version.model_dump(mode="json")),
+                    _upload_doc(config, sha256, number),
+                ]
+            )
             return NewVersion(version, variants, jobs, deduplicated=False)
 
     def _model_lock(self, name: str) -> AbstractContextManager[None]:
@@ -179,8 +186,7 @@ class Registry:
     def record_upload(self, config: ModelConfig, sha256: str, number: int) -> None:
         """An upload of these bytes with this config is the version `number`: found again by
         `uploaded`."""
-        upload_key = _upload_key(config, sha256)
-        self.store.put_doc("upload", upload_key, {"id": upload_key, "name": config.name, "version": number})
+        self.store.put_doc(*_upload_doc(config, sha256, number))
 
     def uploaded(self, config: ModelConfig, sha256: str) -> VersionRecord | None:
         """The version an upload of these bytes with this config made, if one did: the same
@@ -497,27 +503,41 @@ class Registry:
 
     def _finish(self, deletion: Deletion) -> None:
         with self._model_lock(deletion.name):
-            name, numbers = deletion.name, set(deletion.versions)
-            for number in deletion.versions:
-                self.store.delete_doc("version", version_id(name, number))
-            # By their model and version, not the versions' lists: the earlier jobs of variants
-            # compiled again, and whatever a request racing this one added, go too.
-            for doc in self._docs_of("job", name, numbers):
-                self.store.delete_doc("job", doc["id"])
-            variants = self._docs_of("variant", name, numbers)
-            deletion = self._with_artifacts(deletion, variants)
-            for doc in variants:
-                self.store.delete_doc("variant", doc["id"])
-            for doc in self.store.list_docs("upload"):
-                if doc["name"] == name and doc["version"] in numbers:
-                    self.store.delete_doc("upload", doc["id"])
-            model = self.store.get_doc("model", name)
-            # Not that of the name's next upload, which a late finish may meet before its version.
-            ours = model is not None and model.get("created_at", 0) <= deletion.at
-            if ours and not self.store.list_docs("version", prefix=f"{name}/"):
-                self.store.delete_doc("model", name)
-            self._collect_garbage(deletion)
-            self.store.delete_doc("deletion", deletion.id)
+            self._finish_held(deletion)
+
+    def _finish_deletions_of(self, name: str) -> None:
+        """Finish the deletions of the model `name` not done, whatever their age; under its lock."""
+        for doc in self.store.list_docs("deletion"):
+            try:
+                pending = Deletion.model_validate(doc)
+            except ValidationError:  # not this Kiln's to finish (finish_deletions logs it)
+                continue
+            if pending.name == name:
+                self._finish_held(pending)
+
+    def _finish_held(self, deletion: Deletion) -> None:
+        """The steps of a deletion, with its model's lock held."""
+        name, numbers = deletion.name, set(deletion.versions)
+        for number in deletion.versions:
+            self.store.delete_doc("version", version_id(name, number))
+        # By their model and version, not the versions' lists: the earlier jobs of variants
+        # compiled again, and whatever a request racing this one added, go too.
+        for doc in self._docs_of("job", name, numbers):
+            self.store.delete_doc("job", doc["id"])
+        variants = self._docs_of("variant", name, numbers)
+        deletion = self._with_artifacts(deletion, variants)
+        for doc in variants:
+            self.store.delete_doc("variant", doc["id"])
+        for doc in self.store.list_docs("upload"):
+            if doc["name"] == name and doc["version"] in numbers:
+                self.store.delete_doc("upload", doc["id"])
+        model = self.store.get_doc("model", name)
+        # Not that of the name's next upload, which a late finish may meet before its version.
+        ours = model is not None and model.get("created_at", 0) <= deletion.at
+        if ours and not self.store.list_docs("version", prefix=f"{name}/"):
+            self.store.delete_doc("model", name)
+        self._collect_garbage(deletion)
+        self.store.delete_doc("deletion", deletion.id)
 
     def _docs_of(self, kind: str, name: str, numbers: set[int]) -> list[dict[str, Any]]:
         return [
@@ -577,6 +597,12 @@ def _jsonable(cls: type[BaseModel], fields: dict[str, Any]) -> dict[str, Any]:
     """Dump only `fields`, through the record's own field types (enums, int-keyed dicts)."""
     partial = cls.model_construct(**fields)
     return partial.model_dump(mode="json", include=set(fields))
+
+
+def _upload_doc(config: ModelConfig, sha256: str, number: int) -> tuple[str, str, dict[str, Any]]:
+    """The kind, id and document that record an upload as the version `number`."""
+    key = _upload_key(config, sha256)
+    return "upload", key, {"id": key, "name": config.name, "version": number}
 
 
 def _upload_key(config: ModelConfig, sha256: str) -> str:

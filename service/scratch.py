@@ -53,7 +53,7 @@ def sweep() -> int:
     root = Path(tempfile.gettempdir())
     with contextlib.suppress(OSError):
         for path in root.iterdir():
-            if _SCRATCH.match(path.name) and _abandoned(path):
+            if _SCRATCH.match(path.name) and abandoned(path):
                 with contextlib.suppress(OSError):
                     shutil.rmtree(path) if path.is_dir() else path.unlink()
                     removed += 1
@@ -62,7 +62,9 @@ def sweep() -> int:
     return removed
 
 
-def _abandoned(path: Path) -> bool:
+def abandoned(path: Path) -> bool:
+    """Whether no live process holds the file (or the directory's owner file) locked, and it is
+    old enough that its maker has had time to lock it."""
     # A directory without its owner's file was made by an older Kiln, or is being made now.
     lock = path / _OWNER if path.is_dir() else path
     try:

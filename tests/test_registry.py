@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,6 +31,7 @@ from service.registry import (
     MODEL_BLOBS_LOCK,
     MODEL_BLOBS_LOCK_S,
     Registry,
+    job_for,
     version_id,
 )
 from service.settings import Settings
@@ -124,6 +127,34 @@ def test_a_deletion_cut_short_is_finished_later(tmp_path: Path, monkeypatch: pyt
     assert registry.finish_deletions(older_than_s=0) == []
 
 
+def test_an_upload_identical_to_a_version_whose_deletion_was_cut_short_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DELETE recorded its deletion and was cut short before any step; the same bytes and config
+    are uploaded again. The upload answered with the version being deleted (200, deduplicated),
+    and the sweep then deleted it under the acknowledged upload: now it is a new version, kept."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    mlp = MODELS["mlp"]
+    ready_version(registry, mlp, {"torchscript": reference(BASELINE)}, BASELINE)
+
+    def outage(name: str, expire_s: float) -> None:
+        raise StoreUnavailableError("redis at 127.0.0.1:6379 is unreachable (simulated)")
+
+    monkeypatch.setattr(registry.store, "lock", outage)
+    with pytest.raises(StoreUnavailableError):
+        registry.delete_model(mlp.name)
+    monkeypatch.undo()
+    assert [d["versions"] for d in registry.store.list_docs("deletion")] == [[1]]
+
+    version = registry.get_version(mlp.name, 1)
+    made = registry.create_version(version.config, version.sha256, version.outputs, lambda n, v: ([], []))
+    assert (made.version.version, made.deduplicated) == (2, False)
+    assert registry.store.list_docs("deletion") == []
+    assert registry.finish_deletions(older_than_s=0) == []
+    assert [v.version for v, _ in registry.get_model(mlp.name).versions] == [2]
+    assert registry.uploaded(version.config, version.sha256) == made.version
+
+
 def test_a_late_deletion_spares_the_model_of_the_names_next_upload(tmp_path: Path) -> None:
     """The sweep finishes a deletion of the whole model just as a new upload of its name has
     recorded the model and not yet its version: the new model stays."""
@@ -169,6 +200,52 @@ def test_identical_uploads_at_once_record_one_version(any_store: Store) -> None:
         thread.join(30)
     assert sorted(answers) == [(1, False), (1, True), (1, True), (1, True)]
     assert [version.version for version, _ in registry.get_model(config.name).versions] == [1]
+
+
+@pytest.mark.parametrize("failing", ["version", "upload"])
+def test_a_version_is_recorded_whole_or_not_at_all(
+    any_store: Store, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """The store failed (disk full, a kill) as an upload recorded its version: its variant and
+    job were left with no version (queued for ever, and no DELETE could reach them), or its
+    version without its upload record (the retry made a second, identical version)."""
+    registry = Registry(any_store)
+    config = ModelConfig.model_validate(MODELS["mlp"].config())
+    outputs = [OutputInfo(name="output0", dtype="float32", shape=[-1, 10])]
+
+    def plan(name: str, number: int) -> tuple[list[VariantRecord], list[JobRecord]]:
+        variant = VariantRecord(
+            id=f"tvm-{number}",
+            model=name,
+            version=number,
+            backend="tvm",
+            target=HOST,
+            status=VariantStatus.queued,
+            job_id=f"job-{number}",
+        )
+        return [variant], [job_for(variant, f"job-{number}")]
+
+    def failing_with(write: Callable[..., None]) -> Callable[..., None]:
+        def fail(*args: Any) -> None:
+            docs = [args] if isinstance(args[0], str) else list(args[0])
+            if any(kind == failing for kind, _, _ in docs):
+                raise StoreUnavailableError("the store in /data cannot write: disk full (simulated)")
+            write(*args)
+
+        return fail
+
+    monkeypatch.setattr(any_store, "put_doc", failing_with(any_store.put_doc))
+    monkeypatch.setattr(any_store, "put_docs", failing_with(any_store.put_docs))
+    with pytest.raises(StoreUnavailableError):
+        registry.create_version(config, "c" * 64, outputs, plan)
+    monkeypatch.undo()
+    for kind in ("version", "variant", "job", "upload"):
+        assert any_store.list_docs(kind) == [], kind
+
+    made = registry.create_version(config, "c" * 64, outputs, plan)
+    again = registry.create_version(config, "c" * 64, outputs, plan)
+    assert (again.version, again.deduplicated) == (made.version, True)
+    assert [d["id"] for d in any_store.list_docs("job")] == [made.jobs[0].id]
 
 
 def test_a_deletion_cannot_take_the_model_from_under_a_version_being_recorded(any_store: Store) -> None:

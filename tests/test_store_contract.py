@@ -195,6 +195,34 @@ def test_list_docs_by_prefix_in_id_order(store: Store) -> None:
     assert [d["id"] for d in store.list_docs("variants", "m/a")] == ["m/a2"]
 
 
+def test_put_docs_writes_all_of_them_at_once_or_none(opener: Opener) -> None:
+    """A registry's version is written with its variants, jobs and upload record: a reader never
+    sees some of them, and a write that fails leaves none."""
+    writer, reader = opener(), opener()
+    with pytest.raises(TypeError):
+        writer.put_docs([("a", "1", {"n": 0}), ("b", "1", {"n": {"not JSON"}})])
+    assert reader.get_doc("a", "1") is None and reader.list_docs("b") == []
+    writer.put_docs([("a", "1", {"n": 0}), ("b", "1", {"n": 0, "old": True})])
+    assert reader.get_doc("b", "1") == {"n": 0, "old": True}
+    done = threading.Event()
+
+    def write() -> None:
+        for n in range(1, 300):
+            writer.put_docs([("a", "1", {"n": n}), ("b", "1", {"n": n})])
+        done.set()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    seen = set()
+    while not done.is_set():
+        a, b = reader.get_doc("a", "1"), reader.get_doc("b", "1")  # b read after a: never older
+        assert a is not None and b is not None and b["n"] >= a["n"], (a, b)
+        seen.add(a["n"])
+    thread.join(30)
+    assert reader.get_doc("b", "1") == {"n": 299}  # each replaced whole
+    assert len(seen) > 1
+
+
 def test_create_doc_only_once(store: Store) -> None:
     assert store.create_doc("jobs", "j1", {"state": "queued"})
     assert not store.create_doc("jobs", "j1", {"state": "other"})

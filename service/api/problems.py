@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import tempfile
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, TypeGuard
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -110,21 +112,27 @@ class DeclaredTooLarge:
         await self.app(scope, receive, sending)
 
 
-def disk_full(exc: BaseException | None) -> bool:
+def disk_full(exc: BaseException | None) -> TypeGuard[OSError]:
     return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def disk_full_detail() -> str:
+def disk_full_detail(exc: OSError) -> str:
+    """Which disk is full: that of the path that failed, where it is not the temporary disk's.
+    An upload spooled there fails on a write, which names no path."""
+    tmp = Path(tempfile.gettempdir())
+    path = Path(os.path.abspath(os.fsdecode(exc.filename))) if isinstance(exc.filename, str | bytes) else tmp
+    if not path.is_relative_to(tmp):
+        return f"the server's disk holding {path} is full; try again once there is space"
     return (
-        f"the server's temporary disk ({tempfile.gettempdir()}) is full: the upload could not be "
-        "held; try again once there is space"
+        f"the server's temporary disk ({tmp}) is full: the upload could not be held; try again once "
+        "there is space"
     )
 
 
 def http_detail(exc: HTTPException) -> tuple[int, str]:
     """The status and words of Starlette's own HTTP error, saying what to fix."""
     if disk_full(exc.__cause__):  # FastAPI's "error parsing the body", spooling an upload
-        return 503, disk_full_detail()
+        return 503, disk_full_detail(exc.__cause__)
     if exc.status_code == 413:  # past max_body_size: the app's, or a JSON inference route's
         return (
             413,
@@ -216,7 +224,7 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(OSError)
     async def os_error(request: Request, exc: OSError) -> JSONResponse:
         if disk_full(exc):  # spooling an upload, as its check reads it from a file
-            return problem(503, "Service unavailable", disk_full_detail())
+            return problem(503, "Service unavailable", disk_full_detail(exc))
         return await unexpected(request, exc)
 
     @app.exception_handler(Exception)

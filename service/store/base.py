@@ -58,6 +58,11 @@ class Store(Protocol):
         """Create or replace the whole document."""
         ...
 
+    def put_docs(self, docs: Iterable[tuple[str, str, Doc]]) -> None:
+        """put_doc of each (kind, id, document), in one atomic write: readers see all of them or
+        none, and a failure (the store's, the process's death) leaves none written."""
+        ...
+
     def create_doc(self, kind: str, doc_id: str, doc: Doc) -> bool:
         """Create only if absent, atomically. Return False when it already existed."""
         ...

@@ -1,9 +1,10 @@
 """The Store on local disk, the embedded default: blobs are files, the rest is SQLite.
 
 Layout under `root`:
-    blobs/{h[:2]}/{h}   a blob, where h = sha256(key); any key maps to a safe file name
-    kiln.db             SQLite (WAL): the blob key index, documents and counters
-    locks/{h}.lock      a lock's file, h = sha256(its name)
+    blobs/{h[:2]}/{h}     a blob, where h = sha256(key); any key maps to a safe file name
+    blobs/{h[:2]}/.tmp-*  a blob being written, flocked by its writer until published
+    kiln.db               SQLite (WAL): the blob key index, documents and counters
+    locks/{h}.lock        a lock's file, h = sha256(its name)
 
 Several processes (uvicorn workers, the compile pool) may share one root: files are
 published with os.replace, and SQLite's locking serializes the writers.
@@ -15,6 +16,7 @@ import errno
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import tempfile
@@ -24,8 +26,15 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from service.scratch import abandoned
 from service.store.base import BlobNotFoundError, Doc, StoreUnavailableError
 
+log = logging.getLogger("kiln.store")
+
+# A blob being written, beside where it is published.
+_TEMP_PREFIX = ".tmp-"
+# What a store's write fails with when the disk or the data dir, not the data written, is at fault.
+_FAILING = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EACCES, errno.EPERM)
 # How long a writer waits for another process's write transaction before failing.
 _BUSY_TIMEOUT_S = 30.0
 
@@ -45,32 +54,55 @@ class LocalStore:
         self._locks = root / "locks"
         self._locks.mkdir(exist_ok=True)
         self._chunk_size = chunk_size
-        # One connection behind a lock: store calls are short, and SQLite runs one writer
-        # at a time anyway. Autocommit mode, so transactions are only the explicit ones.
+        # A connection for writes and one for reads, each behind a lock: store calls are short,
+        # and SQLite runs one writer at a time anyway. Reads have their own so that, under WAL,
+        # they never wait behind a write, which may wait out another process's transaction for
+        # the busy timeout. Autocommit mode, so transactions are only the explicit ones.
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(
-            root / "kiln.db", timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
+        self._db = self._connect(root)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        self._read_lock = threading.Lock()
+        self._reader = self._connect(root)
+        self._reader.execute("PRAGMA query_only=ON")
+        self._sweep_temp_files()
+
+    def _sweep_temp_files(self) -> None:
+        """Remove the blobs' temp files whose writers died (kill -9 mid-upload): nothing else would."""
+        removed = 0
+        for tmp in self._blobs.glob(f"*/{_TEMP_PREFIX}*"):
+            if abandoned(tmp):
+                with suppress(FileNotFoundError):  # another process's sweep was first
+                    tmp.unlink()
+                    removed += 1
+        if removed:
+            log.info("removed %d temp files that dead writers left in %s", removed, self._blobs)
+
+    @staticmethod
+    def _connect(root: Path) -> sqlite3.Connection:
+        return sqlite3.connect(
+            root / "kiln.db", timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
+        )
 
     @contextmanager
-    def _unavailable_on_failure(self) -> Iterator[None]:
-        """The database locked past the busy timeout, the disk full or failing: the store is
-        unavailable (503), as a Redis that does not answer is, not a fault of the request's."""
+    def _unavailable_on_failure(self, *, only_ours: bool = False) -> Iterator[None]:
+        """The database locked past the busy timeout, the disk full, failing or not ours to write:
+        the store is unavailable (503), as a Redis that does not answer is, not a fault of the
+        request's. `only_ours`: the block touches no file but the store's, so any OSError is."""
         try:
             yield
         except sqlite3.OperationalError as exc:
             raise StoreUnavailableError(f"the database in {self._blobs.parent} fails: {exc}") from exc
         except OSError as exc:
-            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO):
+            if not only_ours and exc.errno not in _FAILING:  # e.g. the caller's chunks failing
                 raise
             raise StoreUnavailableError(f"the store in {self._blobs.parent} cannot write: {exc}") from exc
 
     def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        with self._unavailable_on_failure(), self._lock:
-            return self._db.execute(sql, params).fetchall()
+        """A read."""
+        with self._unavailable_on_failure(), self._read_lock:
+            return self._reader.execute(sql, params).fetchall()
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -107,19 +139,21 @@ class LocalStore:
         path = self._path(key)
         path.parent.mkdir(exist_ok=True)
         # The temp file sits in the target's directory, so os.replace is an atomic rename.
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_TEMP_PREFIX)
         size = 0
         try:
             with os.fdopen(fd, "wb") as out:
+                # Locked until it is published: one a killed writer left is told apart, and swept.
+                fcntl.flock(out, fcntl.LOCK_SH)
                 for chunk in chunks:
                     out.write(chunk)
                     size += len(chunk)
                 out.flush()
                 os.fsync(out.fileno())
-            # Inside the transaction, so a concurrent delete of the key cannot interleave.
-            with self._write() as db:
-                os.replace(tmp, path)
-                db.execute("INSERT OR IGNORE INTO blobs (key) VALUES (?)", (key,))
+                # Inside the transaction, so a concurrent delete of the key cannot interleave.
+                with self._write() as db:
+                    os.replace(tmp, path)
+                    db.execute("INSERT OR IGNORE INTO blobs (key) VALUES (?)", (key,))
         finally:
             with suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -166,11 +200,16 @@ class LocalStore:
         return json.loads(rows[0][0]) if rows else None
 
     def put_doc(self, kind: str, doc_id: str, doc: Doc) -> None:
-        self._query(
-            "INSERT INTO docs (kind, id, body) VALUES (?, ?, ?)"
-            " ON CONFLICT (kind, id) DO UPDATE SET body = excluded.body",
-            (kind, doc_id, json.dumps(doc)),
-        )
+        self.put_docs([(kind, doc_id, doc)])
+
+    def put_docs(self, docs: Iterable[tuple[str, str, Doc]]) -> None:
+        rows = [(kind, doc_id, json.dumps(doc)) for kind, doc_id, doc in docs]  # before the lock
+        with self._write() as db:
+            db.executemany(
+                "INSERT INTO docs (kind, id, body) VALUES (?, ?, ?)"
+                " ON CONFLICT (kind, id) DO UPDATE SET body = excluded.body",
+                rows,
+            )
 
     def create_doc(self, kind: str, doc_id: str, doc: Doc) -> bool:
         with self._write() as db:
@@ -188,7 +227,8 @@ class LocalStore:
                 db.execute("UPDATE docs SET body = ? WHERE kind = ? AND id = ?", (body, kind, doc_id))
 
     def delete_doc(self, kind: str, doc_id: str) -> None:
-        self._query("DELETE FROM docs WHERE kind = ? AND id = ?", (kind, doc_id))
+        with self._write() as db:
+            db.execute("DELETE FROM docs WHERE kind = ? AND id = ?", (kind, doc_id))
 
     def list_docs(self, kind: str, prefix: str = "") -> list[Doc]:
         # SQLite's default BINARY collation orders like Python's str order and Redis's ZSET.
@@ -211,13 +251,18 @@ class LocalStore:
     def lock(self, name: str, expire_s: float) -> Iterator[None]:
         """An flock: the kernel releases it when its holder exits, however, so it never expires."""
         path = self._locks / f"{hashlib.sha256(name.encode()).hexdigest()}.lock"
-        with path.open("a") as file:
-            fcntl.flock(file, fcntl.LOCK_EX)
+        # Its open and flock only, not the holder's block: an OSError of the holder's is its own.
+        with self._unavailable_on_failure(only_ours=True):
+            file = path.open("a")
+        with file:
+            with self._unavailable_on_failure(only_ours=True):
+                fcntl.flock(file, fcntl.LOCK_EX)
             try:
                 yield
             finally:
                 fcntl.flock(file, fcntl.LOCK_UN)
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, self._read_lock:
             self._db.close()
+            self._reader.close()

@@ -211,13 +211,18 @@ class RedisStore:
     def get_doc(self, kind: str, doc_id: str) -> Doc | None:
         return _decode(self._client.hgetall(self._doc_key(kind, doc_id)))
 
-    @_guarded
     def put_doc(self, kind: str, doc_id: str, doc: Doc) -> None:
-        key = self._doc_key(kind, doc_id)
-        with self._client.pipeline(transaction=True) as pipe:
-            pipe.delete(key)
-            pipe.hset(key, items=_pairs(_stored(doc)))
-            pipe.zadd(self._index_key(kind), {doc_id: 0})
+        self.put_docs([(kind, doc_id, doc)])
+
+    @_guarded
+    def put_docs(self, docs: Iterable[tuple[str, str, Doc]]) -> None:
+        encoded = [(kind, doc_id, _stored(doc)) for kind, doc_id, doc in docs]  # before any write
+        with self._client.pipeline(transaction=True) as pipe:  # MULTI/EXEC: applied whole or not
+            for kind, doc_id, fields in encoded:
+                key = self._doc_key(kind, doc_id)
+                pipe.delete(key)
+                pipe.hset(key, items=_pairs(fields))
+                pipe.zadd(self._index_key(kind), {doc_id: 0})
             pipe.execute()
 
     @_guarded
