@@ -155,11 +155,16 @@ def validation_detail(exc: RequestValidationError | ValidationError) -> str:
     parts = []
     for err in exc.errors():
         if err.get("type") == "json_invalid":
-            # FastAPI's loc is ("body", offset) ("29: JSON decode error"); pydantic's own parse
-            # gives none, its error the line and column.
+            error = err.get("ctx", {}).get("error")
+            # FastAPI's, of the body, has loc ("body", offset) ("29: JSON decode error"); pydantic's
+            # own parse (of a body, or of an upload's config field) none, and the caller says what
+            # it parsed, its error the line and column.
             loc = err.get("loc") or ()
-            at = f" at character {loc[-1]}" if loc else ""
-            parts.append(f"the body is not valid JSON: {err.get('ctx', {}).get('error')}{at}")
+            parts.append(
+                f"the body is not valid JSON: {error} at character {loc[-1]}"
+                if loc
+                else f"not valid JSON: {error}"
+            )
             continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
