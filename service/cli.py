@@ -339,7 +339,7 @@ def serving_settings(http: httpx.Client, name: str) -> dict[int, dict[str, Any]]
     response = http.get(f"/v1/models/{segment(name)}")
     if not response.is_success:
         return {}
-    return {v["version"]: v["serving"] for v in json_of(response).get("versions", [])}
+    return {v["version"]: v.get("serving") for v in json_of(response).get("versions", [])}
 
 
 def serving_changes(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:

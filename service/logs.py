@@ -85,7 +85,7 @@ class TextFormatter(logging.Formatter):
         return f"{line} {json.dumps(record.trace)}" if hasattr(record, "trace") else line
 
 
-def logging_config(fmt: LogFormat, level: str = "INFO") -> dict[str, Any]:
+def logging_config(fmt: LogFormat, level: str | int = "INFO") -> dict[str, Any]:
     """A dictConfig; uvicorn takes it as `log_config`."""
     return {
         "version": 1,
@@ -155,7 +155,7 @@ class LogSetup:
         return cls(fmt, child_root, logging.getLogger("kiln").level, LEVELS.off)
 
     def apply(self) -> None:
-        logging.config.dictConfig(logging_config(self.fmt, logging.getLevelName(self.root_level)))
+        logging.config.dictConfig(logging_config(self.fmt, self.root_level))
         logging.getLogger("kiln").setLevel(self.kiln_level)
         LEVELS.off = self.off
         capture_strays()
