@@ -375,14 +375,21 @@ def _requested(docs: object, binary_output: bool, shared: SharedAccess) -> Reque
     return Requested(wanted, to_shared, counts)
 
 
+def plain_digits(text: str) -> bool:
+    """ASCII digits alone: int() also takes "+5", "5_000", " 5" and other scripts' digits, which
+    a check of the text as digits would let past."""
+    return text.isascii() and text.isdigit()
+
+
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     if header_length is None:
         return body, memoryview(b"")
-    try:
-        length = int(header_length)
-    except ValueError:
-        raise BadRequestError("Inference-Header-Content-Length must be an integer") from None
-    if not 0 <= length <= len(body):
+    if not plain_digits(header_length):
+        raise BadRequestError(
+            f"Inference-Header-Content-Length must be a byte count in digits, not {header_length[:20]!r}"
+        )
+    length = int(header_length)
+    if length > len(body):
         raise BadRequestError(
             f"Inference-Header-Content-Length is {length}, but the body has {len(body)} bytes"
         )

@@ -40,7 +40,7 @@ from service.router import servable, serving_version
 from service.runtime import Prediction, batch_policy
 from service.settings import Settings
 from service.store import StoreUnavailableError
-from service.tensors import InferRequest, Output, datatype_of, decode_request, encode_response
+from service.tensors import InferRequest, Output, datatype_of, decode_request, encode_response, plain_digits
 
 log = logging.getLogger("kiln.api")
 
@@ -340,7 +340,7 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
     body = await inference_body(request, svc.settings, header_length is not None)
     if (
         header_length is not None
-        and header_length.isdecimal()  # "²" is a digit, but int() refuses it: decode_request says so
+        and plain_digits(header_length)  # any other is refused by decode_request, before its parse
         and int(header_length) > svc.settings.max_json_bytes
     ):
         raise PayloadTooLargeError(
