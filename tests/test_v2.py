@@ -250,7 +250,15 @@ def test_compression_on_the_wire(http: httpx.Client) -> None:
     and it is at least MIN_COMPRESSED_BYTES, in the encoding the client weighs most."""
     x = sample(MLP, 8)
     body = gzip.compress(json.dumps(infer_body(x)).encode())
-    accepts = {"deflate;q=0.5, gzip": "gzip", "gzip;q=0.2, deflate": "deflate", "br, identity": None}
+    accepts = {
+        "deflate;q=0.5, gzip": "gzip",
+        "gzip;q=0.2, deflate": "deflate",
+        "br, identity": None,
+        # q need not be the first parameter; x-gzip is gzip; a weight past 1 is none.
+        "gzip;level=1;q=0": None,
+        "x-gzip": "gzip",
+        "gzip;q=inf": None,
+    }
     for accept, encoding in accepts.items():
         headers = {"Content-Encoding": "gzip", "Accept-Encoding": accept}
         response = http.post("/v2/models/mlp/infer", content=body, headers=headers)

@@ -62,20 +62,28 @@ def accepted_encoding(header: str | None) -> str | None:
     first listed on a tie), or None when it accepts neither."""
     best, best_q = None, 0.0
     for item in (header or "").split(","):
-        name, _, params = item.partition(";")
+        name, *params = item.split(";")
         name = name.strip().lower()
+        name = "gzip" if name == "x-gzip" else name  # the same, as RFC 9110 asks
         if name not in WBITS:
             continue
         q = 1.0
-        key, _, value = params.partition("=")
-        if key.strip().lower() == "q":
-            try:
-                q = float(value)
-            except ValueError:
-                q = 0.0
+        for param in params:  # q need not come first: "gzip;level=1;q=0" refuses gzip
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                q = _weight(value)
         if q > best_q:
             best, best_q = name, q
     return best
+
+
+def _weight(value: str) -> float:
+    """A q-value, 0 to 1; one that is not (`inf`, `high`) counts as a refusal."""
+    try:
+        q = float(value)
+    except ValueError:
+        return 0.0
+    return q if 0.0 <= q <= 1.0 else 0.0
 
 
 def compressed(payload: bytes, encoding: str) -> bytes:
