@@ -144,7 +144,7 @@ class Registry:
         with self._model_lock(config.name):
             # First: an identical upload would otherwise find a version that a deletion cut short
             # still names, answer with it, and see the deletion's finish take it afterwards.
-            self._finish_deletions_of(config.name)
+            self._finish_deletions_of(config.name, keep=sha256)
             version = self.uploaded(config, sha256)
             if version is not None:
                 wanted = config.serving().model_dump()
@@ -505,18 +505,19 @@ class Registry:
         with self._model_lock(deletion.name):
             self._finish_held(deletion)
 
-    def _finish_deletions_of(self, name: str) -> None:
-        """Finish the deletions of the model `name` not done, whatever their age; under its lock."""
+    def _finish_deletions_of(self, name: str, keep: str) -> None:
+        """Finish the deletions of the model `name` not done, whatever their age; under its lock.
+        The model blob `keep` stays: the upload that called wrote it, and no version names it yet."""
         for doc in self.store.list_docs("deletion"):
             try:
                 pending = Deletion.model_validate(doc)
             except ValidationError:  # not this Kiln's to finish (finish_deletions logs it)
                 continue
             if pending.name == name:
-                self._finish_held(pending)
+                self._finish_held(pending, keep)
 
-    def _finish_held(self, deletion: Deletion) -> None:
-        """The steps of a deletion, with its model's lock held."""
+    def _finish_held(self, deletion: Deletion, keep: str | None = None) -> None:
+        """The steps of a deletion, with its model's lock held; the model blob `keep` stays."""
         name, numbers = deletion.name, set(deletion.versions)
         for number in deletion.versions:
             self.store.delete_doc("version", version_id(name, number))
@@ -536,7 +537,7 @@ class Registry:
         ours = model is not None and model.get("created_at", 0) <= deletion.at
         if ours and not self.store.list_docs("version", prefix=f"{name}/"):
             self.store.delete_doc("model", name)
-        self._collect_garbage(deletion)
+        self._collect_garbage(deletion, keep)
         self.store.delete_doc("deletion", deletion.id)
 
     def _docs_of(self, kind: str, name: str, numbers: set[int]) -> list[dict[str, Any]]:
@@ -581,14 +582,14 @@ class Registry:
             if not self.store.has_blob(key):
                 self.store.put_blob(key, chunks())
 
-    def _collect_garbage(self, deletion: Deletion) -> None:
+    def _collect_garbage(self, deletion: Deletion, keep: str | None = None) -> None:
         """Only the deleted versions' own blobs are candidates: any other unreferenced blob may
         belong to work in flight (an upload between its blob and its version record, a compile
         between its artifact and its variant's update), and deleting it would break that work.
         (Such a compile puts back its artifact if one of these shared its key and went.)"""
         with self.store.lock(MODEL_BLOBS_LOCK, MODEL_BLOBS_LOCK_S):
             live_models = {VersionRecord.model_validate(d).sha256 for d in self.store.list_docs("version")}
-            for sha256 in set(deletion.model_blobs) - live_models:
+            for sha256 in set(deletion.model_blobs) - live_models - {keep}:
                 self.store.delete_blob(MODEL_BLOB.format(sha256=sha256))
             self.collect_artifacts(deletion.artifacts)
 

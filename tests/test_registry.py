@@ -149,6 +149,9 @@ def test_an_upload_identical_to_a_version_whose_deletion_was_cut_short_is_kept(
     version = registry.get_version(mlp.name, 1)
     made = registry.create_version(version.config, version.sha256, version.outputs, lambda n, v: ([], []))
     assert (made.version.version, made.deduplicated) == (2, False)
+    # Its bytes, written before the version is recorded, outlive the deletion it finished: the
+    # version was served a BlobNotFoundError until the upload put them back.
+    assert registry.store.has_blob(MODEL_BLOB.format(sha256=version.sha256))
     assert registry.store.list_docs("deletion") == []
     assert registry.finish_deletions(older_than_s=0) == []
     assert [v.version for v, _ in registry.get_model(mlp.name).versions] == [2]
