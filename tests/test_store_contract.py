@@ -456,6 +456,16 @@ def test_a_redis_that_cannot_take_writes_is_unavailable(tmp_path: Path) -> None:
         with pytest.raises(StoreUnavailableError, match=r"cannot take writes now: .*read only replica"):
             store.put_doc("models", "n", {"v": 2})
         assert store.get_doc("models", "m") == {"v": 1}
+        admin.replicaof("no", "one")
+        admin.config_set("min-replicas-to-write", "1")  # no replica: NOREPLICAS, in a MULTI too
+        for write in (
+            lambda: store.put_doc("models", "n", {"v": 2}),
+            lambda: store.put_docs([("models", "n", {"v": 2}), ("models", "p", {"v": 3})]),
+            lambda: store.delete_doc("models", "m"),
+        ):
+            with pytest.raises(StoreUnavailableError, match=r"cannot take writes now: .*NOREPLICAS"):
+                write()
+        admin.config_set("min-replicas-to-write", "0")
         # Replies redis-py parses into classes of their own, and strips of their codes.
         master_down = redis.exceptions.MasterDownError("Link with MASTER is down and replica-serve-stale...")
         with (

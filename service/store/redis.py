@@ -135,7 +135,9 @@ class RedisStore:
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise StoreUnavailableError(f"redis at {self._address} is unreachable: {exc}") from exc
         except redis.ResponseError as exc:
-            if not isinstance(exc, UNWRITABLE) and not str(exc).startswith(UNWRITABLE_CODES):
+            # A pipeline's reply comes wrapped: "Command # 1 (DEL ...) of pipeline caused error: ..."
+            reply = str(exc).rpartition("caused error: ")[2]
+            if not isinstance(exc, UNWRITABLE) and not reply.startswith(UNWRITABLE_CODES):
                 raise
             raise StoreUnavailableError(f"redis at {self._address} cannot take writes now: {exc}") from exc
 
