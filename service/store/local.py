@@ -73,7 +73,8 @@ class LocalStore:
         removed = 0
         for tmp in self._blobs.glob(f"*/{_TEMP_PREFIX}*"):
             if abandoned(tmp):
-                with suppress(FileNotFoundError):  # another process's sweep was first
+                # Gone (another process's sweep was first), or not ours to remove: the store opens.
+                with suppress(OSError):
                     tmp.unlink()
                     removed += 1
         if removed:
