@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from collections import OrderedDict, defaultdict
+from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -48,7 +48,13 @@ class ResponseCache:
         self._entries: OrderedDict[Key, Cached] = OrderedDict()
         self._by_version: defaultdict[tuple[str, int], set[Key]] = defaultdict(set)
         self._bytes = 0
+        # Drops of each model's answers so far: an answer computed across one is not kept.
+        self._drops: Counter[str] = Counter()
         self._lock = threading.Lock()
+
+    def epoch(self, name: str) -> int:
+        """Taken before a request runs, for its `put`."""
+        return self._drops[name]
 
     def get(self, key: Key) -> Cached | None:
         with self._lock:
@@ -57,9 +63,11 @@ class ResponseCache:
                 self._entries.move_to_end(key)
             return found
 
-    def put(self, key: Key, outputs: Mapping[str, np.ndarray], variant: VariantRecord) -> None:
+    def put(self, key: Key, outputs: Mapping[str, np.ndarray], variant: VariantRecord, epoch: int) -> None:
         """Copies: a request's outputs are views of its batch's, which they would keep alive.
-        Read-only, since every hit shares them."""
+        Read-only, since every hit shares them. Not kept when the model's answers were dropped
+        since `epoch` (the cache turned off by a PATCH as it ran, say: its answer would count
+        against the budget, and be served when the cache is turned on again)."""
         kept = {}
         for output, array in outputs.items():
             kept[output] = np.array(array, copy=True)
@@ -68,6 +76,8 @@ class ResponseCache:
         if entry.nbytes > self.max_bytes:
             return
         with self._lock:
+            if self._drops[key[0]] != epoch:
+                return
             self._remove(key)
             self._entries[key] = entry
             self._by_version[key[:2]].add(key)
@@ -78,6 +88,7 @@ class ResponseCache:
     def drop(self, name: str, version: int | None = None) -> None:
         """A model's entries, or one version's: it was deleted or unloaded."""
         with self._lock:
+            self._drops[name] += 1
             versions = [v for v in self._by_version if v[0] == name and version in (None, v[1])]
             for keys in [self._by_version.pop(v) for v in versions]:
                 for key in keys:

@@ -406,6 +406,7 @@ class Runtime:
         started = time.perf_counter()
         # A pinned backend asks for that backend's answer, which the cache does not know.
         cache_key, looked_up, unloads = None, 0.0, self._unloads[name]
+        epoch = self._responses.epoch(name)
         if route.version.config.response_cache and backend is None and self._responses.max_bytes:
             cache_key = await self._response_key(name, number, arrays)
             cached = self._responses.get(cache_key)
@@ -432,7 +433,7 @@ class Runtime:
             inserting = time.perf_counter()
             # Else its answers were dropped meanwhile, with the model's runners or the version.
             if self._unloads[name] == unloads and not self.stats.deleted(name, number):
-                self._responses.put(cache_key, outputs, variant)
+                self._responses.put(cache_key, outputs, variant, epoch)
             self.stats.cache_miss(name, number, looked_up + time.perf_counter() - inserting)
         done = time.perf_counter()
         self.stats.answered(name, number, done - started, done - begun, variant.backend, variant.target)

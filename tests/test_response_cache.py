@@ -35,14 +35,16 @@ def test_the_cache_keeps_copies_within_its_budget() -> None:
     batch = np.zeros((4, 1000), np.float32)
     keys = [response_key("m", 1, {"x": np.full((1, 2), i, np.float32)}) for i in range(4)]
     for i, key in enumerate(keys):
-        cache.put(key, {"y": batch[i]}, VARIANT)  # a view of the batch: copied
+        cache.put(key, {"y": batch[i]}, VARIANT, cache.epoch("m"))  # a view of the batch: copied
     assert cache.get(keys[0]) is None  # the oldest went for the fourth
     kept = cache.get(keys[1])
     assert kept is not None and kept.outputs["y"].base is None and not kept.outputs["y"].flags.writeable
     assert cache.size_bytes == 3 * entry
-    cache.put(response_key("m", 1, {"x": np.ones(1)}), {"y": np.zeros(4000, np.float32)}, VARIANT)
+    cache.put(
+        response_key("m", 1, {"x": np.ones(1)}), {"y": np.zeros(4000, np.float32)}, VARIANT, cache.epoch("m")
+    )
     assert cache.size_bytes == 3 * entry  # one bigger than the whole budget is not kept
-    cache.put(keys[1], {"y": batch[1]}, VARIANT)  # again: replaced, not counted twice
+    cache.put(keys[1], {"y": batch[1]}, VARIANT, cache.epoch("m"))  # again: replaced, not counted twice
     assert cache.size_bytes == 3 * entry
 
 
@@ -55,9 +57,22 @@ def test_dropping_a_version_leaves_the_others() -> None:
         for version in (1, 2)
     }
     for key in keys.values():
-        cache.put(key, y, VARIANT)
+        cache.put(key, y, VARIANT, cache.epoch(key[0]))
     cache.drop("m", 1)
     assert [k for k, key in keys.items() if cache.get(key)] == [("m", 2), ("n", 1), ("n", 2)]
     cache.drop("n")
     assert [k for k, key in keys.items() if cache.get(key)] == [("m", 2)]
     assert cache.size_bytes == ENTRY_OVERHEAD_BYTES + 4
+
+
+def test_an_answer_computed_across_a_drop_is_not_kept() -> None:
+    """The cache turned off by a PATCH (or the model unloaded) while a miss ran: its answer was
+    put after the drop, held against the budget and served once the cache was on again."""
+    cache = ResponseCache(max_bytes=1 << 20)
+    key = response_key("m", 1, {"x": np.zeros(1)})
+    epoch = cache.epoch("m")
+    cache.drop("m", 1)
+    cache.put(key, {"y": np.zeros(1, np.float32)}, VARIANT, epoch)
+    assert (cache.get(key), cache.size_bytes) == (None, 0)
+    cache.put(key, {"y": np.zeros(1, np.float32)}, VARIANT, cache.epoch("m"))
+    assert cache.get(key) is not None
