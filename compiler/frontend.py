@@ -181,8 +181,12 @@ def _export_reason(exc: BaseException, names: dict[str, str]) -> str:
     fixed = _FIXED.search(str(exc))
     where = f"input {names.get(dim[1], dim[1])!r} dim {dim[2]}" if dim else "a dim"  # export named none
     size = f" at {fixed[1]}" if fixed else ""
+    # Not always the model's doing: TorchScript's LSTM and GRU run at any length, but their export
+    # takes the length they were traced at as a constant.
     return (
-        f"the model fixes {where}{size}, which the input spec marks dynamic (-1): give its size in the spec"
+        f"the export fixes {where}{size}, which the input spec marks dynamic (-1): the model, or "
+        "an op it uses (an LSTM, a GRU), takes it as a constant; give its size in the spec to "
+        "compile it, or leave it dynamic and TorchScript serves it"
     )
 
 

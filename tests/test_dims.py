@@ -173,7 +173,7 @@ def test_a_dim_the_model_fixes_is_named_by_input_and_axis() -> None:
 
     spec = InputSpec.from_dicts([{"name": "x", "dtype": "float32", "shape": [-1, -1]}], 4)
     with pytest.raises(
-        ConversionError, match=r"the model fixes input 'x' dim 1 at 8, which the input spec marks"
+        ConversionError, match=r"the export fixes input 'x' dim 1 at 8, which the input spec marks"
     ):
         export_program(torch.jit.script(Fixed()), spec)
 
