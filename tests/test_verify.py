@@ -109,3 +109,47 @@ def test_a_spec_with_a_whole_input_is_verified_and_timed_at_the_rows_it_serves()
     torch.jit.save(torch.jit.script(EvenRows()), buffer)
     with pytest.raises(VerificationError, match="output0: max abs error"):
         compile_and_check(buffer.getvalue(), spec, "onnxruntime", HOST, CompileOptions(threads=1))
+
+
+FREE = InputSpec.from_dicts(
+    [
+        {"name": "x", "dtype": "float32", "shape": [-1, -1]},
+        {"name": "mask", "dtype": "bool", "shape": [-1, -1]},
+    ],
+    4,
+)
+
+
+def masked_mean(inputs: Arrays) -> dict[str, np.ndarray]:
+    """A mean over the unmasked positions, 0 for a row masked whole, as torch's attention does."""
+    keep = ~inputs["mask"]
+    total = np.where(keep, inputs["x"], 0.0).sum(axis=1)
+    return {"y": (total / np.maximum(keep.sum(axis=1), 1)).astype(np.float32)}
+
+
+def test_odd_sizes_and_whole_masks_are_verified_where_the_reference_takes_them() -> None:
+    """Every random case is of round sizes, and a random mask almost never covers a whole row:
+    an Inductor build was wrong at odd sizes, ONNX Runtime answered NaN for a row masked whole."""
+    assert verify(Stub(masked_mean), Stub(masked_mean), FREE, 1e-4, 1e-5).passed
+
+    def wrong_when_odd(inputs: Arrays) -> dict[str, np.ndarray]:
+        y = masked_mean(inputs)["y"]
+        return {"y": y + 1.0 if inputs["x"].shape[1] % 2 else y}
+
+    odd = verify(Stub(wrong_when_odd), Stub(masked_mean), FREE, 1e-4, 1e-5)
+    assert not odd.passed and odd.reason is not None and "max abs error 1" in odd.reason
+
+    def nan_when_masked_whole(inputs: Arrays) -> dict[str, np.ndarray]:
+        y = masked_mean(inputs)["y"]
+        return {"y": np.where(inputs["mask"].all(axis=1), np.float32(np.nan), y)}
+
+    masked = verify(Stub(nan_when_masked_whole), Stub(masked_mean), FREE, 1e-4, 1e-5)
+    assert masked.reason == "y: non-finite values where the reference has none"
+
+    def even_only(inputs: Arrays) -> dict[str, np.ndarray]:
+        if inputs["x"].shape[1] % 2:
+            raise RuntimeError("shape '[3, -1, 2]' is invalid for input of size 27")
+        return masked_mean(inputs)
+
+    # A model that refuses odd sizes is never served them: its variants are not asked to.
+    assert verify(Stub(wrong_when_odd), Stub(even_only), FREE, 1e-4, 1e-5).passed
