@@ -47,13 +47,13 @@ from kiln_client.models import (
     CompileIn,
     CompileOut,
     DefaultVersionIn,
+    InferenceRequest,
     InferenceResponse,
     PredictIn,
     PredictInInputs,
     Problem,
     ServingIn,
     UploadOut,
-    V2InferInferenceRequest,
     VariantStatus,
 )
 from kiln_client.types import File
@@ -163,7 +163,7 @@ def test_python_sdk_flow(server: KilnServer) -> None:
 
         # The Open Inference Protocol's JSON, through the SDK's typed request and response.
         tensor = {"name": "x", "shape": [3, 64], "datatype": "FP32", "data": x.tolist()}
-        body = V2InferInferenceRequest.from_dict({"id": "sdk", "inputs": [tensor]})
+        body = InferenceRequest.from_dict({"id": "sdk", "inputs": [tensor]})
         inferred = v2_infer.sync(client=client, name=name, body=body)
         assert isinstance(inferred, InferenceResponse), inferred
         assert [inferred.id, inferred.model_name, inferred.model_version] == [

@@ -28,7 +28,7 @@ from compiler.errors import (
     InvalidSpecError,
     ModelRunError,
 )
-from service.api.schemas import Problem
+from service.api.schemas import Problem, shared_components
 from service.errors import KilnError, PayloadTooLargeError
 from service.store import StoreUnavailableError
 
@@ -171,15 +171,20 @@ def validation_detail(exc: RequestValidationError | ValidationError) -> str:
     return "; ".join(parts)
 
 
-def document_media_type(app: FastAPI) -> None:
+def finish_document(app: FastAPI) -> None:
     """FastAPI files every response model under the route's media type; Problem answers are
-    application/problem+json, and the spec says so."""
+    application/problem+json, and the spec says so. And it adds the models that `openapi_extra`
+    references (schemas.shared_schema) to the components."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = build()  # cached on the app: edited once
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for name, shared in shared_components().items():
+            if components.setdefault(name, shared) != shared:
+                raise RuntimeError(f"two schemas are named {name}; rename one of the models")
         for operation in (op for path in schema["paths"].values() for op in path.values()):
             for response in operation.get("responses", {}).values():
                 # Under the route's own media type (JSON, or an event stream's): a problem is
@@ -193,7 +198,7 @@ def document_media_type(app: FastAPI) -> None:
 
 
 def install(app: FastAPI) -> None:
-    document_media_type(app)
+    finish_document(app)
 
     @app.exception_handler(KilnError)
     async def kiln_error(request: Request, exc: KilnError) -> JSONResponse:

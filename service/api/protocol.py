@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 
 from service.api.auth import Scope, require
 from service.api.problems import STATUS_OF, http_detail, unwrapped, validation_detail
-from service.api.schemas import inline_schema
+from service.api.schemas import shared_schema
 from service.errors import BadRequestError, KilnError
 
 log = logging.getLogger("kiln.api")
@@ -173,7 +173,7 @@ INFER_BODY: dict[str, Any] = {
         "required": True,
         "content": {
             "application/json": {
-                "schema": inline_schema(InferenceRequest),
+                "schema": shared_schema(InferenceRequest),
                 "example": {
                     "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [0.5, 1.5]}]
                 },

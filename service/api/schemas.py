@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import models_json_schema
 
 from compiler.backends import MAX_TUNING_TRIALS
 from service.records import (
@@ -298,6 +299,27 @@ def error_responses(model: type[BaseModel], *statuses: int) -> dict[int | str, d
     }
     documented["default"] = {"model": model, "description": "An unexpected error; the server log has more."}
     return documented
+
+
+COMPONENTS = "#/components/schemas/"
+# Models that a route's `openapi_extra` references, which cannot add components itself: the app's
+# openapi() adds them (shared_components), so a generated SDK makes one class of each.
+SHARED: dict[str, type[BaseModel]] = {}
+
+
+def shared_schema(model: type[BaseModel]) -> dict[str, str]:
+    """A reference to `model`, added to the document's components."""
+    SHARED[model.__name__] = model
+    return {"$ref": COMPONENTS + model.__name__}
+
+
+def shared_components() -> dict[str, Any]:
+    """The schemas of the SHARED models and of the models they nest."""
+    _, schema = models_json_schema(
+        [(model, "validation") for model in SHARED.values()], ref_template=COMPONENTS + "{model}"
+    )
+    defs: dict[str, Any] = schema.get("$defs", {})
+    return defs
 
 
 def inline_schema(model: type[BaseModel]) -> dict[str, Any]:

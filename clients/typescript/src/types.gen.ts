@@ -138,6 +138,36 @@ export type DefaultVersionIn = {
 };
 
 /**
+ * InferenceRequest
+ */
+export type InferenceRequest = {
+    /**
+     * Id
+     *
+     * Echoed in the response.
+     */
+    id?: string | null;
+    /**
+     * Inputs
+     */
+    inputs: Array<RequestInput>;
+    /**
+     * Outputs
+     *
+     * The outputs to return, and how; none: every output.
+     */
+    outputs?: Array<RequestOutput>;
+    /**
+     * Parameters
+     *
+     * binary_data_output: every output as binary; priority: 1 the highest, 0 the model's default; timeout: microseconds it may wait in the queue.
+     */
+    parameters?: {
+        [key: string]: string | number | number | boolean;
+    };
+};
+
+/**
  * InferenceResponse
  */
 export type InferenceResponse = {
@@ -473,6 +503,60 @@ export type Region = {
      * Offset
      */
     offset: number;
+};
+
+/**
+ * RequestInput
+ *
+ * An input tensor of a request.
+ */
+export type RequestInput = {
+    /**
+     * Data
+     *
+     * The values in row-major order (a request's flat or nested); none when binary or in shared memory.
+     */
+    data?: Array<unknown>;
+    /**
+     * Datatype
+     *
+     * BOOL, UINT8 to UINT64, INT8 to INT64, FP16, FP32, FP64 or BYTES.
+     */
+    datatype: string;
+    /**
+     * Name
+     */
+    name: string;
+    /**
+     * Parameters
+     *
+     * binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: where it lies, in a registered region.
+     */
+    parameters?: {
+        [key: string]: string | number | number | boolean;
+    };
+    /**
+     * Shape
+     */
+    shape: Array<number>;
+};
+
+/**
+ * RequestOutput
+ */
+export type RequestOutput = {
+    /**
+     * Name
+     */
+    name: string;
+    /**
+     * Parameters
+     *
+     * binary_data: return it as binary; classification: its top n classes; shared_memory_region, shared_memory_byte_size and shared_memory_offset: write it there.
+     */
+    parameters?: {
+        [key: string]: string | number | number | boolean;
+    };
 };
 
 /**
@@ -2280,78 +2364,9 @@ export type V2ModelConfigResponse = V2ModelConfigResponses[keyof V2ModelConfigRe
 
 export type V2InferData = {
     /**
-     * InferenceRequest
-     *
      * An inference request, as JSON; or in Triton's binary tensor extension: `application/octet-stream`, the JSON first, its length in the Inference-Header-Content-Length header, then the bytes of each tensor whose parameters give binary_data_size, in order. Gzip and deflate bodies (Content-Encoding) are read too.
      */
-    body: {
-        /**
-         * Id
-         *
-         * Echoed in the response.
-         */
-        id?: string | null;
-        /**
-         * Inputs
-         */
-        inputs: Array<{
-            /**
-             * Data
-             *
-             * The values in row-major order (a request's flat or nested); none when binary or in shared memory.
-             */
-            data?: Array<unknown>;
-            /**
-             * Datatype
-             *
-             * BOOL, UINT8 to UINT64, INT8 to INT64, FP16, FP32, FP64 or BYTES.
-             */
-            datatype: string;
-            /**
-             * Name
-             */
-            name: string;
-            /**
-             * Parameters
-             *
-             * binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: where it lies, in a registered region.
-             */
-            parameters?: {
-                [key: string]: string | number | number | boolean;
-            };
-            /**
-             * Shape
-             */
-            shape: Array<number>;
-        }>;
-        /**
-         * Outputs
-         *
-         * The outputs to return, and how; none: every output.
-         */
-        outputs?: Array<{
-            /**
-             * Name
-             */
-            name: string;
-            /**
-             * Parameters
-             *
-             * binary_data: return it as binary; classification: its top n classes; shared_memory_region, shared_memory_byte_size and shared_memory_offset: write it there.
-             */
-            parameters?: {
-                [key: string]: string | number | number | boolean;
-            };
-        }>;
-        /**
-         * Parameters
-         *
-         * binary_data_output: every output as binary; priority: 1 the highest, 0 the model's default; timeout: microseconds it may wait in the queue.
-         */
-        parameters?: {
-            [key: string]: string | number | number | boolean;
-        };
-    };
+    body: InferenceRequest;
     path: {
         /**
          * Name
@@ -2760,78 +2775,9 @@ export type V2ModelVersionConfigResponse = V2ModelVersionConfigResponses[keyof V
 
 export type V2InferVersionData = {
     /**
-     * InferenceRequest
-     *
      * An inference request, as JSON; or in Triton's binary tensor extension: `application/octet-stream`, the JSON first, its length in the Inference-Header-Content-Length header, then the bytes of each tensor whose parameters give binary_data_size, in order. Gzip and deflate bodies (Content-Encoding) are read too.
      */
-    body: {
-        /**
-         * Id
-         *
-         * Echoed in the response.
-         */
-        id?: string | null;
-        /**
-         * Inputs
-         */
-        inputs: Array<{
-            /**
-             * Data
-             *
-             * The values in row-major order (a request's flat or nested); none when binary or in shared memory.
-             */
-            data?: Array<unknown>;
-            /**
-             * Datatype
-             *
-             * BOOL, UINT8 to UINT64, INT8 to INT64, FP16, FP32, FP64 or BYTES.
-             */
-            datatype: string;
-            /**
-             * Name
-             */
-            name: string;
-            /**
-             * Parameters
-             *
-             * binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size and shared_memory_offset: where it lies, in a registered region.
-             */
-            parameters?: {
-                [key: string]: string | number | number | boolean;
-            };
-            /**
-             * Shape
-             */
-            shape: Array<number>;
-        }>;
-        /**
-         * Outputs
-         *
-         * The outputs to return, and how; none: every output.
-         */
-        outputs?: Array<{
-            /**
-             * Name
-             */
-            name: string;
-            /**
-             * Parameters
-             *
-             * binary_data: return it as binary; classification: its top n classes; shared_memory_region, shared_memory_byte_size and shared_memory_offset: write it there.
-             */
-            parameters?: {
-                [key: string]: string | number | number | boolean;
-            };
-        }>;
-        /**
-         * Parameters
-         *
-         * binary_data_output: every output as binary; priority: 1 the highest, 0 the model's default; timeout: microseconds it may wait in the queue.
-         */
-        parameters?: {
-            [key: string]: string | number | number | boolean;
-        };
-    };
+    body: InferenceRequest;
     path: {
         /**
          * Name

@@ -9,6 +9,8 @@ from .compile_in import CompileIn
 from .compile_out import CompileOut
 from .default_version_in import DefaultVersionIn
 from .healthz_response_healthz import HealthzResponseHealthz
+from .inference_request import InferenceRequest
+from .inference_request_parameters import InferenceRequestParameters
 from .inference_response import InferenceResponse
 from .inference_response_parameters import InferenceResponseParameters
 from .job_out import JobOut
@@ -30,6 +32,10 @@ from .problem import Problem
 from .protocol_error import ProtocolError
 from .readyz_response_readyz import ReadyzResponseReadyz
 from .region import Region
+from .request_input import RequestInput
+from .request_input_parameters import RequestInputParameters
+from .request_output import RequestOutput
+from .request_output_parameters import RequestOutputParameters
 from .response_output import ResponseOutput
 from .response_output_parameters import ResponseOutputParameters
 from .server_live_response import ServerLiveResponse
@@ -59,22 +65,6 @@ from .v1_protocol_version_metadata_response_v1_protocol_version_metadata import 
     V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata,
 )
 from .v2_all_stats_response_v2_all_stats import V2AllStatsResponseV2AllStats
-from .v2_infer_inference_request import V2InferInferenceRequest
-from .v2_infer_inference_request_parameters import V2InferInferenceRequestParameters
-from .v2_infer_inference_request_request_input import V2InferInferenceRequestRequestInput
-from .v2_infer_inference_request_request_input_parameters import V2InferInferenceRequestRequestInputParameters
-from .v2_infer_inference_request_request_output import V2InferInferenceRequestRequestOutput
-from .v2_infer_inference_request_request_output_parameters import V2InferInferenceRequestRequestOutputParameters
-from .v2_infer_version_inference_request import V2InferVersionInferenceRequest
-from .v2_infer_version_inference_request_parameters import V2InferVersionInferenceRequestParameters
-from .v2_infer_version_inference_request_request_input import V2InferVersionInferenceRequestRequestInput
-from .v2_infer_version_inference_request_request_input_parameters import (
-    V2InferVersionInferenceRequestRequestInputParameters,
-)
-from .v2_infer_version_inference_request_request_output import V2InferVersionInferenceRequestRequestOutput
-from .v2_infer_version_inference_request_request_output_parameters import (
-    V2InferVersionInferenceRequestRequestOutputParameters,
-)
 from .v2_model_config_response_v2_model_config import V2ModelConfigResponseV2ModelConfig
 from .v2_model_metadata_response_v2_model_metadata import V2ModelMetadataResponseV2ModelMetadata
 from .v2_model_stats_response_v2_model_stats import V2ModelStatsResponseV2ModelStats
@@ -117,6 +107,8 @@ __all__ = (
     "CompileOut",
     "DefaultVersionIn",
     "HealthzResponseHealthz",
+    "InferenceRequest",
+    "InferenceRequestParameters",
     "InferenceResponse",
     "InferenceResponseParameters",
     "JobOut",
@@ -138,6 +130,10 @@ __all__ = (
     "ProtocolError",
     "ReadyzResponseReadyz",
     "Region",
+    "RequestInput",
+    "RequestInputParameters",
+    "RequestOutput",
+    "RequestOutputParameters",
     "ResponseOutput",
     "ResponseOutputParameters",
     "ServerLiveResponse",
@@ -161,18 +157,6 @@ __all__ = (
     "V1ProtocolPredictVersionPredictRequestSignatureNameType0",
     "V1ProtocolVersionMetadataResponseV1ProtocolVersionMetadata",
     "V2AllStatsResponseV2AllStats",
-    "V2InferInferenceRequest",
-    "V2InferInferenceRequestParameters",
-    "V2InferInferenceRequestRequestInput",
-    "V2InferInferenceRequestRequestInputParameters",
-    "V2InferInferenceRequestRequestOutput",
-    "V2InferInferenceRequestRequestOutputParameters",
-    "V2InferVersionInferenceRequest",
-    "V2InferVersionInferenceRequestParameters",
-    "V2InferVersionInferenceRequestRequestInput",
-    "V2InferVersionInferenceRequestRequestInputParameters",
-    "V2InferVersionInferenceRequestRequestOutput",
-    "V2InferVersionInferenceRequestRequestOutputParameters",
     "V2ModelConfigResponseV2ModelConfig",
     "V2ModelMetadataResponseV2ModelMetadata",
     "V2ModelStatsResponseV2ModelStats",

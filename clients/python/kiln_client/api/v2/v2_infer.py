@@ -5,16 +5,16 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
+from ...models.inference_request import InferenceRequest
 from ...models.inference_response import InferenceResponse
 from ...models.protocol_error import ProtocolError
-from ...models.v2_infer_inference_request import V2InferInferenceRequest
 from ...types import Response
 
 
 def _get_kwargs(
     name: str,
     *,
-    body: V2InferInferenceRequest,
+    body: InferenceRequest,
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {}
 
@@ -96,13 +96,13 @@ def sync_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-    body: V2InferInferenceRequest,
+    body: InferenceRequest,
 ) -> Response[InferenceResponse | ProtocolError]:
     """Run the model's default version, else its newest ready one.
 
     Args:
         name (str):
-        body (V2InferInferenceRequest):
+        body (InferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -128,13 +128,13 @@ def sync(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-    body: V2InferInferenceRequest,
+    body: InferenceRequest,
 ) -> InferenceResponse | ProtocolError | None:
     """Run the model's default version, else its newest ready one.
 
     Args:
         name (str):
-        body (V2InferInferenceRequest):
+        body (InferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -155,13 +155,13 @@ async def asyncio_detailed(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-    body: V2InferInferenceRequest,
+    body: InferenceRequest,
 ) -> Response[InferenceResponse | ProtocolError]:
     """Run the model's default version, else its newest ready one.
 
     Args:
         name (str):
-        body (V2InferInferenceRequest):
+        body (InferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -185,13 +185,13 @@ async def asyncio(
     name: str,
     *,
     client: AuthenticatedClient | Client,
-    body: V2InferInferenceRequest,
+    body: InferenceRequest,
 ) -> InferenceResponse | ProtocolError | None:
     """Run the model's default version, else its newest ready one.
 
     Args:
         name (str):
-        body (V2InferInferenceRequest):
+        body (InferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.

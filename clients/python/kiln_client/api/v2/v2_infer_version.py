@@ -5,9 +5,9 @@ from urllib.parse import quote
 import httpx
 
 from ...client import AuthenticatedClient, Client
+from ...models.inference_request import InferenceRequest
 from ...models.inference_response import InferenceResponse
 from ...models.protocol_error import ProtocolError
-from ...models.v2_infer_version_inference_request import V2InferVersionInferenceRequest
 from ...types import Response
 
 
@@ -15,7 +15,7 @@ def _get_kwargs(
     name: str,
     version: str,
     *,
-    body: V2InferVersionInferenceRequest,
+    body: InferenceRequest,
 ) -> dict[str, Any]:
     headers: dict[str, Any] = {}
 
@@ -99,14 +99,14 @@ def sync_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-    body: V2InferVersionInferenceRequest,
+    body: InferenceRequest,
 ) -> Response[InferenceResponse | ProtocolError]:
     """Run one version of the model.
 
     Args:
         name (str):
         version (str):
-        body (V2InferVersionInferenceRequest):
+        body (InferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -134,14 +134,14 @@ def sync(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-    body: V2InferVersionInferenceRequest,
+    body: InferenceRequest,
 ) -> InferenceResponse | ProtocolError | None:
     """Run one version of the model.
 
     Args:
         name (str):
         version (str):
-        body (V2InferVersionInferenceRequest):
+        body (InferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -164,14 +164,14 @@ async def asyncio_detailed(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-    body: V2InferVersionInferenceRequest,
+    body: InferenceRequest,
 ) -> Response[InferenceResponse | ProtocolError]:
     """Run one version of the model.
 
     Args:
         name (str):
         version (str):
-        body (V2InferVersionInferenceRequest):
+        body (InferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.
@@ -197,14 +197,14 @@ async def asyncio(
     version: str,
     *,
     client: AuthenticatedClient | Client,
-    body: V2InferVersionInferenceRequest,
+    body: InferenceRequest,
 ) -> InferenceResponse | ProtocolError | None:
     """Run one version of the model.
 
     Args:
         name (str):
         version (str):
-        body (V2InferVersionInferenceRequest):
+        body (InferenceRequest):
 
     Raises:
         errors.UnexpectedStatus: If the server returns an undocumented status code and Client.raise_on_unexpected_status is True.

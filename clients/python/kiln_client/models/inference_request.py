@@ -9,30 +9,29 @@ from attrs import field as _attrs_field
 from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
-    from ..models.v2_infer_inference_request_parameters import V2InferInferenceRequestParameters
-    from ..models.v2_infer_inference_request_request_input import V2InferInferenceRequestRequestInput
-    from ..models.v2_infer_inference_request_request_output import V2InferInferenceRequestRequestOutput
+    from ..models.inference_request_parameters import InferenceRequestParameters
+    from ..models.request_input import RequestInput
+    from ..models.request_output import RequestOutput
 
 
-T = TypeVar("T", bound="V2InferInferenceRequest")
+T = TypeVar("T", bound="InferenceRequest")
 
 
 @_attrs_define
-class V2InferInferenceRequest:
+class InferenceRequest:
     """
     Attributes:
-        inputs (list[V2InferInferenceRequestRequestInput]):
+        inputs (list[RequestInput]):
         id (None | str | Unset): Echoed in the response.
-        outputs (list[V2InferInferenceRequestRequestOutput] | Unset): The outputs to return, and how; none: every
-            output.
-        parameters (V2InferInferenceRequestParameters | Unset): binary_data_output: every output as binary; priority: 1
-            the highest, 0 the model's default; timeout: microseconds it may wait in the queue.
+        outputs (list[RequestOutput] | Unset): The outputs to return, and how; none: every output.
+        parameters (InferenceRequestParameters | Unset): binary_data_output: every output as binary; priority: 1 the
+            highest, 0 the model's default; timeout: microseconds it may wait in the queue.
     """
 
-    inputs: list[V2InferInferenceRequestRequestInput]
+    inputs: list[RequestInput]
     id: None | str | Unset = UNSET
-    outputs: list[V2InferInferenceRequestRequestOutput] | Unset = UNSET
-    parameters: V2InferInferenceRequestParameters | Unset = UNSET
+    outputs: list[RequestOutput] | Unset = UNSET
+    parameters: InferenceRequestParameters | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -76,15 +75,15 @@ class V2InferInferenceRequest:
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
-        from ..models.v2_infer_inference_request_parameters import V2InferInferenceRequestParameters  # noqa: PLC0415
-        from ..models.v2_infer_inference_request_request_input import V2InferInferenceRequestRequestInput  # noqa: PLC0415
-        from ..models.v2_infer_inference_request_request_output import V2InferInferenceRequestRequestOutput  # noqa: PLC0415
+        from ..models.inference_request_parameters import InferenceRequestParameters  # noqa: PLC0415
+        from ..models.request_input import RequestInput  # noqa: PLC0415
+        from ..models.request_output import RequestOutput  # noqa: PLC0415
 
         d = dict(src_dict)
         inputs = []
         _inputs = d.pop("inputs")
         for inputs_item_data in _inputs:
-            inputs_item = V2InferInferenceRequestRequestInput.from_dict(inputs_item_data)
+            inputs_item = RequestInput.from_dict(inputs_item_data)
 
             inputs.append(inputs_item)
 
@@ -98,30 +97,30 @@ class V2InferInferenceRequest:
         id = _parse_id(d.pop("id", UNSET))
 
         _outputs = d.pop("outputs", UNSET)
-        outputs: list[V2InferInferenceRequestRequestOutput] | Unset = UNSET
+        outputs: list[RequestOutput] | Unset = UNSET
         if _outputs is not UNSET:
             outputs = []
             for outputs_item_data in _outputs:
-                outputs_item = V2InferInferenceRequestRequestOutput.from_dict(outputs_item_data)
+                outputs_item = RequestOutput.from_dict(outputs_item_data)
 
                 outputs.append(outputs_item)
 
         _parameters = d.pop("parameters", UNSET)
-        parameters: V2InferInferenceRequestParameters | Unset
+        parameters: InferenceRequestParameters | Unset
         if isinstance(_parameters, Unset):
             parameters = UNSET
         else:
-            parameters = V2InferInferenceRequestParameters.from_dict(_parameters)
+            parameters = InferenceRequestParameters.from_dict(_parameters)
 
-        v2_infer_inference_request = cls(
+        inference_request = cls(
             inputs=inputs,
             id=id,
             outputs=outputs,
             parameters=parameters,
         )
 
-        v2_infer_inference_request.additional_properties = d
-        return v2_infer_inference_request
+        inference_request.additional_properties = d
+        return inference_request
 
     @property
     def additional_keys(self) -> list[str]:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
@@ -9,30 +9,43 @@ from attrs import field as _attrs_field
 from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
-    from ..models.v2_infer_version_inference_request_request_output_parameters import (
-        V2InferVersionInferenceRequestRequestOutputParameters,
-    )
+    from ..models.request_input_parameters import RequestInputParameters
 
 
-T = TypeVar("T", bound="V2InferVersionInferenceRequestRequestOutput")
+T = TypeVar("T", bound="RequestInput")
 
 
 @_attrs_define
-class V2InferVersionInferenceRequestRequestOutput:
-    """
+class RequestInput:
+    """An input tensor of a request.
+
     Attributes:
+        datatype (str): BOOL, UINT8 to UINT64, INT8 to INT64, FP16, FP32, FP64 or BYTES.
         name (str):
-        parameters (V2InferVersionInferenceRequestRequestOutputParameters | Unset): binary_data: return it as binary;
-            classification: its top n classes; shared_memory_region, shared_memory_byte_size and shared_memory_offset: write
-            it there.
+        shape (list[int]):
+        data (list[Any] | Unset): The values in row-major order (a request's flat or nested); none when binary or in
+            shared memory.
+        parameters (RequestInputParameters | Unset): binary_data_size: its bytes follow the JSON (the binary extension);
+            shared_memory_region, shared_memory_byte_size and shared_memory_offset: where it lies, in a registered region.
     """
 
+    datatype: str
     name: str
-    parameters: V2InferVersionInferenceRequestRequestOutputParameters | Unset = UNSET
+    shape: list[int]
+    data: list[Any] | Unset = UNSET
+    parameters: RequestInputParameters | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        datatype = self.datatype
+
         name = self.name
+
+        shape = self.shape
+
+        data: list[Any] | Unset = UNSET
+        if not isinstance(self.data, Unset):
+            data = self.data
 
         parameters: dict[str, Any] | Unset = UNSET
         if not isinstance(self.parameters, Unset):
@@ -42,9 +55,13 @@ class V2InferVersionInferenceRequestRequestOutput:
         field_dict.update(self.additional_properties)
         field_dict.update(
             {
+                "datatype": datatype,
                 "name": name,
+                "shape": shape,
             }
         )
+        if data is not UNSET:
+            field_dict["data"] = data
         if parameters is not UNSET:
             field_dict["parameters"] = parameters
 
@@ -52,27 +69,34 @@ class V2InferVersionInferenceRequestRequestOutput:
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
-        from ..models.v2_infer_version_inference_request_request_output_parameters import (
-            V2InferVersionInferenceRequestRequestOutputParameters,  # noqa: PLC0415
-        )
+        from ..models.request_input_parameters import RequestInputParameters  # noqa: PLC0415
 
         d = dict(src_dict)
+        datatype = d.pop("datatype")
+
         name = d.pop("name")
 
+        shape = cast(list[int], d.pop("shape"))
+
+        data = cast(list[Any], d.pop("data", UNSET))
+
         _parameters = d.pop("parameters", UNSET)
-        parameters: V2InferVersionInferenceRequestRequestOutputParameters | Unset
+        parameters: RequestInputParameters | Unset
         if isinstance(_parameters, Unset):
             parameters = UNSET
         else:
-            parameters = V2InferVersionInferenceRequestRequestOutputParameters.from_dict(_parameters)
+            parameters = RequestInputParameters.from_dict(_parameters)
 
-        v2_infer_version_inference_request_request_output = cls(
+        request_input = cls(
+            datatype=datatype,
             name=name,
+            shape=shape,
+            data=data,
             parameters=parameters,
         )
 
-        v2_infer_version_inference_request_request_output.additional_properties = d
-        return v2_infer_version_inference_request_request_output
+        request_input.additional_properties = d
+        return request_input
 
     @property
     def additional_keys(self) -> list[str]:

@@ -9,26 +9,23 @@ from attrs import field as _attrs_field
 from ..types import UNSET, Unset
 
 if TYPE_CHECKING:
-    from ..models.v2_infer_inference_request_request_output_parameters import (
-        V2InferInferenceRequestRequestOutputParameters,
-    )
+    from ..models.request_output_parameters import RequestOutputParameters
 
 
-T = TypeVar("T", bound="V2InferInferenceRequestRequestOutput")
+T = TypeVar("T", bound="RequestOutput")
 
 
 @_attrs_define
-class V2InferInferenceRequestRequestOutput:
+class RequestOutput:
     """
     Attributes:
         name (str):
-        parameters (V2InferInferenceRequestRequestOutputParameters | Unset): binary_data: return it as binary;
-            classification: its top n classes; shared_memory_region, shared_memory_byte_size and shared_memory_offset: write
-            it there.
+        parameters (RequestOutputParameters | Unset): binary_data: return it as binary; classification: its top n
+            classes; shared_memory_region, shared_memory_byte_size and shared_memory_offset: write it there.
     """
 
     name: str
-    parameters: V2InferInferenceRequestRequestOutputParameters | Unset = UNSET
+    parameters: RequestOutputParameters | Unset = UNSET
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -52,27 +49,25 @@ class V2InferInferenceRequestRequestOutput:
 
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
-        from ..models.v2_infer_inference_request_request_output_parameters import (
-            V2InferInferenceRequestRequestOutputParameters,  # noqa: PLC0415
-        )
+        from ..models.request_output_parameters import RequestOutputParameters  # noqa: PLC0415
 
         d = dict(src_dict)
         name = d.pop("name")
 
         _parameters = d.pop("parameters", UNSET)
-        parameters: V2InferInferenceRequestRequestOutputParameters | Unset
+        parameters: RequestOutputParameters | Unset
         if isinstance(_parameters, Unset):
             parameters = UNSET
         else:
-            parameters = V2InferInferenceRequestRequestOutputParameters.from_dict(_parameters)
+            parameters = RequestOutputParameters.from_dict(_parameters)
 
-        v2_infer_inference_request_request_output = cls(
+        request_output = cls(
             name=name,
             parameters=parameters,
         )
 
-        v2_infer_inference_request_request_output.additional_properties = d
-        return v2_infer_inference_request_request_output
+        request_output.additional_properties = d
+        return request_output
 
     @property
     def additional_keys(self) -> list[str]:

@@ -6,13 +6,13 @@ from typing import Any, TypeVar, cast
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
-T = TypeVar("T", bound="V2InferVersionInferenceRequestRequestInputParameters")
+T = TypeVar("T", bound="RequestOutputParameters")
 
 
 @_attrs_define
-class V2InferVersionInferenceRequestRequestInputParameters:
-    """binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size
-    and shared_memory_offset: where it lies, in a registered region.
+class RequestOutputParameters:
+    """binary_data: return it as binary; classification: its top n classes; shared_memory_region, shared_memory_byte_size
+    and shared_memory_offset: write it there.
 
     """
 
@@ -29,7 +29,7 @@ class V2InferVersionInferenceRequestRequestInputParameters:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         d = dict(src_dict)
-        v2_infer_version_inference_request_request_input_parameters = cls()
+        request_output_parameters = cls()
 
         additional_properties = {}
         for prop_name, prop_dict in d.items():
@@ -41,8 +41,8 @@ class V2InferVersionInferenceRequestRequestInputParameters:
 
             additional_properties[prop_name] = additional_property
 
-        v2_infer_version_inference_request_request_input_parameters.additional_properties = additional_properties
-        return v2_infer_version_inference_request_request_input_parameters
+        request_output_parameters.additional_properties = additional_properties
+        return request_output_parameters
 
     @property
     def additional_keys(self) -> list[str]:

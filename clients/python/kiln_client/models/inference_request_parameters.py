@@ -6,13 +6,13 @@ from typing import Any, TypeVar, cast
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
-T = TypeVar("T", bound="V2InferVersionInferenceRequestRequestOutputParameters")
+T = TypeVar("T", bound="InferenceRequestParameters")
 
 
 @_attrs_define
-class V2InferVersionInferenceRequestRequestOutputParameters:
-    """binary_data: return it as binary; classification: its top n classes; shared_memory_region, shared_memory_byte_size
-    and shared_memory_offset: write it there.
+class InferenceRequestParameters:
+    """binary_data_output: every output as binary; priority: 1 the highest, 0 the model's default; timeout: microseconds it
+    may wait in the queue.
 
     """
 
@@ -29,7 +29,7 @@ class V2InferVersionInferenceRequestRequestOutputParameters:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         d = dict(src_dict)
-        v2_infer_version_inference_request_request_output_parameters = cls()
+        inference_request_parameters = cls()
 
         additional_properties = {}
         for prop_name, prop_dict in d.items():
@@ -41,8 +41,8 @@ class V2InferVersionInferenceRequestRequestOutputParameters:
 
             additional_properties[prop_name] = additional_property
 
-        v2_infer_version_inference_request_request_output_parameters.additional_properties = additional_properties
-        return v2_infer_version_inference_request_request_output_parameters
+        inference_request_parameters.additional_properties = additional_properties
+        return inference_request_parameters
 
     @property
     def additional_keys(self) -> list[str]:

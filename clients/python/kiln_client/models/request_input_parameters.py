@@ -6,13 +6,13 @@ from typing import Any, TypeVar, cast
 from attrs import define as _attrs_define
 from attrs import field as _attrs_field
 
-T = TypeVar("T", bound="V2InferInferenceRequestRequestOutputParameters")
+T = TypeVar("T", bound="RequestInputParameters")
 
 
 @_attrs_define
-class V2InferInferenceRequestRequestOutputParameters:
-    """binary_data: return it as binary; classification: its top n classes; shared_memory_region, shared_memory_byte_size
-    and shared_memory_offset: write it there.
+class RequestInputParameters:
+    """binary_data_size: its bytes follow the JSON (the binary extension); shared_memory_region, shared_memory_byte_size
+    and shared_memory_offset: where it lies, in a registered region.
 
     """
 
@@ -29,7 +29,7 @@ class V2InferInferenceRequestRequestOutputParameters:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         d = dict(src_dict)
-        v2_infer_inference_request_request_output_parameters = cls()
+        request_input_parameters = cls()
 
         additional_properties = {}
         for prop_name, prop_dict in d.items():
@@ -41,8 +41,8 @@ class V2InferInferenceRequestRequestOutputParameters:
 
             additional_properties[prop_name] = additional_property
 
-        v2_infer_inference_request_request_output_parameters.additional_properties = additional_properties
-        return v2_infer_inference_request_request_output_parameters
+        request_input_parameters.additional_properties = additional_properties
+        return request_input_parameters
 
     @property
     def additional_keys(self) -> list[str]:
