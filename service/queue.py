@@ -45,8 +45,9 @@ def queue_name(target: str) -> str:
 class JobQueue(Protocol):
     def enqueue(self, job: JobRecord) -> None: ...
 
-    def depth(self) -> dict[str, int]:
-        """Jobs queued or running, not yet settled, per queue of this host's targets."""
+    def depth(self, targets: Iterable[str]) -> dict[str, int]:
+        """Jobs queued or running, not yet settled, per queue: those of `targets`, and any other
+        that holds a job (one that no live worker serves is where jobs pile up)."""
         ...
 
     def close(self) -> None: ...
@@ -126,7 +127,7 @@ class EmbeddedQueue:
                 return True
             return False
 
-    def depth(self) -> dict[str, int]:
+    def depth(self, targets: Iterable[str]) -> dict[str, int]:
         """Counted in the store: each process of `kiln serve --workers N` compiles its own
         uploads' jobs, and a scrape that any one of them answers counts them all."""
         unsettled = Counter(
@@ -134,7 +135,7 @@ class EmbeddedQueue:
             for doc in self.registry.store.list_docs("job")
             if doc.get("status") not in SETTLED_JOBS
         )
-        return {queue_name(t): unsettled[t] for t in self.settings.host_targets()}
+        return {queue_name(t): unsettled[t] for t in {*targets, *unsettled}}
 
     def close(self) -> None:
         # A compile under way is stopped (its child killed, its scratch space removed) before the
@@ -243,16 +244,22 @@ class DramatiqQueue:
                     held.add(job_id)
         return held
 
-    def depth(self) -> dict[str, int]:
+    def depth(self, targets: Iterable[str]) -> dict[str, int]:
         """Dramatiq keeps each message in the hash `{namespace}:{queue}.msgs` from enqueue to ack,
-        so its size counts queued and running jobs; `.DQ.msgs` holds those waiting to retry."""
+        so its size counts queued and running jobs; `.DQ.msgs` holds those waiting to retry. It
+        deletes an emptied hash, so those that exist are the queues that hold a job."""
         client: redis.Redis = self.broker.client
         ns = self.broker.namespace
-        depths = {}
-        for target in self.settings.host_targets():
-            name = queue_name(target)
-            depths[name] = int(client.hlen(f"{ns}:{name}.msgs")) + int(client.hlen(f"{ns}:{name}.DQ.msgs"))
-        return depths
+        names = {queue_name(t) for t in targets}
+        for key in client.scan_iter(match=f"{ns}:{queue_name('*')}.msgs", count=1000):
+            names.add(key.decode().removeprefix(f"{ns}:").removesuffix(".msgs").removesuffix(".DQ"))
+        ordered = sorted(names)
+        with client.pipeline(transaction=False) as pipe:
+            for name in ordered:
+                pipe.hlen(f"{ns}:{name}.msgs")
+                pipe.hlen(f"{ns}:{dq_name(name)}.msgs")
+            counts = pipe.execute()
+        return {name: int(counts[2 * i]) + int(counts[2 * i + 1]) for i, name in enumerate(ordered)}
 
     def close(self) -> None:
         self.broker.close()

@@ -377,10 +377,13 @@ def test_redis_queue_depth_counts_unsettled_messages(redis_url: str) -> None:
     try:
         target = local_targets()[0]
         name = queue_name(target)
-        assert queue.depth()[name] == 0
+        assert queue.depth([target]) == {name: 0}
         queue.enqueue(compile_job("job-1", target))
         queue.enqueue(compile_job("job-2", target))
-        assert queue.depth()[name] == 2  # nothing consumes them here
+        assert queue.depth([target]) == {name: 2}  # nothing consumes them here
+        # A GPU worker's queue, which the API's host neither serves nor knows of, still shows.
+        queue.enqueue(compile_job("job-3", "cuda-sm90"))
+        assert queue.depth([target]) == {name: 2, queue_name("cuda-sm90"): 1}
     finally:
         queue.close()
 
@@ -401,8 +404,10 @@ def test_embedded_queue_depth_is_every_processs(tmp_path: Path) -> None:
         for job_id, status in (("a", "queued"), ("b", "running"), ("c", "succeeded"), ("d", "failed")):
             job = compile_job(job_id, target).model_dump(mode="json")
             store.put_doc("job", job_id, {**job, "status": status})
+        assert one.depth([target]) == other.depth([target]) == {queue_name(target): 2}
+        # A job no process here compiles (a data dir moved from another host) waits: it shows.
         store.put_doc("job", "elsewhere", compile_job("elsewhere", "cuda-sm90").model_dump(mode="json"))
-        assert one.depth() == other.depth() == {queue_name(target): 2}
+        assert one.depth([target]) == {queue_name(target): 2, queue_name("cuda-sm90"): 1}
     finally:
         one.close()
         other.close()

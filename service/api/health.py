@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Response
@@ -11,6 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from service import metrics
 from service.api.deps import Services, services
+from service.api.models import live_targets
 from service.store import StoreUnavailableError
 
 router = APIRouter(tags=["health"])
@@ -69,5 +71,11 @@ async def readyz(svc: Annotated[Services, Depends(services)]) -> dict[str, str]:
 @router.get("/metrics", include_in_schema=False)
 async def prometheus_metrics(svc: Annotated[Services, Depends(services)]) -> Response:
     # The queue depth may ask Redis, and multiprocess mode reads files: off the event loop.
-    body = await run_in_threadpool(metrics.scrape, svc.queue.depth)
+    body = await run_in_threadpool(metrics.scrape, functools.partial(queue_depth, svc))
     return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+def queue_depth(svc: Services) -> dict[str, int]:
+    """Blocking: the queues of this host's targets and of those live workers serve, at 0 when
+    empty, and any other that holds a job: a GPU worker's queue is not the API host's."""
+    return svc.queue.depth({*svc.settings.host_targets(), *live_targets(svc)})
