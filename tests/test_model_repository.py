@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from service.api.model_repository import fingerprint
 from service.triton_repository import RepositoryError, version_loads
 from tests.client import sample
 from tests.models import MODELS
@@ -279,6 +280,19 @@ def test_file_names_in_a_config_stay_in_the_model_directory(tmp_path: Path) -> N
         made = model_dir(tmp_path / field, "mlp", config, {"1": MLP.torchscript()})
         with pytest.raises(RepositoryError, match=f"{field} .* must name a file"):
             version_loads(made)
+
+
+@pytest.mark.timeout(60)
+def test_a_fingerprint_sees_what_a_load_reads_and_no_link_loop(tmp_path: Path) -> None:
+    """A version directory linking to itself twice made 2^40 paths to walk: the deploy hung."""
+    made = model_dir(tmp_path, "mlp", CONFIG_PBTXT, {"1": MLP.torchscript()})
+    (made / "labels.txt").write_text("a\nb\n")
+    for link in "abc":
+        (made / "1" / link).symlink_to(".")
+    before = fingerprint(made)
+    assert {path for path, _, _ in before} == {"config.pbtxt", "labels.txt", "1/model.pt"}
+    (made / "1" / "model.pt").write_bytes(MLP.torchscript() + b"\0")
+    assert fingerprint(made) != before
 
 
 def test_a_load_reads_the_model_directory_again_and_the_index_says_why_one_is_missing(tmp_path: Path) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 from pathlib import Path
 
@@ -154,15 +153,25 @@ class RepositoryPoller(Periodic):
 
 
 def fingerprint(model_dir: Path) -> Fingerprint:
+    """The files version_loads may read: those in the model's directory and in the directories
+    in it, links followed as it follows them, and no deeper, as it names files by plain names.
+    A walk of the whole tree followed a version directory's links to itself (`1/a -> .`,
+    `1/b -> .`) down 2^40 paths, and held the deploy."""
     found = set()
-    for root, dirs, files in os.walk(model_dir, followlinks=True):  # as version_loads reads them
-        dirs[:] = [d for d in dirs if not d.startswith(".")]
-        for name in files:
-            path = Path(root, name)
+    for folder in (model_dir, *_entries(model_dir, dirs=True)):
+        for path in _entries(folder, dirs=False):
             with contextlib.suppress(OSError):  # gone meanwhile: the next poll sees it
                 stat = path.stat()
                 found.add((str(path.relative_to(model_dir)), stat.st_size, stat.st_mtime_ns))
     return frozenset(found)
+
+
+def _entries(folder: Path, dirs: bool) -> list[Path]:
+    """The folder's directories but hidden ones, or its files; none where it cannot be read."""
+    try:
+        return [p for p in folder.iterdir() if p.is_dir() == dirs and not (dirs and p.name.startswith("."))]
+    except OSError:
+        return []
 
 
 def deploy_model(svc: Services, model_dir: Path, stopping: threading.Event) -> str | None:
