@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -12,6 +11,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from compiler.hardware import local_targets
 from compiler.race import RACE_ROUNDS
+from compiler.threads import available_cpus
 
 
 class Settings(BaseSettings):
@@ -45,7 +45,7 @@ class Settings(BaseSettings):
 
     # Intra-op threads for every runtime (torch, TVM): set once so runtimes compare fairly
     # and the server does not oversubscribe cores.
-    threads: int = Field(default_factory=lambda: os.cpu_count() or 1)
+    threads: int = Field(default_factory=available_cpus)
 
     # Dramatiq redelivers the job of a dead worker once its heartbeat is this old and a
     # maintenance pass runs; both are set on purpose, the library defaults take minutes.

@@ -406,3 +406,41 @@ def test_jobs_reach_only_workers_of_their_target(redis_url: str, tmp_path: Path)
         for proc in (gpu, cpu, api):
             proc.stop()
         registry.store.close()
+
+
+@pytest.mark.parametrize(
+    ("files", "quota"),
+    [
+        ({"cpu.max": "200000 100000\n"}, 2.0),
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "50000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 0.5),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),
+    ],
+)
+def test_a_containers_cpu_limit_is_read_from_its_cgroup(
+    tmp_path: Path, files: dict[str, str], quota: float | None
+) -> None:
+    """cgroup v2's cpu.max, else v1's CFS files: a pod's CPU limit, which os.cpu_count ignores."""
+    from compiler.threads import cgroup_cpu_quota
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cgroup_cpu_quota(tmp_path) == quota
+
+
+def test_threads_follow_the_cpu_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 1.5-CPU limit on a host of many cores: 2 threads (rounded up, never 0), not the cores."""
+    from compiler import threads
+
+    monkeypatch.delenv("KILN_THREADS", raising=False)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: 1.5)
+    assert threads.available_cpus() == 2
+    assert Settings().threads == 2
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: 0.1)
+    assert threads.available_cpus() == 1
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: None)
+    assert threads.available_cpus() == 64

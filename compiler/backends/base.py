@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -11,6 +10,7 @@ from compiler.errors import BackendUnavailableError, ConversionError
 from compiler.frontend import export_program, load_torchscript
 from compiler.runner import Runner
 from compiler.spec import InputSpec
+from compiler.threads import available_cpus
 
 
 class Backend(Protocol):
@@ -47,5 +47,5 @@ def export_for(backend: Backend, model: bytes, spec: InputSpec, reason: str | No
 
 def threads_of(options: Mapping[str, Any]) -> int:
     """The intra-op threads a compile builds for: its `threads` option (the server's
-    KILN_THREADS), else every CPU."""
-    return int(options.get("threads") or os.cpu_count() or 1)
+    KILN_THREADS), else every CPU it may use."""
+    return int(options.get("threads") or available_cpus())
