@@ -601,14 +601,15 @@ def test_every_container_has_requests_limits_and_runs_a_kiln_command(path: Path)
 def assert_within_memory(env: Mapping[str, Any], container: dict[str, Any], where: str) -> None:
     """What an API container may hold at once (its loaded runners, its uploads' checks and,
     embedded, its compiles) is under its memory limit, with room for the process itself: the
-    runners were allowed the whole limit, and two checks beside them passed it."""
+    runners were allowed the whole limit, and two checks beside them passed it. An idle
+    `kiln serve`, with every runtime imported, holds about 580 MiB itself."""
 
     def setting(name: str) -> int:
         return int(env.get(f"KILN_{name.upper()}", Settings.model_fields[name].default))
 
     children = setting("upload_checks") + (0 if "KILN_REDIS_URL" in env else setting("compile_workers"))
     held = setting("runtime_max_mb") + children * setting("compile_memory_mb")
-    assert held + 512 <= memory_mb(container["resources"]["limits"]["memory"]), (where, held)
+    assert held + 768 <= memory_mb(container["resources"]["limits"]["memory"]), (where, held)
 
 
 @kustomizations
