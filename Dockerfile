@@ -34,7 +34,7 @@ FROM ${PYTHON_IMAGE}
 # g++ is a runtime need, not a build one: the worker (and embedded `kiln serve`) compiles
 # models, and TVM's export_library links the generated code into a shared library with it.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ \
+    && apt-get install -y --no-install-recommends g++ tini \
     && rm -rf /var/lib/apt/lists/*
 
 RUN groupadd --system --gid 10001 kiln \
@@ -61,5 +61,8 @@ EXPOSE 8000 8001
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)"]
 
-ENTRYPOINT ["kiln"]
+# tini as PID 1 reaps orphans: a compile or upload check stopped past its limit is killed with
+# its tree, and its compilers and tuning workers, reparented to PID 1, would stay zombies under
+# kiln. It passes signals on, so `docker stop` still stops kiln gracefully.
+ENTRYPOINT ["tini", "--", "kiln"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]

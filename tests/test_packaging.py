@@ -702,10 +702,14 @@ def test_console_script_and_commands_exist() -> None:
     assert {"serve", "worker"} <= set(commands)
 
 
+# tini reaps the orphans of a killed compile's tree, which kiln as PID 1 would leave as zombies.
+ENTRYPOINT = ["tini", "--", "kiln"]
+
+
 def test_dockerfile_entrypoint_and_cmd_are_kiln_commands() -> None:
     final = stages(dockerfile())[-1]
     by_name = {ins.name: ins.args for ins in final}
-    assert json.loads(by_name["ENTRYPOINT"]) == ["kiln"]
+    assert json.loads(by_name["ENTRYPOINT"]) == ENTRYPOINT
     cmd = json.loads(by_name["CMD"])
     assert cmd == ["serve", "--host", "0.0.0.0", "--port", "8000"]
     assert_cli_accepts(cmd)
@@ -716,6 +720,7 @@ def test_dockerfile_entrypoint_and_cmd_are_kiln_commands() -> None:
     # TVM's export_library links with g++ when the worker compiles, so the runtime image needs it.
     runs = " ".join(i.args for i in final if i.name == "RUN")
     assert re.search(r"apt-get install [^&]*\bg\+\+", runs), "the runtime stage must install g++"
+    assert re.search(r"apt-get install [^&]*\btini\b", runs), "the runtime stage must install tini"
 
 
 def test_dockerfile_installs_pinned_cpu_torch_then_project() -> None:
@@ -733,13 +738,14 @@ def test_gpu_dockerfile_runs_the_worker_on_a_cuda_base() -> None:
     for image in froms:
         assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-runtime-ubuntu2[24]\.04", image), image
     final = final_stage("Dockerfile.gpu")
-    assert json.loads(final["ENTRYPOINT"]) == ["kiln"]
+    assert json.loads(final["ENTRYPOINT"]) == ENTRYPOINT
     cmd = json.loads(final["CMD"])
     assert cmd == ["worker"]
     assert_cli_accepts(cmd)
     assert "KILN_DATA_DIR=/data" in " ".join(i.args for i in stages(instructions)[-1] if i.name == "ENV")
     runs = " ".join(i.args for i in stages(instructions)[-1] if i.name == "RUN")
     assert re.search(r"apt-get install [^&]*\bg\+\+", runs), "the runtime stage must install g++"
+    assert re.search(r"apt-get install [^&]*\btini\b", runs), "the runtime stage must install tini"
     assert re.search(r"apt-get install [^&]*\bpython3\.1[12]\b", runs), "the venv needs its python"
 
 
@@ -836,7 +842,7 @@ def test_every_command_line_is_a_kiln_command(tmp_path: Path) -> None:
     started: dict[str, list[str]] = {}
     for name in DOCKERFILES:
         final = final_stage(name)
-        assert json.loads(final["ENTRYPOINT"]) == ["kiln"], name
+        assert json.loads(final["ENTRYPOINT"]) == ENTRYPOINT, name
         started[name] = json.loads(final["CMD"])
     for service_name, service in render_compose(tmp_path, "gpu")["services"].items():
         if service_name != "redis":
