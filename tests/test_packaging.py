@@ -450,6 +450,9 @@ def test_base_has_in_cluster_redis_and_both_worker_classes() -> None:
     (redis,) = containers(statefulset)
     assert {"name": "data", "mountPath": "/data"} in redis["volumeMounts"]
     assert redis["args"][redis["args"].index("--appendonly") + 1] == "yes"
+    # Room beside the data for the append-only file's rewrite, a fork that copies pages written.
+    maxmemory = redis["args"][redis["args"].index("--maxmemory") + 1]
+    assert memory_mb(maxmemory.replace("gb", "Gi")) <= memory_mb(redis["resources"]["limits"]["memory"]) / 2
 
 
 def test_only_kilns_pods_reach_redis() -> None:
