@@ -28,7 +28,7 @@ import yaml
 from typer.main import get_command
 from typer.testing import CliRunner
 
-from service.api.auth import Scope, parse_keys
+from service.api.auth import Scope, authorize, parse_keys
 from service.api.health import router as health_router
 from service.cli import app
 from service.errors import InvalidConfigError
@@ -526,16 +526,19 @@ def test_the_shipped_placeholder_keys_are_refused() -> None:
     for shipped in (example, secret):
         with pytest.raises(InvalidConfigError, match="placeholder"):
             parse_keys(shipped)
-    assert parse_keys("7f3a9c:admin,") == {"7f3a9c": Scope.admin}
+    authorize(parse_keys("7f3a9c:admin,"), "7f3a9c", Scope.admin)
+    assert parse_keys("7f3a9c:admin,7f3a9c:admin") == parse_keys("7f3a9c:admin")
     assert parse_keys("") == {}
     # A malformed entry is named by its place, never by the secret, which went to the logs.
     for keys, why in [
-        ("a1:admin,s3cr3t:Admin", "its scope reads 'Admin'"),
-        ("a1:admin,s3cr3t", "it has no ':'"),
+        ("a1:admin,s3cr3t:Admin", "must be KEY:admin or KEY:infer; its scope reads 'Admin'"),
+        ("a1:admin,s3cr3t", "must be KEY:admin or KEY:infer; it has no ':'"),
+        ("a1:admin,change-me-s3cr3t:admin", "is the example's placeholder"),
+        ("s3cr3t:admin,s3cr3t:infer", "gives entry 1's key another scope"),
     ]:
         with pytest.raises(InvalidConfigError) as refused:
             parse_keys(keys)
-        assert f"entry 2 must be KEY:admin or KEY:infer; {why}" in str(refused.value)
+        assert f"entry 2 {why}" in str(refused.value)
         assert "s3cr3t" not in str(refused.value)
 
 

@@ -3,6 +3,7 @@ all of `infer`) and `infer`."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Coroutine, Mapping
 from enum import StrEnum
@@ -25,9 +26,16 @@ class Scope(StrEnum):
 PLACEHOLDERS = ("change-me", "replace-me")
 
 
+def digest(key: str) -> str:
+    """Keys are held and looked up by their SHA-256: a lookup's time then says nothing about
+    the keys a guess shares a prefix with."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def parse_keys(text: str) -> dict[str, Scope]:
-    """`key1:admin,key2:infer` -> {key: scope}."""
+    """`key1:admin,key2:infer` -> {digest(key): scope}."""
     keys: dict[str, Scope] = {}
+    entries: dict[str, int] = {}
     for n, item in enumerate(filter(None, (part.strip() for part in text.split(","))), 1):
         key, sep, scope = item.rpartition(":")
         if not sep or not key or scope not in Scope.__members__:
@@ -36,10 +44,13 @@ def parse_keys(text: str) -> dict[str, Scope]:
             raise InvalidConfigError(f"KILN_API_KEYS: entry {n} must be KEY:admin or KEY:infer; {why}")
         if key.lower().startswith(PLACEHOLDERS):
             raise InvalidConfigError(
-                f"KILN_API_KEYS: {key!r} is the example's placeholder, not a key: set keys of your "
+                f"KILN_API_KEYS: entry {n} is the example's placeholder, not a key: set keys of your "
                 "own (`openssl rand -hex 24`, say), or none to leave the API open on purpose"
             )
-        keys[key] = Scope(scope)
+        first = entries.setdefault(digest(key), n)
+        if first != n and keys[digest(key)] != scope:
+            raise InvalidConfigError(f"KILN_API_KEYS: entry {n} gives entry {first}'s key another scope")
+        keys[digest(key)] = Scope(scope)
     return keys
 
 
@@ -66,7 +77,7 @@ def authorize(keys: Mapping[str, Scope], key: str | None, scope: Scope) -> None:
         return
     if key is None:
         raise UnauthorizedError("an API key is required: send `Authorization: Bearer <key>`")
-    granted = keys.get(key)
+    granted = keys.get(digest(key))
     if granted is None:
         raise UnauthorizedError("the API key is not valid")
     if scope == Scope.admin and granted != Scope.admin:
