@@ -111,6 +111,30 @@ def test_a_spec_with_a_whole_input_is_verified_and_timed_at_the_rows_it_serves()
         compile_and_check(buffer.getvalue(), spec, "onnxruntime", HOST, CompileOptions(threads=1))
 
 
+@pytest.mark.parametrize(
+    ("largest", "batches"), [(1, [1]), (2, [1, 2]), (3, [1, 2, 3]), (4, [1, 3, 4]), (8, [1, 3, 8])]
+)
+def test_a_batch_between_1_and_the_largest_is_verified(largest: int, batches: list[int]) -> None:
+    """A tuned build compiled at 1 and 3 pads a batch of 2 to 3: a model that mixes its rows
+    (y - y.mean(0)) then answered wrong at 2 alone, and was verified at 1 and 3 only."""
+    spec = InputSpec.from_dicts([{"name": "x", "dtype": "float32", "shape": [-1, 4]}], largest)
+    assert verification_batches(spec) == batches
+
+    def centred(inputs: Arrays) -> dict[str, np.ndarray]:
+        return {"y": inputs["x"] - inputs["x"].mean(axis=0, keepdims=True)}
+
+    def padded_to_largest(inputs: Arrays) -> dict[str, np.ndarray]:  # built at 1 and the largest
+        x = inputs["x"]
+        if len(x) == 1:
+            return centred(inputs)
+        rows = np.zeros((largest, *x.shape[1:]), x.dtype)
+        rows[: len(x)] = x
+        return {"y": centred({"x": rows})["y"][: len(x)]}
+
+    report = verify(Stub(padded_to_largest), Stub(centred), spec, 1e-4, 1e-5)
+    assert report.passed == (largest <= 2), report
+
+
 FREE = InputSpec.from_dicts(
     [
         {"name": "x", "dtype": "float32", "shape": [-1, -1]},
