@@ -76,20 +76,24 @@ def _transform_kernel(weight_ohwi: np.ndarray, tile: int) -> np.ndarray:
 def _winograd_nhwc(data: te.Tensor, kernel_pack: te.Tensor, padding: list[int], m: int) -> te.Tensor:
     """TOPI's NHWC Winograd compute for a pre-transformed kernel, block names and schedule-rule
     attributes unchanged, so MetaSchedule's Winograd rules apply."""
-    n, height, width, ci = (int(d) for d in data.shape)
+    n, in_height, in_width, ci = (int(d) for d in data.shape)
     alpha, _, co, _ = (int(d) for d in kernel_pack.shape)
     r = alpha + 1 - m
     pad_t, pad_l, pad_b, pad_r = get_pad_tuple(padding, (r, r))
     a, b, _ = winograd_transform_matrices(m, r, str(data.dtype))
-    height = height + pad_t + pad_b - r + 1
-    width = width + pad_l + pad_r - r + 1
+    height = in_height + pad_t + pad_b - r + 1
+    width = in_width + pad_l + pad_r - r + 1
     nh, nw = (height + m - 1) // m, (width + m - 1) // m
     tiles = n * nh * nw
-    pad_extra = (nw - 1) * m + alpha - (height + pad_t + pad_b)
+    # Each axis padded out to the reach of its own tiles. TOPI pads both by the width's tiles,
+    # measured against the output's height: an input taller than wide was read past its end
+    # (errors of 2.7 at 32x16), or did not build (40x14).
+    extra_h = max(0, (nh - 1) * m + alpha - (in_height + pad_t + pad_b))
+    extra_w = max(0, (nw - 1) * m + alpha - (in_width + pad_l + pad_r))
     data_pad = topi.nn.pad(
         data,
         (0, pad_t, pad_l, 0),
-        (0, pad_b + pad_extra, pad_r + pad_extra, 0),
+        (0, pad_b + extra_h, pad_r + extra_w, 0),
         name="data_pad",
         attrs={"schedule_rule": "None"},
     )
