@@ -474,11 +474,17 @@ Four = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 class SafeDivisions(nn.Module):
     """Integers by constants (`a // 3` of int64 failed the build: an int32 constant) and by
-    sizes, also inside an index; floats by tensors, which do not trap."""
+    sizes, also inside an index, and divided by a size (integer division, where torch's is
+    float); floats by tensors, which do not trap."""
 
     def forward(self, a: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[Four, Four]:
         by_size = torch.div(a, a.size(0), rounding_mode="floor") + x[a[:, 0] % a.size(0)].long()
-        floats = (x / y, x % y, torch.div(x, y, rounding_mode="floor"), a // 2.5 + torch.fmod(x, y))
+        floats = (
+            x / y,
+            x % y,
+            torch.div(x, y, rounding_mode="floor"),
+            a // 2.5 + torch.fmod(x, y) + a / a.size(0),
+        )
         return (a // 3, a % 3, torch.fmod(a, -3), by_size), floats
 
 

@@ -199,15 +199,10 @@ def _select_int(node: fx.Node, importer: Any) -> relax.Expr:
 
 
 def _div_mode(node: fx.Node, importer: Any) -> relax.Expr:
-    """A number or a size as the divisor is made a tensor of the quotient's dtype, the dividend
-    cast to it (torch's `a // 2.5` of int64 `a` is float32; a const of int64 dropped the .5)."""
     x = importer.env[node.args[0]]
     divisor = importer._retrieve_args(node.args[1])
     if not isinstance(getattr(divisor, "ty", None), relax.TensorType):
-        dtype = str(importer._convert_data_type(node.meta["val"].dtype))
-        if dtype != str(x.ty.dtype):
-            x = importer.block_builder.emit(relax.op.astype(x, dtype))
-        divisor = _scalar_operand(importer, divisor, dtype)
+        x, divisor = _of_result_dtype(node, importer, x, divisor)
     mode = node.args[2] if len(node.args) > 2 else node.kwargs.get("rounding_mode")
     if mode == "floor":
         return importer.block_builder.emit(relax.op.floor_divide(x, divisor))
@@ -233,7 +228,7 @@ def _binary_scalar(relax_op: Callable[..., relax.Expr], python_op: Callable[...,
         lhs, rhs = importer.retrieve_args(node)
         if not _is_symbolic(rhs):
             return importer._binary_op(relax_op, python_op)(node)
-        rhs = _scalar_operand(importer, rhs, str(lhs.ty.dtype))
+        lhs, rhs = _of_result_dtype(node, importer, lhs, rhs)
         return importer.block_builder.emit(relax_op(lhs, rhs))
 
     return convert
@@ -304,6 +299,18 @@ def _is_symbolic(value: object) -> bool:
     """A scalar expression over symbolic sizes (sym_size.int converts to one)."""
     is_scalar = isinstance(getattr(value, "ty", None), tvm.ir.PrimType)
     return is_scalar and not isinstance(value, tirx.IntImm | tirx.FloatImm)
+
+
+def _of_result_dtype(
+    node: fx.Node, importer: Any, x: relax.Expr, scalar: Any
+) -> tuple[relax.Expr, relax.Expr]:
+    """`x`, and a number or a size made a tensor, both of the result's dtype: torch's `a // 2.5`
+    and `a / a.size(1)` of int64 `a` are float32 (in `a`'s dtype, the first dropped the .5 and
+    the second divided integers)."""
+    dtype = str(importer._convert_data_type(node.meta["val"].dtype))
+    if dtype != str(x.ty.dtype):
+        x = importer.block_builder.emit(relax.op.astype(x, dtype))
+    return x, _scalar_operand(importer, scalar, dtype)
 
 
 def _scalar_operand(importer: Any, value: Any, dtype: str) -> relax.Expr:
