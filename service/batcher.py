@@ -84,10 +84,14 @@ class BatchPolicy:
 class BatchTiming:
     """Where one execution's time went, in the phases of Triton's statistics extension. Only
     executions that succeeded report one: a merged batch that failed is not an execution, and
-    its time falls in the queue time of its requests, which then run again one at a time."""
+    its time falls in the queue time of its requests, which then run again one at a time. Only
+    the requests it answered are in it: one given up on while it ran (a gRPC call cancelled) is
+    a failure, and an execution that answered none is not reported, as a request that runs alone
+    and is cancelled cannot be."""
 
-    batch_size: int
-    queued_s: list[float]  # per request: from its arrival until its batch started to run
+    batch_size: int  # rows the model ran
+    inferred: int  # rows of the requests it answered: Triton's inference count
+    queued_s: list[float]  # per request answered: from its arrival until its batch started to run
     input_s: float  # merging the requests' inputs into one batch
     infer_s: float  # running the model
     output_s: float  # splitting the outputs back
@@ -228,13 +232,16 @@ class Batcher(Generic[T]):
         priority: int = 0,
         gone: Gone | None = None,
         on_run: Callable[[Phases], None] | None = None,
+        ready: Callable[[], Awaitable[None]] | None = None,
     ) -> tuple[Arrays, T]:
         """The request's outputs; a TimeoutExpiredError at `deadline` (time.monotonic()) if it
         has not started to run by then, as Triton's queue policy rejects it: it never runs.
         `priority` is the request's parameter (see BatchPolicy.level). A batched request that
         waited past GONE_CHECK_S and whose client is `gone` then gets a ClientGoneError, and
         does not run; so does one of a model that cannot batch, once a thread takes it up.
-        `on_run` is told when its phases began, once it ran."""
+        `on_run` is told when its phases began, once it ran. `ready` (its runner's load) is
+        awaited before the request queues, the request waiting and counted against
+        max_queue_size meanwhile."""
         if self._drained is not None:
             raise _stopped()
         limit = self.policy.max_queue_size
@@ -246,6 +253,8 @@ class Batcher(Generic[T]):
         self._count(1)
         waiting = _Waiting(self.on_waiting)
         try:
+            if ready is not None:
+                await _until(ready, deadline)
             if self.policy.max_batch_size == 1:
                 return await self._run_alone(inputs, batch, deadline, waiting, gone, on_run)
             if self._task is None or self._task.done():
@@ -331,7 +340,7 @@ class Batcher(Generic[T]):
             result, began, ended = await self._run_timed(inputs, self.lanes[0], alone=alone)
         else:
             result, began, ended = await self._run_timed_within(inputs, deadline, alone)
-        self._report(BatchTiming(batch, [began - alone.arrived], 0.0, ended - began, 0.0))
+        self._report(BatchTiming(batch, batch, [began - alone.arrived], 0.0, ended - began, 0.0))
         if on_run is not None:
             _tell(on_run, Phases(alone.arrived, began, began, ended, ended))
         return result
@@ -596,25 +605,32 @@ class Batcher(Generic[T]):
             parts = split(outputs, [r.batch for r in requests])
             split_at = time.monotonic()
         except Exception as exc:
-            waiting = [r for r in requests if not r.future.done()]
             # The service's fault, not an input's: a rerun would only fail again (an outage of
             # the store, waited out once by each request).
-            if len(waiting) <= 1 or isinstance(exc, KilnError | StoreUnavailableError):
-                for r in waiting:
-                    r.future.set_exception(exc)
+            if len(requests) == 1 or isinstance(exc, KilnError | StoreUnavailableError):
+                for r in requests:
+                    if not r.future.done():
+                        r.future.set_exception(exc)
                 return
             log.warning("a batch of %d requests failed (%s); running them one at a time", len(requests), exc)
-            for r in waiting:
-                await self._execute([r], lane)
+            # Even one left waiting runs again: the request that broke the batch may be one
+            # given up on while it ran.
+            for r in requests:
+                if not r.future.done():
+                    await self._execute([r], lane)
             return
+        answered = []
         for r, part in zip(requests, parts, strict=True):
             if not r.future.done():
                 if r.on_run is not None:
                     _tell(r.on_run, Phases(r.arrived, started, merged_at, ended, split_at))
                 r.future.set_result((part, tag))
-        queued = [began - r.arrived - (merged_at - started) for r in requests]
-        size = sum(r.batch for r in requests)
-        self._report(BatchTiming(size, queued, merged_at - started, ended - began, split_at - handed_back))
+                answered.append(r)
+        if answered:
+            queued = [began - r.arrived - (merged_at - started) for r in answered]
+            size, inferred = sum(r.batch for r in requests), sum(r.batch for r in answered)
+            compute = (merged_at - started, ended - began, split_at - handed_back)
+            self._report(BatchTiming(size, inferred, queued, *compute))
 
     def _report(self, timing: BatchTiming) -> None:
         if self.on_batch is not None:
@@ -630,6 +646,20 @@ def _tell(on_run: Callable[[Phases], None], phases: Phases) -> None:
         on_run(phases)
     except Exception:
         log.exception("a request's phases callback failed")
+
+
+async def _until(ready: Callable[[], Awaitable[None]], deadline: float | None) -> None:
+    """`ready` awaited; a TimeoutExpiredError at `deadline`, as for a request waiting in the
+    queue."""
+    if deadline is None:
+        await ready()
+        return
+    try:
+        await asyncio.wait_for(ready(), deadline - time.monotonic())
+    except TimeoutError:
+        if time.monotonic() < deadline:
+            raise  # ready's own
+        raise _expired() from None
 
 
 def _live(requests: list[_Request[T]]) -> int:

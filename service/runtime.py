@@ -154,6 +154,11 @@ class Runtime:
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
         self._lock = threading.Lock()
         self._loading: dict[str, threading.Lock] = {}
+        # A request's runner not yet loaded loads once, on a thread of this pool, however many
+        # requests wait for it (on their event loop, not each on a thread: a cold model's burst
+        # held all of AnyIO's 40, and every other route that uses them waited for the load).
+        self._request_loads: dict[tuple[str, str | None], Future[tuple[VariantRecord, Loaded]]] = {}
+        self._request_load_pool = ThreadPoolExecutor(8, thread_name_prefix="kiln-request-load")
         self._refreshing: dict[tuple[str, int | None], Future[Route]] = {}
         # Per model, how many times it was unloaded or rerouted: a refresh started before is stale.
         self._generations: defaultdict[str, int] = defaultdict(int)
@@ -415,17 +420,19 @@ class Runtime:
                 self.stats.cache_hit(name, number, done - started, done - begun)
                 return Prediction(dict(cached.outputs), number, cached.variant)
             looked_up = done - started
-        # The variant for this request alone is loaded here, in the request's context (its log
-        # lines carry its id) and off the inference threads; a batch may still pick another.
+        # The variant for this request alone is loaded before it queues, the request counted in
+        # its batcher meanwhile (against max_queue_size; pending, which an autoscaler reads: the
+        # requests a cold replica holds); a batch may still pick another.
         variant = self.choose(route.variants, batch, backend)
+        ready = None
+        if self._cached(runner_key(route.version, variant)) is None:
+            ready = partial(self._load_for, route, batch, backend)
         try:
-            if self._cached(runner_key(route.version, variant)) is None:
-                await self._wait_for_load(route, batch, backend)
             timeout_us = effective_timeout(timeout_us, route.version.config.default_timeout_us)
             deadline = None if timeout_us is None else arrived + timeout_us / 1e6
             batcher = self._batcher(route.version, backend)
             on_run = None if trace is None else trace.ran
-            outputs, variant = await batcher.submit(arrays, batch, deadline, priority, gone, on_run)
+            outputs, variant = await batcher.submit(arrays, batch, deadline, priority, gone, on_run, ready)
         except BaseException as exc:  # a client that hung up (cancelled) is a failed request too
             self.stats.failed(name, number, time.perf_counter() - started, failure_reason(exc))
             raise
@@ -439,15 +446,26 @@ class Runtime:
         self.stats.answered(name, number, done - started, done - begun, variant.backend, variant.target)
         return Prediction(outputs, number, variant)
 
-    async def _wait_for_load(self, route: Route, batch: int, backend: str | None) -> None:
-        """Load the request's runner, the request pending meanwhile (Triton's pending count, which
-        an autoscaler reads: requests a cold replica holds count as it loads)."""
-        waiting = self.stats.labelled(metrics.NV_PENDING, route.version.name, route.version.version, True)
-        waiting.inc()
-        try:
-            await run_in_threadpool(self.runner, route, batch, backend)
-        finally:
-            waiting.dec()
+    async def _load_for(self, route: Route, batch: int, backend: str | None) -> None:
+        """The request's runner loaded (`runner`), in the context of the request that starts the
+        load (its log lines carry its id) and off the inference threads. A failed load fails
+        every request waiting for it, and the next request tries again."""
+        key = (runner_key(route.version, self.choose(route.variants, batch, backend)), backend)
+
+        def load() -> tuple[VariantRecord, Loaded]:
+            try:
+                return self.runner(route, batch, backend)
+            finally:
+                with self._lock:
+                    del self._request_loads[key]
+
+        with self._lock:
+            loading = self._request_loads.get(key)
+            if loading is None:
+                call = partial(contextvars.copy_context().run, load)
+                loading = self._request_loads[key] = self._request_load_pool.submit(call)
+        # Shielded: a request given up on must not cancel the load that others wait for.
+        await asyncio.shield(asyncio.wrap_future(loading))
 
     async def _response_key(self, name: str, number: int, arrays: Arrays) -> Key:
         if sum(a.nbytes for a in arrays.values()) <= HASH_INLINE_BYTES:
@@ -880,6 +898,7 @@ class Runtime:
             executor.shutdown(wait=False, cancel_futures=True)
         self._route_pool.shutdown(wait=False, cancel_futures=True)
         self._load_pool.shutdown(wait=False, cancel_futures=True)
+        self._request_load_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def on_event_loop() -> bool:

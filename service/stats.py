@@ -97,7 +97,7 @@ class _Compute:
 
 @dataclass
 class ModelStats:
-    inference_count: _Count  # samples (batch elements) inferred
+    inference_count: _Count  # samples (batch elements) inferred and answered
     execution_count: _Count  # model runs: fewer than requests when batching merges them
     success: _Duration
     queue: _Duration
@@ -259,7 +259,7 @@ class Stats:
             if stats is None:
                 return
             stats.execution_count.add(1)
-            stats.inference_count.add(timing.batch_size)
+            stats.inference_count.add(timing.inferred)
             stats.queue.add_each(timing.queued_s)
             stats.compute.add(timing, len(timing.queued_s))
             stats.batches[timing.batch_size].add(timing, 1)

@@ -281,6 +281,62 @@ def test_a_failing_merged_batch_fails_only_the_request_that_broke_it() -> None:
         assert got[1] == 1  # it ran alone
 
 
+def test_a_request_left_waiting_by_a_failed_batch_runs_again_alone() -> None:
+    """The request that broke a merged batch was given up on while it ran (a gRPC deadline): the
+    one left waiting still runs again alone, and gets the model's answer, not the other's error."""
+    recorder = Recorder(delay_s=0.3)
+    good = requests(1)[0]
+
+    async def main() -> tuple[Arrays, int]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(recorder, BatchPolicy(8, max_queue_delay_us=50_000), [pool])
+            bad = asyncio.ensure_future(batcher.submit({"x": np.full((1, 4), np.nan, np.float32)}, 1))
+            kept = asyncio.ensure_future(batcher.submit({"x": good}, 1))
+            await asyncio.sleep(0.15)  # their batch of 2 runs, and will fail
+            bad.cancel()
+            answer = await kept
+            batcher.close()
+            return answer
+
+    outputs, size = asyncio.run(main())
+    assert recorder.calls == [2, 1]
+    np.testing.assert_allclose(outputs["y"], good @ WEIGHTS, rtol=1e-6)
+    assert size == 1
+
+
+def test_requests_given_up_on_while_they_run_are_not_counted() -> None:
+    """Triton counts queue and compute time only for requests that succeed: one given up on while
+    its batch runs (the runtime counts it a failure, CANCELED) is left out of the batch's timing,
+    which still counts the rows the model ran. A batch, or a request that runs alone, given up on
+    whole while it runs reports nothing: a cancelled request counts on the success path in
+    neither."""
+    timings: list[BatchTiming] = []
+    x, xx = requests(1)[0], requests(1, batch=2)[0]
+
+    async def given_up(batcher: Batcher[int], rows: np.ndarray) -> None:
+        running = asyncio.ensure_future(batcher.submit({"x": rows}, len(rows)))
+        await asyncio.sleep(0.1)
+        running.cancel()
+        await asyncio.sleep(0.3)  # its run ends
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(
+                Recorder(0.2), BatchPolicy(8, max_queue_delay_us=50_000), [pool], timings.append
+            )
+            kept = asyncio.ensure_future(batcher.submit({"x": x}, 1))
+            await given_up(batcher, xx)  # merged with `kept`
+            await kept
+            await given_up(batcher, x)
+            batcher.close()
+            alone = Batcher(Recorder(0.2), BatchPolicy(1), [pool], timings.append)
+            await given_up(alone, x)
+
+    asyncio.run(main())
+    assert [len(t.queued_s) for t in timings] == [1]
+    assert (timings[0].batch_size, timings[0].inferred) == (3, 1)
+
+
 def test_a_merged_batch_failed_by_a_store_outage_is_not_run_again() -> None:
     """An unreachable store is the service's fault (a 503), not an input's: every request of the
     batch gets it at once, rather than each running again alone to wait on the store again."""

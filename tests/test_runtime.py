@@ -20,13 +20,14 @@ import numpy as np
 import pytest
 import torch
 from prometheus_client import REGISTRY
+from starlette.concurrency import run_in_threadpool
 
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
 from compiler.errors import CompilerError, ModelRunError
 from compiler.runner import Runner
 from compiler.spec import InputSpec
-from service.errors import ConflictError, DeletedError
+from service.errors import ConflictError, DeletedError, QueueFullError, TimeoutExpiredError
 from service.memory import YOUNG_COLLECTION_ALLOCATIONS, collect_young_less_often, freeze_heap, release_memory
 from service.registry import ModelView, Registry
 from service.runtime import Prediction, Runtime
@@ -337,6 +338,99 @@ def test_a_first_load_loads_the_other_batch_size_variant_behind(
     assert (slow.loads, slow.calls, slow.observed) == (1, [8, 8, 8], [1, 1, 2])
     assert batched.variant.backend == "onnxruntime"
     np.testing.assert_allclose(batched.outputs["output0"], expected(x8), rtol=1e-4, atol=1e-5)
+
+
+def test_requests_waiting_for_a_load_count_against_max_queue_size(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A cold model's burst, with max_queue_size 3: the requests past it are refused (503) at
+    once, not held until the 1.5 s load ends; one whose timeout passes while it waits for the
+    load is answered then; the runner loads once, and answers the two left."""
+    slow = slow_onnxruntime(monkeypatch, 1.5)
+    strict = Runtime(runtime.registry, Settings(data_dir=tmp_path, targets=[HOST], max_queue_size=3))
+    strict.route("mlp", None)  # routed: each request below reaches its batcher in turn
+    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+
+    async def main() -> tuple[list[BaseException | Prediction], float, float, list[Prediction]]:
+        began = time.monotonic()
+
+        def ask(timeout_us: int | None = None) -> asyncio.Task[Prediction]:
+            return asyncio.create_task(strict.predict("mlp", None, {"x": x}, "onnxruntime", timeout_us))
+
+        admitted = [ask(), ask()]
+        expiring = ask(200_000)
+        refused = await asyncio.gather(*(ask() for _ in range(10)), return_exceptions=True)
+        refused_in = time.monotonic() - began
+        with pytest.raises(TimeoutExpiredError):
+            await expiring
+        return refused, refused_in, time.monotonic() - began, list(await asyncio.gather(*admitted))
+
+    try:
+        refused, refused_in, expired_in, answered = asyncio.run(main())
+    finally:
+        strict.close()
+    assert all(isinstance(r, QueueFullError) for r in refused), refused
+    assert refused_in < 0.5
+    assert 0.15 < expired_in < 1.0
+    assert slow.loads == 1
+    for prediction in answered:
+        assert prediction.variant.backend == "onnxruntime"
+        np.testing.assert_allclose(prediction.outputs["output0"], expected(x), rtol=1e-4, atol=1e-5)
+
+
+def test_requests_waiting_for_a_load_hold_no_thread(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sixty requests arrive while their runner loads (1.5 s): it loads once, on one thread, and
+    the others wait for it without a thread each; AnyIO's threadpool (40 threads), which routes
+    share (another model's config reads the store on it), still answers at once meanwhile."""
+    slow = slow_onnxruntime(monkeypatch, 1.5)
+    runtime.route("mlp", None)
+    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+
+    async def main() -> tuple[float, list[Prediction]]:
+        asked = [
+            asyncio.create_task(runtime.predict("mlp", None, {"x": x}, backend="onnxruntime"))
+            for _ in range(60)
+        ]
+        await asyncio.sleep(0.2)  # all wait for the load
+        began = time.monotonic()
+        await run_in_threadpool(time.monotonic)
+        return time.monotonic() - began, list(await asyncio.gather(*asked))
+
+    threadpool_in, answered = asyncio.run(main())
+    assert threadpool_in < 0.5
+    assert slow.loads == 1
+    assert all(p.variant.backend == "onnxruntime" for p in answered)
+
+
+def test_a_failed_load_fails_every_request_waiting_for_it_and_the_next_tries_again(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The requests that waited for a load that failed all get its error, without each trying
+    the load again in turn; a request after them loads the runner afresh."""
+    slow = slow_onnxruntime(monkeypatch, 0.5)
+    loads = slow.load
+
+    def fails_first(artifact: Artifact) -> Runner:
+        if slow.loads:
+            return loads(artifact)
+        slow.loads += 1
+        time.sleep(0.5)
+        raise RuntimeError("the device ran out of memory")
+
+    monkeypatch.setattr(slow, "load", fails_first)
+    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+
+    async def main() -> tuple[list[BaseException | Prediction], Prediction]:
+        asked = (runtime.predict("mlp", None, {"x": x}, backend="onnxruntime") for _ in range(5))
+        failed = await asyncio.gather(*asked, return_exceptions=True)
+        return failed, await runtime.predict("mlp", None, {"x": x}, backend="onnxruntime")
+
+    failed, answered = asyncio.run(main())
+    assert all(isinstance(f, RuntimeError) and "ran out of memory" in str(f) for f in failed), failed
+    assert slow.loads == 2
+    assert answered.variant.backend == "onnxruntime"
 
 
 def test_a_variant_slower_than_torchscript_never_stands_in(runtime: Runtime) -> None:
@@ -701,6 +795,54 @@ def test_inputs_the_model_itself_fails_on_leave_the_variant_in_service(
     assert served.variant.backend == "onnxruntime"
     np.testing.assert_allclose(served.outputs["output0"], expected(x), rtol=1e-5, atol=1e-6)
     assert runs.count("onnxruntime") == 3
+
+
+def test_a_request_given_up_on_while_its_batch_runs_counts_only_as_a_failure(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As Triton counts them: queue and compute time only on the success path, so that queue's
+    count is success's. A request cancelled while its batch of 2 runs (a gRPC deadline) is a
+    failure (CANCELED), and no inference; the execution still counts at the size it ran."""
+    gate, running = threading.Event(), threading.Event()
+
+    def held(backend: str, inputs: Mapping[str, np.ndarray]) -> None:
+        if len(inputs["x"]) == 2:
+            running.set()
+            gate.wait(10)
+
+    failing(monkeypatch, held)
+    route = runtime.route("mlp", None)
+    runtime.load(route.version, next(v for v in route.variants if v.backend == "torchscript"))
+    x = np.random.default_rng(0).standard_normal((2, 64)).astype(np.float32)
+    labels = {"model": "mlp", "version": "1", "reason": "CANCELED"}
+    cancelled = REGISTRY.get_sample_value("nv_inference_request_failure", labels) or 0.0
+
+    async def main() -> Prediction:
+        kept = asyncio.ensure_future(runtime.predict("mlp", None, {"x": x[:1]}))
+        left = asyncio.ensure_future(runtime.predict("mlp", None, {"x": x[1:]}))
+        await asyncio.to_thread(running.wait, 10)  # their batch of 2 runs
+        left.cancel()
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await left
+        return await kept
+
+    np.testing.assert_allclose(asyncio.run(main()).outputs["output0"], expected(x[:1]), rtol=1e-5, atol=1e-6)
+    [stats] = runtime.stats.doc("mlp")
+    counts = {phase: d["count"] for phase, d in stats["inference_stats"].items()}
+    assert counts == {
+        "success": 1,
+        "fail": 1,
+        "queue": 1,
+        "compute_input": 1,
+        "compute_infer": 1,
+        "compute_output": 1,
+        "cache_hit": 0,
+        "cache_miss": 0,
+    }
+    assert (stats["inference_count"], stats["execution_count"]) == (1, 1)
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [(2, 1)]
+    assert REGISTRY.get_sample_value("nv_inference_request_failure", labels) == cancelled + 1
 
 
 def test_an_eviction_that_refcounting_freed_leaves_the_frozen_heap_unwalked() -> None:
