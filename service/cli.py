@@ -20,6 +20,7 @@ from urllib.parse import quote
 import httpx
 import typer
 from httpx_sse import SSEError, connect_sse
+from pydantic import ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
@@ -918,10 +919,19 @@ def quiet_torch() -> None:
 
 
 def main() -> None:
-    """The `kiln` command: a server it cannot reach, or one that is not Kiln, is one line, not a
-    traceback."""
+    """The `kiln` command: a server it cannot reach, or one that is not Kiln, or a setting out of
+    its range, is one line, not a traceback."""
     try:
         app()
+    except ValidationError as exc:
+        if exc.title != "Settings":
+            raise
+        # One line per setting, named as it is set: a traceback buried the name.
+        errors = Console(stderr=True)
+        for error in exc.errors():
+            name = f"KILN_{str(error['loc'][0]).upper()}" if error["loc"] else "KILN_ settings"
+            errors.print(f"[red]{name}[/red]: {escape(error['msg'])}; got {escape(repr(error['input']))}")
+        sys.exit(2)
     except NotKiln as exc:
         console.print(Text(str(exc), style="red"))
         sys.exit(1)

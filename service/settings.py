@@ -24,16 +24,16 @@ class Settings(BaseSettings):
     # Comma-separated `key:scope` pairs, scope in {admin, infer}. Empty: open, with a warning.
     api_keys: str = ""
 
-    max_upload_mb: int = 512
+    max_upload_mb: int = Field(default=512, ge=1)
     # A JSON inference request, decompressed: parsed, it takes 10 to 15 times its size in memory
     # (a 130 KB gzip body of 128 MiB of JSON took 1.7 GB), where binary tensors take their own.
     max_json_mb: int = Field(default=32, ge=1)
-    compile_timeout_s: float = 600.0
-    compile_memory_mb: int = 8192
+    compile_timeout_s: float = Field(default=600.0, gt=0)
+    compile_memory_mb: int = Field(default=8192, ge=1)
     # A tuned compile may take compile_timeout_s plus this much per MetaSchedule trial
     # (ResNet-18 on 2 cores: 3.1 s per trial on one box, 4.9 s on another).
-    tuning_s_per_trial: float = 6.0
-    validate_timeout_s: float = 120.0
+    tuning_s_per_trial: float = Field(default=6.0, ge=0)
+    validate_timeout_s: float = Field(default=120.0, gt=0)
     # Uploads whose model is checked at once, each in a child allowed compile_memory_mb; the
     # others wait their turn rather than take the host's memory together.
     upload_checks: int = Field(default=2, ge=1)
@@ -41,15 +41,15 @@ class Settings(BaseSettings):
     # together, each time one of them turns ready (service.races); 0: compile-time numbers only.
     race_rounds: int = Field(default=RACE_ROUNDS, ge=0, le=50)
     # Compile jobs run concurrently in embedded mode, and per `kiln worker` process.
-    compile_workers: int = 1
+    compile_workers: int = Field(default=1, ge=1)
 
     # Intra-op threads for every runtime (torch, TVM): set once so runtimes compare fairly
     # and the server does not oversubscribe cores.
-    threads: int = Field(default_factory=available_cpus)
+    threads: int = Field(default_factory=available_cpus, ge=1)
 
     # Dramatiq redelivers the job of a dead worker once its heartbeat is this old and a
     # maintenance pass runs; both are set on purpose, the library defaults take minutes.
-    queue_heartbeat_timeout_s: float = 60.0
+    queue_heartbeat_timeout_s: float = Field(default=60.0, gt=0)
     # How often one worker looks for jobs whose message the broker lost (service.redelivery), or in
     # embedded mode one process for jobs that no live process holds; and how old such a job must
     # be: far longer than an API takes from recording a job to enqueueing it.
@@ -75,12 +75,12 @@ class Settings(BaseSettings):
     # Memory of the response cache, per process, for the models that opt in (0: none cached).
     response_cache_mb: int = Field(default=256, ge=0)
     # How long a replica trusts its cached routing decision before asking the store again.
-    route_ttl_s: float = 1.0
+    route_ttl_s: float = Field(default=1.0, ge=0)
     # How often a process lets go of the versions deleted through another: their runners,
     # statistics and series.
     deletion_sweep_s: float = Field(default=30.0, gt=0.0)
     # Memory budget of loaded runners; the least recently used are evicted past it.
-    runtime_max_mb: int = 4096
+    runtime_max_mb: int = Field(default=4096, ge=0)
     # Models each process loads and warms up as it starts, before it reports ready (Triton's
     # --load-model, TorchServe's --models): names, comma-separated, or "*" for every model.
     # The others load on their first request.
@@ -99,14 +99,14 @@ class Settings(BaseSettings):
 
     # Threads that run batches: as many lanes, each batching model on one of them, one batch at
     # a time; and a pool of as many for the requests of models that cannot batch.
-    inference_workers: int = 4
+    inference_workers: int = Field(default=4, ge=1)
     # FastAPI's OpenTelemetry spans and metrics, for an OTel provider or exporter configured in
     # this process. Off by default: Kiln's metrics are Prometheus, and FastAPI looks up its
     # providers on every request, ~6% of a small model's server CPU.
     opentelemetry: bool = False
     # Server default for models whose config sets no max_queue_delay_us (as in Triton). With 0,
     # requests still merge when they queue behind a running batch.
-    max_queue_delay_us: int = 0
+    max_queue_delay_us: int = Field(default=0, ge=0)
     # Server default for models whose config sets no max_queue_size: requests of one version
     # waiting or running at once in this process, past which new ones get a 503 (0: no limit).
     # Bounded, as TorchServe's job queue is: an overloaded server sheds load at once instead of
@@ -120,7 +120,7 @@ class Settings(BaseSettings):
     # How often `kiln worker` announces its targets; an API counts a worker live for 3 beats.
     worker_heartbeat_s: float = Field(default=5.0, gt=0)
 
-    default_max_batch_size: int = 8
+    default_max_batch_size: int = Field(default=8, ge=1, le=4096)
     # ONNX Runtime is the CPU bar TVM must beat, and compiles in seconds; inductor is opt-in,
     # as its C++ build takes a minute or more per model on a small host.
     default_backends: list[str] = ["tvm", "onnxruntime"]
@@ -136,7 +136,7 @@ class Settings(BaseSettings):
     # never ends) would otherwise hold the shutdown until something kills the process.
     shutdown_timeout_s: int = Field(default=30, ge=1)
     # `kiln worker` serves Prometheus metrics here (its compiles happen in its process); 0: off.
-    worker_metrics_port: int = 9100
+    worker_metrics_port: int = Field(default=9100, ge=0, le=65535)
 
     @property
     def max_request_bytes(self) -> int:

@@ -147,6 +147,17 @@ def test_bad_arguments_are_named_before_any_work(tmp_path: Path) -> None:
         done = kiln(*args)
         assert done.returncode == 2, done.stdout + done.stderr
         assert message in done.stderr and "Traceback" not in done.stdout + done.stderr
+    # A setting out of its range: a traceback of the settings' model, and for KILN_THREADS=0 one
+    # of the app's startup, where a worker pool refused 0 threads.
+    for setting, command in (
+        ("KILN_THREADS", "serve"),
+        ("KILN_INFERENCE_WORKERS", "serve"),
+        ("KILN_COMPILE_WORKERS", "worker"),
+    ):
+        done = kiln(command, **{setting: "0", "KILN_DATA_DIR": str(tmp_path / "data")})
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"{setting}: Input should be greater than or equal to 1; got '0'" in done.stderr
+        assert "Traceback" not in done.stdout + done.stderr
 
 
 def test_compile_with_tuning_writes_a_static_batch_artifact(tmp_path: Path) -> None:
