@@ -324,7 +324,7 @@ def store_version(
     the version with its compile jobs queued, or find the identical one; and its sha256.
     `vet` checks the outputs the model turned out to have, before anything is recorded."""
     store = svc.registry.store
-    store.ping()  # fail fast with 503 before reading a large body
+    store.ping()  # a 503 before copying, hashing and checking what may be a large file
     with scratch_file() as tmp:
         sha256 = spool(source, tmp)
         # The same file and compiled settings again (a repository deployed at each start, say)
