@@ -77,6 +77,32 @@ def test_concurrent_requests_merge_and_split_exactly() -> None:
         np.testing.assert_allclose(result["y"], alone["y"], rtol=1e-6, atol=1e-7)
 
 
+def test_large_inputs_merge_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight inputs of 13 MB took the event loop 30 ms to merge, every other request waiting."""
+    merged_on: list[bool] = []
+    merge = batcher_module.merge
+
+    def recording(parts: list[Arrays]) -> Arrays:
+        merged_on.append(threading.current_thread() is threading.main_thread())
+        return merge(parts)
+
+    monkeypatch.setattr(batcher_module, "merge", recording)
+    rows = batcher_module.MERGE_INLINE_BYTES // (4 * 4)  # float32 rows of 4: two such exceed it
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(Recorder(), BatchPolicy(8 * rows, max_queue_delay_us=50_000), [pool])
+            for batch in (1, rows):
+                xs = requests(2, batch)
+                results = await asyncio.gather(*(batcher.submit({"x": x}, batch) for x in xs))
+                for x, (result, _) in zip(xs, results, strict=True):
+                    np.testing.assert_array_equal(result["s"], x.sum(axis=1))
+            batcher.close()
+
+    asyncio.run(main())
+    assert merged_on == [True, False]  # small ones on the loop, where a thread costs more
+
+
 def test_requests_queue_while_a_batch_runs_even_without_delay() -> None:
     recorder = Recorder(delay_s=0.05)
 
