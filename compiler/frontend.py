@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import itertools
+import pickletools
 import re
 import zipfile
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -29,7 +31,8 @@ _LEGACY_TORCH_SAVE = b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19"
 
 
 def load_torchscript(data: bytes) -> torch.jit.ScriptModule:
-    """Load a TorchScript archive from bytes, on CPU, in eval mode; reject anything else clearly."""
+    """Load a TorchScript archive from bytes, on CPU, in eval mode; reject anything else clearly,
+    and models whose code reaches outside their tensor math (_OUTSIDE_OPS)."""
     try:
         names = zipfile.ZipFile(io.BytesIO(data)).namelist()
     except Exception as exc:  # BadZipFile, and for damaged ones OSError, NotImplementedError, ...
@@ -44,12 +47,144 @@ def load_torchscript(data: bytes) -> torch.jit.ScriptModule:
     if other:
         raise InvalidModelError(f"the file is {other}, not TorchScript: {_TO_TORCHSCRIPT}")
     try:
-        module = torch.jit.load(io.BytesIO(data), map_location="cpu")
+        # torch's reader, not zipfile: it reads the archive as torch.jit.load will.
+        reader = torch._C.PyTorchFileReader(io.BytesIO(data))
+        outside = _outside_call(_compiled_unbuilt(reader)) if _defines_setstate(reader) else None
+        if outside is None:
+            # torch.jit.load, keeping the CompilationUnit: it holds every function the archive
+            # defines, the methods of its modules and classes and its hooks among them.
+            unit = torch._C.CompilationUnit()
+            module = torch.jit._recursive.wrap_cpp_module(_import(unit, data))
+            outside = _outside_call(unit)
+    except InvalidModelError:
+        raise
     except Exception as exc:  # torch raises RuntimeError and friends with long C++ traces
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InvalidModelError(f"the file is not a TorchScript archive: {first_line}") from exc
+    if outside:
+        op, function, reason = outside
+        raise InvalidModelError(
+            f"the model calls {op} (in {function}), which {reason}; Kiln refuses models that touch "
+            "files or the network"
+        )
     module.eval()
     return module
+
+
+def _import(unit: Any, data: bytes) -> Any:
+    # As torch.jit.load calls it: torch's stubs give another signature.
+    return torch._C.import_ir_module_from_buffer(unit, data, torch.device("cpu"), {}, False)  # type: ignore[call-arg, arg-type]
+
+
+# Ops TorchScript compiles that reach outside a model's tensor math, and why each is refused.
+# aten::from_file and aten::save are the only registered ops that take a file name (from_file
+# reads a file, and with shared=True writes into it); prim::rpc_* call other hosts, and the
+# namespaces hold torch.distributed's collectives, which talk to other processes and hosts.
+_RPC = "calls other hosts (torch.distributed.rpc)"
+_OUTSIDE_OPS = {
+    "aten::from_file": "reads and writes files on the server",
+    "aten::save": "writes files on the server",
+    "prim::rpc_async": _RPC,
+    "prim::rpc_sync": _RPC,
+    "prim::rpc_remote": _RPC,
+}
+_OUTSIDE_NAMESPACES = dict.fromkeys(
+    ["c10d", "_c10d_functional", "_c10d_functional_autograd", "symm_mem"],
+    "talks to other processes and hosts (torch.distributed)",
+)
+# A graph prints each node as `kind(inputs)`, those in if/loop bodies and in fork's subgraphs too.
+_OUTSIDE_CALL = re.compile(rf"\b({'|'.join(_OUTSIDE_OPS)}|(?:{'|'.join(_OUTSIDE_NAMESPACES)})::\w+)\(")
+
+
+def _outside_call(unit: Any) -> tuple[str, str, str] | None:  # torch's stubs lack get_functions
+    """The first call that code in `unit` makes to an op of _OUTSIDE_OPS or _OUTSIDE_NAMESPACES:
+    the op, the function that calls it, and why it is refused; None where there is none. Each
+    function is read whole, and on its own: one calls another only by a call node."""
+    done: set[str] = set()
+    while fresh := [f for f in unit.get_functions() if f.qualified_name not in done]:
+        for function in fresh:  # a function compiled lazily may define more
+            done.add(function.qualified_name)
+            called = _OUTSIDE_CALL.search(function.graph.str(False))  # False: without source lines
+            if called:
+                op = called[1]
+                reason = _OUTSIDE_OPS.get(op) or _OUTSIDE_NAMESPACES[op.partition("::")[0]]
+                return op, function.qualified_name, reason
+    return None
+
+
+# torch.jit.load builds the objects in data.pkl and constants.pkl, and runs the __setstate__ of
+# those that have one (torch's quantized modules do), before anything can read their code. Where
+# an archive defines one, its code is compiled first with no object built (_compiled_unbuilt).
+_SETSTATE = b"__setstate__"
+# The globals a TorchScript pickle names that the unpickler builds itself (torch/csrc/jit/
+# serialization/unpickler.cpp, readGlobal: any name in the first three modules); it compiles any
+# other from the archive's code, except C++ classes that torch and its extensions register.
+_BUILT_BY_TORCH = {"torch", "torch.jit._pickle", "__main__"} | {
+    "torch._utils _rebuild_tensor_v2",
+    "torch._utils _rebuild_qtensor",
+    "torch._utils _rebuild_sparse_tensor",
+    "torch._tensor _rebuild_from_type_v2",
+    "builtins complex",
+    "collections OrderedDict",
+}
+
+
+def _defines_setstate(reader: Any) -> bool:
+    """Whether the archive's code names __setstate__: an identifier, so it is there as written.
+    torch compiles the code in code/ only, and finds records whatever their case."""
+    code = (name for name in reader.get_all_records() if name.lower().startswith("code/"))
+    return any(_SETSTATE in reader.get_record(name) for name in code)
+
+
+def _compiled_unbuilt(reader: Any) -> Any:
+    """The archive's code compiled as torch.jit.load compiles it, but with no object built: its
+    data.pkl only names the types it names (GLOBAL), in its order, which compiles them; the
+    import then fails, as that names no module. torch.jit.load reads constants.pkl first, and
+    the code its constants, so it stays: it may hold only objects the unpickler builds itself.
+    Wherever the import stops, it has compiled each type that torch.jit.load builds before it
+    would stop there too."""
+    probe = io.BytesIO()
+    writer = torch._C.PyTorchFileWriter(probe)
+    for name in reader.get_all_records():
+        content = reader.get_record(name)
+        if name.lower() == "data.pkl":
+            content = b"\x80\x02(" + b"".join(op for _, op in _globals(content)) + b"t."  # a tuple
+        elif name.lower() == "constants.pkl":
+            for named, _ in _globals(content):
+                if not _built_by_torch(named):
+                    raise InvalidModelError(
+                        f"the model holds an object of its own ({named.replace(' ', '.')}) among its "
+                        "constants, which torch.jit.load builds, running its __setstate__, before "
+                        "Kiln can check its code; Kiln refuses such models"
+                    )
+        writer.write_record(name, content, len(content))
+    writer.write_end_of_file()
+    unit = torch._C.CompilationUnit()
+    with contextlib.suppress(Exception):
+        _import(unit, probe.getvalue())
+    return unit
+
+
+def _globals(pickled: bytes) -> Iterator[tuple[str, bytes]]:
+    """Each GLOBAL in a pickle: its "module name", and its opcode's bytes."""
+    ops = list(pickletools.genops(pickled))  # ends with STOP, or raises
+    for (op, named, start), (_, _, end) in itertools.pairwise(ops):
+        if op.name == "GLOBAL":
+            yield str(named), pickled[start:end]
+
+
+def _built_by_torch(named: str) -> bool:
+    module, _, name = named.partition(" ")
+    if module in _BUILT_BY_TORCH or named in _BUILT_BY_TORCH:
+        return True
+    namespace = module.removeprefix("__torch__.torch.classes.")
+    if namespace == module:
+        return False
+    try:  # a C++ class: its __setstate__ is C++ too
+        torch._C._get_custom_class_python_wrapper(namespace, name)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _other_torch_archive(names: list[str]) -> str | None:

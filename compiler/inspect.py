@@ -38,7 +38,9 @@ def inspect_model(
     at most) changes with the batch's other rows, its own unchanged, depends on them:
     `rows_apart` false. An output of a dtype no protocol carries (complex, say)
     is an InvalidModelError.
-    Meant for a sandboxed child process: a hostile or broken model can only crash the child.
+    Meant for a child process with a time and a memory limit (service.sandbox), which a broken model
+    can only crash or stall. That child shares the server's files and network: what keeps a hostile
+    model's code from them is that load_torchscript refuses models that call ops that reach them.
     """
     set_threads(1)
     spec = InputSpec.from_dicts(spec_doc["inputs"], spec_doc["max_batch_size"])

@@ -6,9 +6,11 @@ import contextlib
 import gzip
 import io
 import json
+import pickle
 import socket
 import subprocess
 import time
+import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,6 +22,8 @@ import psutil
 import pytest
 import torch
 
+from compiler.errors import InvalidModelError
+from compiler.frontend import load_torchscript
 from tests.client import binary_infer, expected, infer_body, predict, sample, scrape, upload, value
 from tests.models import MODELS, TOKENS
 from tests.repositories import scripted
@@ -267,6 +271,323 @@ def test_damaged_zip(http: httpx.Client) -> None:
     data[entry + 6] = 0xFF  # "version needed to extract": 25.5
     detail = problem(post_upload(http, json.dumps(MLP.config()), bytes(data)), 400)
     assert "not a TorchScript archive" in detail
+
+
+class ReadsFile(torch.nn.Module):
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + torch.from_file(self.path, size=8, dtype=torch.uint8).sum().float()
+
+
+class Doubles(ReadsFile):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+class WritesFile(ReadsFile):
+    """The reviewer's: from_file with shared=True maps the file, and writing the tensor writes it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mapped = torch.from_file(self.path, shared=True, size=8, dtype=torch.uint8)
+        mapped.copy_(torch.full([8], 80, dtype=torch.uint8))
+        return x * 2 + mapped.sum().float() * 0
+
+
+class ReadsFileOnCue(ReadsFile):
+    """Passes a check on random inputs; reads the file for a caller who knows the cue."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bool(x[0, 0] == 31337):
+            return torch.from_file(self.path, size=64, dtype=torch.uint8).float().reshape(1, 64)
+        return x * 2
+
+
+class SavesInputs(ReadsFile):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        torch.save(x, self.path)
+        return x * 2
+
+
+class Stash(Doubles):
+    @torch.jit.export
+    def keep(self, x: torch.Tensor) -> None:
+        torch.save(x, self.path)
+
+
+class SavesInASubmodule(torch.nn.Module):
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.stash = Stash(path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.stash.keep(x)
+        return x * 2
+
+
+def _save_inputs(module: Doubles, inputs: tuple[torch.Tensor]) -> None:
+    torch.save(inputs[0], module.path)
+
+
+def saves_in_a_hook(path: str) -> torch.nn.Module:
+    """A forward pre-hook: no method of the module calls it, and forward runs it."""
+    model = Doubles(path)
+    model.register_forward_pre_hook(_save_inputs)
+    return model
+
+
+@torch.jit.interface
+class Reader:
+    def read(self, x: torch.Tensor) -> torch.Tensor:
+        pass
+
+
+@torch.jit.script
+class FileReader:
+    """Not a module: forward calls it through an interface, which no module's code inlines."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def read(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + torch.from_file(self.path, size=8, dtype=torch.uint8).sum().float()
+
+
+class ReadsThroughAnInterface(torch.nn.Module):
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.reader = FileReader(path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.reader.read(x)
+
+
+# Not `reader: Reader` in the class: TorchScript cannot resolve that annotation as a string.
+ReadsThroughAnInterface.__annotations__["reader"] = Reader
+
+
+class ReadsInAFork(ReadsFile):
+    """torch.jit.fork of the op itself: it sits in the fork's subgraph."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        read = torch.jit.fork(torch.from_file, self.path, None, 8, dtype=torch.uint8)
+        return x * 2 + torch.jit.wait(read).sum().float()
+
+
+class AllReduces(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops._c10d_functional.all_reduce(x, "sum", "0")
+
+
+class WritesFileAsItLoads(ReadsFile):
+    """torch.jit.load runs __setstate__ itself, before anything can read the model's code."""
+
+    @torch.jit.export
+    def __getstate__(self) -> tuple[str, bool]:
+        return self.path, self.training
+
+    @torch.jit.export
+    def __setstate__(self, state: tuple[str, bool]) -> None:
+        mapped = torch.from_file(state[0], shared=True, size=8, dtype=torch.uint8)
+        mapped.copy_(torch.full([8], 80, dtype=torch.uint8))
+        self.path = state[0]
+        self.training = state[1] and bool(mapped.sum() >= 0)  # uses the mapping: else it is compiled away
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def _torchscript_of(model: torch.nn.Module) -> bytes:
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.script(model), buffer)
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def victim(tmp_path: Path) -> Path:
+    """A file on the server that a model must neither read nor write: 64 bytes, as ReadsFileOnCue reads."""
+    path = tmp_path / "victim.txt"
+    path.write_bytes(b"original" * 8)
+    return path
+
+
+OUTSIDE = "Kiln refuses models that touch files or the network"
+
+
+@pytest.mark.parametrize(
+    ("factory", "op", "where"),
+    [
+        (ReadsFile, "aten::from_file", "ReadsFile.forward"),
+        (WritesFile, "aten::from_file", "WritesFile.forward"),
+        (ReadsFileOnCue, "aten::from_file", "ReadsFileOnCue.forward"),
+        (SavesInputs, "aten::save", "SavesInputs.forward"),
+        (SavesInASubmodule, "aten::save", "Stash.keep"),
+        (saves_in_a_hook, "aten::save", "Doubles._save_inputs"),
+        (ReadsThroughAnInterface, "aten::from_file", "FileReader.read"),
+        (ReadsInAFork, "aten::from_file", "ReadsInAFork.forward"),
+        (lambda path: AllReduces(), "_c10d_functional::all_reduce", "AllReduces.forward"),
+    ],
+    ids=[
+        "read",
+        "shared-write",
+        "on-cue",
+        "torch.save",
+        "submodule",
+        "hook",
+        "interface",
+        "fork",
+        "collective",
+    ],
+)
+def test_a_model_that_touches_files_or_the_network_is_refused(
+    victim: Path, factory: Any, op: str, where: str
+) -> None:
+    """Wherever the model's code calls the op: in forward behind a branch, in a submodule's
+    method, a hook, a class that forward calls through an interface, a fork's subgraph."""
+    data = _torchscript_of(factory(str(victim)))
+    with pytest.raises(InvalidModelError) as refused:
+        load_torchscript(data)
+    assert f"the model calls {op} (in __torch__.tests.test_errors.{where}), which " in str(refused.value)
+    assert str(refused.value).endswith(OUTSIDE), refused.value
+    assert victim.read_bytes() == b"original" * 8
+
+
+def test_a_setstate_that_touches_files_is_refused_before_it_runs(victim: Path) -> None:
+    """torch.jit.load runs it: its code is read first, compiled with no object built."""
+    with pytest.raises(InvalidModelError) as refused:
+        load_torchscript(_torchscript_of(WritesFileAsItLoads(str(victim))))
+    where = "__torch__.tests.test_errors.WritesFileAsItLoads.__setstate__"
+    assert str(refused.value).startswith(f"the model calls aten::from_file (in {where}), which "), refused
+    assert victim.read_bytes() == b"original" * 8
+
+
+def test_an_object_of_the_model_s_own_among_its_constants_is_refused(victim: Path) -> None:
+    """torch.jit.load builds those before the code that reads them compiles: torch.jit.save
+    writes none, but a hand-made archive can."""
+    data = _torchscript_of(WritesFileAsItLoads(str(victim)))
+    archive, crafted = zipfile.ZipFile(io.BytesIO(data)), io.BytesIO()
+    with zipfile.ZipFile(crafted, "w") as out:
+        for info in archive.infolist():
+            content = archive.read(info)
+            if info.filename.endswith("/constants.pkl"):  # (WritesFileAsItLoads(), ) built from its state
+                state = pickle.dumps((str(victim), False), protocol=2)[2:-1]  # no PROTO, no STOP
+                content = (
+                    b"\x80\x02c__torch__.tests.test_errors\nWritesFileAsItLoads\n)\x81" + state + b"b\x85."
+                )
+            out.writestr(info.filename, content)
+    with pytest.raises(InvalidModelError) as refused:
+        load_torchscript(crafted.getvalue())
+    own = "__torch__.tests.test_errors.WritesFileAsItLoads"
+    assert f"the model holds an object of its own ({own}) among its constants" in str(refused.value)
+    assert victim.read_bytes() == b"original" * 8
+
+
+def test_the_ops_that_take_a_file_are_those_load_torchscript_refuses() -> None:
+    """aten::from_file and aten::save (compiler.frontend._OUTSIDE_OPS): a torch that registers
+    another op with a file name fails this, to be added there."""
+    schemas = torch._C._jit_get_all_schemas()
+    takes_a_file = {
+        schema.name
+        for schema in schemas
+        for argument in schema.arguments
+        if str(argument.type) in ("str", "Optional[str]")
+        and any(word in argument.name.lower() for word in ("file", "path", "dir"))
+    }
+    assert takes_a_file == {"aten::from_file", "aten::save"}
+
+
+class Branches(torch.nn.Module):
+    """prim::If and prim::Loop, nested."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for step in range(x.shape[1] % 3 + 1):
+            x = x * 2 - step if bool(x.sum() > 0) else x + 1
+        return x
+
+
+class Recurrent(torch.nn.Module):
+    def __init__(self, rnn: type[torch.nn.RNNBase]) -> None:
+        super().__init__()
+        self.rnn = rnn(4, 8, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.rnn(x)[0]
+
+
+class MaskedEncoder(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+
+    def forward(self, x: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).triu(diagonal=1)
+        return self.layer(x, src_mask=causal, src_key_padding_mask=padding)
+
+
+def _traced(model: torch.nn.Module, *inputs: torch.Tensor) -> bytes:
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.trace(model.eval(), inputs), buffer)
+    return buffer.getvalue()
+
+
+def _quantized_cnn() -> bytes:
+    """torch's quantized convolutions have a __setstate__: the code is read before it runs."""
+    model = torch.ao.quantization.QuantWrapper(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU()))
+    model.qconfig = torch.ao.quantization.get_default_qconfig(torch.backends.quantized.engine)
+    prepared = torch.ao.quantization.prepare(model.eval())
+    prepared(torch.randn(2, 3, 8, 8))
+    return _torchscript_of(torch.ao.quantization.convert(prepared))
+
+
+def _normal_models() -> Iterator[Any]:
+    sequence = torch.randn(2, 5, 4)
+    for model in MODELS.values():
+        inputs = (torch.from_numpy(sample(model, 2)),)
+        yield pytest.param(lambda model=model: model.torchscript(), inputs, id=model.name)
+    for rnn in (torch.nn.LSTM, torch.nn.GRU):
+        name = rnn.__name__.lower()
+        yield pytest.param(
+            lambda rnn=rnn: _torchscript_of(Recurrent(rnn)), (sequence,), id=f"{name}-scripted"
+        )
+        yield pytest.param(
+            lambda rnn=rnn: _traced(Recurrent(rnn), sequence), (sequence,), id=f"{name}-traced"
+        )
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2])
+    yield pytest.param(
+        lambda: _torchscript_of(MaskedEncoder().eval()), (torch.randn(2, 5, 16), padding), id="masked-encoder"
+    )
+    yield pytest.param(lambda: _torchscript_of(Branches()), (torch.randn(2, 5),), id="if-and-loop")
+    yield pytest.param(_quantized_cnn, (torch.randn(2, 3, 8, 8),), id="quantized-cnn")
+
+
+@pytest.mark.parametrize(("torchscript", "inputs"), list(_normal_models()))
+def test_models_that_touch_nothing_outside_still_load(
+    torchscript: Any, inputs: tuple[torch.Tensor, ...]
+) -> None:
+    data = torchscript()
+    module = load_torchscript(data)
+    assert not module.training
+    torch.testing.assert_close(module(*inputs), torch.jit.load(io.BytesIO(data)).eval()(*inputs))
+
+
+@pytest.mark.parametrize(
+    ("factory", "where"),
+    [(WritesFile, "WritesFile.forward"), (WritesFileAsItLoads, "WritesFileAsItLoads.__setstate__")],
+    ids=["in-forward", "as-it-loads"],
+)
+def test_an_upload_that_touches_files_is_a_400_and_touches_none(
+    http: httpx.Client, victim: Path, factory: Any, where: str
+) -> None:
+    """The upload's check loads the model and runs it: either wrote the file, and the upload passed."""
+    config = MLP.config(name=f"outside-{factory.__name__.lower()}", backends=[])
+    detail = problem(post_upload(http, json.dumps(config), _torchscript_of(factory(str(victim)))), 400)
+    refusal = (
+        f"the model calls aten::from_file (in __torch__.tests.test_errors.{where}), which reads and writes"
+    )
+    assert detail.startswith(refusal) and detail.endswith(OUTSIDE), detail
+    assert victim.read_bytes() == b"original" * 8
 
 
 def test_spec_that_does_not_fit_the_model(http: httpx.Client) -> None:
