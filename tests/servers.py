@@ -207,7 +207,11 @@ class KilnServer(KilnProcess):
         try:
             wait_until(lambda: httpx.get(f"{self.url}/healthz").status_code == 200, 60, "kiln serve")
         except TimeoutError as exc:
+            self.stop()
             raise TimeoutError(f"{exc}\n{self.tail()}") from exc
+        except BaseException:  # a SIGTERM or Ctrl-C while it starts: its caller never stops it
+            self.stop()
+            raise
 
 
 @contextmanager
