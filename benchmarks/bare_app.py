@@ -3,10 +3,12 @@
 It takes the same request as Kiln's v2 binary infer (JSON header + raw FP32 bytes, one input) and
 answers in the same shape, decoding only what it needs: no auth, routing, validation or batching.
 `BareServer` starts it as benchmarks/serving.py does, with uvicorn's default settings (one
-process, uvloop, httptools, access log on), as `kiln serve` runs Kiln:
+process, uvloop, httptools) and no access log, as `kiln serve` runs Kiln (KILN_ACCESS_LOG is off
+by default; the log costs about a tenth of a small model's CPU a request):
 
     KILN_BENCH_MODEL=model.pt KILN_BENCH_INPUT='x:float32[-1,64]' \
-        python -m uvicorn benchmarks.bare_app:create_app --factory --host 127.0.0.1 --port 8001
+        python -m uvicorn benchmarks.bare_app:create_app --factory --host 127.0.0.1 --port 8001 \
+        --no-access-log
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ class BareServer:
                 [
                     *(sys.executable, "-m", "uvicorn", "benchmarks.bare_app:create_app", "--factory"),
                     *("--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)),
+                    "--no-access-log",
                 ],
                 cwd=ROOT,
                 env=self.env,
