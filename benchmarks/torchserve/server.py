@@ -23,12 +23,26 @@ HANDLER = Path(__file__).resolve().with_name("handler.py")
 PACKAGES = ["torchserve==0.12.0", "torch-model-archiver==0.12.0", "pyyaml"]  # no workers without pyyaml
 
 
+# PyPI's torch for Linux is a CUDA build of several GB; PyTorch's index has the CPU one, which
+# ==2.13.0 matches and pip prefers. A machine that cannot reach it installs as pip is set up to
+# (as the Makefile does).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
 def setup_venv(venv: Path) -> None:
     """Build the TorchServe venv: torch first (pinned, the CPU wheel), then TorchServe."""
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
     pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q"]
-    subprocess.run([*pip, "torch==2.13.0"], check=True)
+    subprocess.run([*pip, "torch==2.13.0", *cpu_index()], check=True)
     subprocess.run([*pip, *PACKAGES], check=True)
+
+
+def cpu_index() -> list[str]:
+    try:
+        httpx.get(f"{TORCH_CPU_INDEX}/torch/", timeout=5).raise_for_status()
+    except httpx.HTTPError:
+        return []
+    return ["--extra-index-url", TORCH_CPU_INDEX]
 
 
 def unavailable_reason(venv: Path) -> str | None:
