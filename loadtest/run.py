@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="report folder (default: a new timestamped one)")
     args = parser.parse_args(argv)
     unwind_on_signals()
-    out = args.out or REPORTS / time.strftime("%Y%m%d-%H%M%S")
+    # Absolute: locust runs from the repository's root, and the server's log is written from here.
+    out = (args.out or REPORTS / time.strftime("%Y%m%d-%H%M%S")).resolve()
     code = run_loadtest(out, args.users, args.spawn_rate, args.run_time, args.v2)
     print(f"report: {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return code

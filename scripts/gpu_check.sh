@@ -21,7 +21,6 @@ if [[ ${1:-} == --wheels ]]; then
     shift 2
 fi
 PYTHON=${PYTHON:-python3}
-WORK=$(mktemp -d -t kiln-gpu-check-XXXXXX)
 PIDS=()
 
 cleanup() {
@@ -49,6 +48,7 @@ free_port() {
 assert torch.cuda.is_available(), "CUDA is not available to torch (driver? device?)"
 print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))' ||
     fail "needs a CUDA build of torch and a visible GPU"
+WORK=$(mktemp -d -t kiln-gpu-check-XXXXXX)  # after the check: a refused run leaves nothing
 
 # Everything pyproject.toml asks for, the gpu extra and the test runner, but torch: the CUDA
 # torch is already here, and a wheel from WHEELS_DIR must never replace it.
