@@ -44,10 +44,14 @@ free_port() {
     "$PYTHON" -c 'from tests.servers import free_port; print(free_port())'
 }
 
+# The pairing Dockerfile.gpu builds: torch-tensorrt 2.13 is built for torch 2.13 and CUDA 13, and
+# with another CUDA its tests would skip and only the report would fail, for a less clear reason.
 "$PYTHON" -c 'import torch; assert torch.version.cuda, "torch " + torch.__version__ + " is a CPU build"
+assert torch.__version__.startswith("2.13.") and torch.version.cuda.startswith("13."), (
+    "torch " + torch.__version__ + " for CUDA " + torch.version.cuda + ", not 2.13 for CUDA 13")
 assert torch.cuda.is_available(), "CUDA is not available to torch (driver? device?)"
 print("torch", torch.__version__, "on", torch.cuda.get_device_name(0))' ||
-    fail "needs a CUDA build of torch and a visible GPU"
+    fail "needs torch 2.13 built for CUDA 13 and a visible GPU"
 WORK=$(mktemp -d -t kiln-gpu-check-XXXXXX)  # after the check: a refused run leaves nothing
 
 # Everything pyproject.toml asks for, the gpu extra and the test runner, but torch: the CUDA
