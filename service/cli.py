@@ -28,6 +28,8 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:  # imported where used: `kiln models` need not load numpy
+    import uvicorn
+
     from compiler.spec import InputSpec
 
 app = typer.Typer(help="Kiln: a model server that compiles what it serves.", no_args_is_help=True)
@@ -182,18 +184,42 @@ def serve(
         os.environ.setdefault("KILN_GRPC_REUSE_PORT", "true")
     settings = get_settings()
     # uvicorn applies it here and again in each worker process it spawns.
-    log_config = logging_config(settings.log_format)
-    with multiprocess_metrics(workers):
-        uvicorn.run(
-            "service.api.app:create_app",
-            factory=True,
-            host=host,
-            port=port,
-            workers=workers,
-            log_config=log_config,
-            access_log=settings.access_log,
-            timeout_graceful_shutdown=settings.shutdown_timeout_s,
-        )
+    options: dict[str, Any] = {
+        "factory": True,
+        "host": host,
+        "port": port,
+        "log_config": logging_config(settings.log_format),
+        "access_log": settings.access_log,
+        "timeout_graceful_shutdown": settings.shutdown_timeout_s,
+    }
+    if workers > 1:
+        with multiprocess_metrics(workers):
+            supervise(uvicorn.Config(APP, workers=workers, **options))
+        return
+    uvicorn.run(APP, **options)
+    # Here after Ctrl-C (SIGTERM's default action ends the process before), once the server has
+    # stopped, past its drain limit: threads still running a request or an upload check, whose
+    # answers no one takes now, would hold the exit until they end (25 s past a 3 s limit).
+    logging.shutdown()
+    os._exit(0)
+
+
+APP = "service.api.app:create_app"
+
+
+def supervise(config: uvicorn.Config) -> None:
+    """uvicorn.run's supervisor of worker processes, exiting as a worker that failed to start
+    does: uvicorn.run returns, and `kiln serve` exited 0, where one worker exits 3."""
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    from service.sandbox import SUPERVISOR_PID
+
+    supervisor = Multiprocess(config, sockets=[config.bind_socket()])
+    os.environ[SUPERVISOR_PID] = str(os.getpid())  # read by each worker's app (create_app)
+    supervisor.run()
+    if any(process.exitcode == STARTUP_FAILURE for process in supervisor.processes):
+        sys.exit(STARTUP_FAILURE)
 
 
 @contextmanager

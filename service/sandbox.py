@@ -197,7 +197,7 @@ def _child_main(writer: Connection, payload: bytes, parent_pid: int, tmp: str, l
     # and killed the compiles and upload checks that a graceful stop lets finish (an upload got a
     # 400, "could not be validated", and a compile was failed for good).
     os.setsid()
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid, signal.SIGKILL)
     # Before fn's module is imported and run: Python code reads tempfile's cache, and the
     # processes that torch and TVM start (compilers, tuning workers) inherit the variable.
     os.environ["TMPDIR"] = tmp
@@ -237,23 +237,29 @@ def _pickle_or_none(exc: BaseException) -> bytes | None:
         return None
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Have the kernel (else a watchdog thread) kill this process when its parent dies.
+# Not a setting: how `kiln serve --workers N` names itself to its worker processes, which then
+# die with it (create_app).
+SUPERVISOR_PID = "KILN_SUPERVISOR_PID"
 
-    Without this a SIGKILLed worker would leave its compile running, unsupervised.
+
+def die_with_parent(parent_pid: int, sig: signal.Signals) -> None:
+    """Have the kernel (else a watchdog thread) send this process `sig` when its parent dies.
+
+    Without this a SIGKILLed worker would leave its compile running, unsupervised, and a SIGKILLed
+    `kiln serve --workers N` its workers serving, holding its port.
     """
     armed = False
     if sys.platform == "linux":
         libc = ctypes.CDLL(None, use_errno=True)
-        armed = libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+        armed = libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) == 0
     if not armed:
-        threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+        threading.Thread(target=_watch_parent, args=(parent_pid, sig), daemon=True).start()
     # The parent may have died before the line above took effect.
     if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
 
 
-def _watch_parent(parent_pid: int) -> None:
+def _watch_parent(parent_pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
     while os.getppid() == parent_pid:
         time.sleep(1.0)
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), sig)

@@ -4,6 +4,8 @@ gRPC stops at once; and a request that never finishes is cancelled after KILN_SH
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import re
 import signal
@@ -17,7 +19,9 @@ from typing import Any
 
 import grpc
 import httpx
+import psutil
 import pytest
+import torch
 from httpx_sse import connect_sse
 from tritonclient.grpc.service_pb2 import ServerLiveRequest
 from tritonclient.grpc.service_pb2_grpc import GRPCInferenceServiceStub
@@ -129,3 +133,67 @@ def test_a_request_that_never_finishes_is_cancelled_at_the_shutdown_timeout(tmp_
         answer = stalled.recv(4096).decode()
         assert answer.startswith("HTTP/1.1 503 ") and "KILN_SHUTDOWN_TIMEOUT_S" in answer, answer
     assert "Cancel 1 running task(s), timeout graceful shutdown exceeded" in server.log.read_text()
+
+
+class Spin(torch.nn.Module):
+    """Runs x[0, 0] steps: a request as long as its caller asks."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x
+        for _ in range(int(x[0, 0])):
+            y = torch.tanh(y @ torch.ones(4, 4)) + x
+        return y
+
+
+def test_ctrl_c_exits_at_the_shutdown_timeout_though_a_model_still_runs(tmp_path: Path) -> None:
+    """After Ctrl-C uvicorn returns once the server has stopped; the thread still running the
+    model held the exit for its whole run (25 s past a limit of 3)."""
+    model = io.BytesIO()
+    torch.jit.save(torch.jit.script(Spin()), model)
+    config = {"name": "spin", "inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 4]}], "backends": []}
+    answers: list[int] = []
+    with embedded_server(tmp_path, KILN_SHUTDOWN_TIMEOUT_S="3", KILN_THREADS="1") as server:
+        http = httpx.Client(base_url=server.url, timeout=120)
+        files = {"file": ("spin.pt", model.getvalue())}
+        assert http.post("/v1/models", files=files, data={"config": json.dumps(config)}).status_code == 202
+        assert http.post("/v1/models/spin/predict", json={"inputs": {"x": [[1, 0, 0, 0]]}}).status_code == 200
+        steps = {"inputs": {"x": [[50_000_000, 0, 0, 0]]}}  # minutes
+        running = threading.Thread(
+            target=lambda: answers.append(http.post("/v1/models/spin/predict", json=steps).status_code)
+        )
+        running.start()
+        time.sleep(1)
+        assert server.proc is not None
+        began = time.monotonic()
+        server.proc.send_signal(signal.SIGINT)
+        try:
+            server.proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"kiln serve still running 20 s after Ctrl-C:\n{server.tail()}")
+        assert time.monotonic() - began < 10
+        server.proc = None
+        running.join(10)
+    assert answers == [503]
+
+
+def test_workers_stop_with_their_killed_supervisor_and_one_that_cannot_start_fails_it(tmp_path: Path) -> None:
+    """`kiln serve --workers 2` killed with -9: its workers served on, holding the port, and a
+    restart failed. And a worker that cannot start (its gRPC port taken) ended the supervisor
+    with 0, which `restart: on-failure` takes for a clean stop."""
+    server = KilnServer({"KILN_DATA_DIR": str(tmp_path / "data")}, tmp_path / "kiln.log", workers=2)
+    server.start()
+    assert server.proc is not None
+    workers = psutil.Process(server.proc.pid).children()
+    assert len(workers) >= 2
+    server.kill()
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, [p.cmdline() for p in alive]
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        env = {**server.env, "KILN_GRPC_PORT": str(taken.getsockname()[1])}
+        args = [sys.executable, "-m", "service.cli", "serve", "--port", "0", "--workers", "2"]
+        done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "failed to start" in done.stdout + done.stderr

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -53,6 +55,7 @@ from service.queue import DramatiqQueue, EmbeddedQueue, JobQueue
 from service.redelivery import EmbeddedRedelivery
 from service.registry import Registry
 from service.runtime import Runtime
+from service.sandbox import SUPERVISOR_PID, die_with_parent
 from service.settings import Settings, get_settings
 from service.shared_memory import SharedMemory
 from service.store import open_store
@@ -115,6 +118,9 @@ def body_routes(routers: Iterable[APIRouter]) -> list[BodyRoute]:
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    supervisor = os.environ.get(SUPERVISOR_PID)
+    if supervisor:  # a worker of `kiln serve --workers N`: stopped as it is, if it is killed
+        die_with_parent(int(supervisor), signal.SIGTERM)
     api_keys = parse_keys(settings.api_keys)
     max_bytes = settings.max_request_bytes
     if kiln_handlers():  # uvicorn applied Kiln's log config in this process; torch is imported
