@@ -174,7 +174,8 @@ def give_up(registry: Registry, job: JobRecord) -> bool:
 
 
 def compile_limit_s(settings: Settings, job: JobRecord) -> float:
-    """How long the job's compile child may run: a tuned build gets more time per trial."""
+    """How long the job's compile child may run: a tuned build gets more time per trial it asks
+    for, which is the most it runs (compiler.backends.tvm_tune)."""
     return settings.compile_timeout_s + _tuning_trials(job) * settings.tuning_s_per_trial
 
 

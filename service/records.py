@@ -358,8 +358,9 @@ class JobRecord(BaseModel):
     # The worker (hostname-pid) that last started it.
     worker: str | None = None
     # Tuned variants: trials_done / trials_total and best_estimate_ms while tuning; when done,
-    # also `tasks`, one per kernel, each with its new_trials, whether earlier records `reused`, and
-    # how many of its fastest schedules were left out as `wrong_schedules`.
+    # also `tasks`, one per kernel, each with its new_trials, the earlier_trials of its cached
+    # records, whether those were `reused` as they were, and how many of its fastest schedules were
+    # left out as `wrong_schedules`.
     tuning: dict[str, Any] | None = None
     created_at: float = Field(default_factory=now)
     started_at: float | None = None

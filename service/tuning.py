@@ -2,7 +2,9 @@
 
 One document per tuned kernel, under `<target>.t<threads>:<workload hash>`: a schedule is only
 valid for the CPU it was measured on and the thread count it was tuned with. Any model whose
-kernel is structurally identical reuses it, so its compile skips that kernel's trials.
+kernel is structurally identical reuses it, so its compile skips that kernel's trials, unless it
+asks for more trials per kernel than the document's `trials`: it then tunes the kernel again from
+the cached schedule and saves the faster of the two with the trials added up.
 """
 
 from __future__ import annotations

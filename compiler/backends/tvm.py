@@ -48,12 +48,12 @@ class TVMRunner:
 
         arrays = [inputs[n] for n in self.spec.names]
         function, batch, size = self._main, 0, 0
-        if function is None and not self.spec.batched:  # one function, of the inputs' fixed shapes
-            [(_, function)] = self._functions
-        elif function is None:
+        if function is None:  # a spec without batched inputs has `b1` alone, and pads nothing
             batch = self.spec.check(inputs)
             size, function = next((s, f) for s, f in self._functions if s >= batch)
-            arrays = [_pad(a, size) for a in arrays]
+            arrays = [
+                _pad(a, size) if t.batched else a for t, a in zip(self.spec.inputs, arrays, strict=True)
+            ]
         if self._device is None:
             args = [_to_tvm(tvm, a) for a in arrays]
         else:
@@ -263,7 +263,9 @@ def _static_batches(mod: Any, sizes: Sequence[int]) -> Any:
     from tvm import relax, tirx
 
     main = mod["main"]
-    batch = main.params[0].ty.shape[0]
+    # Tuning takes static shapes past the batch dim (`_build_tuned`), and an unbatched input's
+    # first dim is static: the first symbolic first dim is the batch, that of the first batched input.
+    batch = next((p.ty.shape[0] for p in main.params if isinstance(p.ty.shape[0], tirx.Var)), None)
     # A request is padded with rows up to a size: an output that does not lead with the batch
     # (a sum over it) cannot be cut back to the request's rows, and the padding changed it.
     if isinstance(batch, tirx.Var) and not _leads_with(main.ret_ty, batch):

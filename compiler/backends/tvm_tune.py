@@ -6,7 +6,10 @@ The recipe is the one measured in shared/notes/tvm-tuning.md for PyPI apache-tvm
 - LocalBuilder's default build function imports tvm.s_tir.tensor_intrin (~30 s per builder
   process here), so builds timed out: `build_candidate` does the same without that import.
 - Records are exchanged as plain JSON, one `WorkloadRecords` per tuned kernel, so the service can
-  cache them in its store and a later compile, of any model, skips kernels it has seen.
+  cache them in its store and a later compile, of any model, skips kernels tuned at least as long
+  as it asks; a kernel tuned for fewer trials is tuned again, its search seeded with the cached
+  schedule (EvolutionarySearch draws part of its first population from the database's best).
+- A compile runs at most the trials it asks for: its time limit is counted from them.
 - MetaSchedule times schedules but never checks what they compute, and on 0.27 it can pick a
   wrong one: its RewriteLayout packs a weight that several blocks read by one block's reads alone
   (an LSTM's bias, added before the split into gates: that kernel came out 1.54 off). Each
@@ -31,7 +34,8 @@ TASK_LOG.setLevel(logging.WARNING)
 
 TuningProgress = Callable[[dict[str, Any]], None]
 
-# MetaSchedule proposes candidates in rounds; every new task gets at least one round.
+# MetaSchedule proposes candidates in rounds of up to this many per task; with fewer trials than
+# that per task to tune, rounds shrink so that each still gets one.
 TRIALS_PER_ROUND = 16
 # Kept per kernel: only the best schedule is ever applied, and each record is ~50 KB of JSON.
 RECORDS_KEPT = 1
@@ -48,18 +52,28 @@ KERNEL_TOLERANCE = 1e-4
 
 @dataclass
 class WorkloadRecords:
-    """A tuned kernel: its workload (the PrimFunc) and its best measured schedules, as JSON."""
+    """A tuned kernel: its workload (the PrimFunc), its best measured schedules, as JSON, and the
+    trials that every compile which tuned it spent on it."""
 
     workload_hash: str
     workload: Any
     records: list[Any]
+    # Records cached before their trials were counted had one round at least.
+    trials: int = TRIALS_PER_ROUND
 
     def to_dict(self) -> dict[str, Any]:
-        return {"workload_hash": self.workload_hash, "workload": self.workload, "records": self.records}
+        return {
+            "workload_hash": self.workload_hash,
+            "workload": self.workload,
+            "records": self.records,
+            "trials": self.trials,
+        }
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> WorkloadRecords:
-        return cls(doc["workload_hash"], doc["workload"], list(doc["records"]))
+        return cls(
+            doc["workload_hash"], doc["workload"], list(doc["records"]), doc.get("trials", TRIALS_PER_ROUND)
+        )
 
 
 @dataclass
@@ -67,8 +81,11 @@ class TaskReport:
     name: str
     workload_hash: str
     weight: int
-    # Zero when the kernel's schedule came from earlier records.
+    # Trials this compile spent on it.
     new_trials: int = 0
+    # The trials behind the cached records it started from (0: none were cached).
+    earlier_trials: int = 0
+    # Its cached schedule was applied as it was: the kernel had as many trials as asked for.
     reused: bool = False
     best_ms: float | None = None
     # Schedules left out because they computed something else than the untuned kernel.
@@ -81,7 +98,7 @@ class TuningResult:
     budget: int
     failed: int
     tasks: list[TaskReport]
-    # Records for kernels tuned in this run, to add to the shared cache.
+    # Records for kernels tuned in this run, to replace or add to the shared cache.
     new_records: list[WorkloadRecords] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
@@ -101,8 +118,11 @@ def tune_and_apply(
     known: Sequence[WorkloadRecords],
     progress: TuningProgress,
 ) -> tuple[Any, TuningResult]:
-    """Tune the kernels of a static-shape, already-lowered module (see `lower_for_tuning`);
-    return it with the best schedules applied, and what was tuned."""
+    """Tune the kernels of a static-shape, already-lowered module (see `lower_for_tuning`) with
+    at most `trials` trials; return it with the best schedules applied, and what was tuned.
+
+    That asks for `trials // kernels` per kernel, at least one: a kernel in `known` with at least
+    that many is reused as it is, and the others share the trials."""
     import tvm
     from tvm import relax
     from tvm.s_tir import meta_schedule as ms
@@ -111,27 +131,31 @@ def tune_and_apply(
     _import_tensor_intrinsics()
     with tempfile.TemporaryDirectory(prefix="kiln-tune-") as work_dir:
         database = ms.database.JSONDatabase(work_dir=work_dir)
-        for item in known:
-            _commit(database, item)
+        # A record that does not load is not in the database either, so its kernel is tuned anew.
+        earlier = {item.workload_hash: item.trials for item in known if _commit(database, item)}
         extracted = ms.relax_integration.extract_tasks(mod, target)
         reports = [
             TaskReport(task.task_name, _hash(task.dispatched[0]), int(task.weight)) for task in extracted
         ]
-        fresh = [i for i, task in enumerate(extracted) if not database.has_workload(task.dispatched[0])]
-        for i, report in enumerate(reports):
-            report.reused = i not in fresh
-        budget = max(trials, TRIALS_PER_ROUND * len(fresh))
-        tracker = _Tracker([reports[i] for i in fresh], budget, progress)
-        if fresh:
+        asked = max(1, trials // len(reports))
+        for report in reports:
+            report.earlier_trials = earlier.get(report.workload_hash, 0)
+            report.reused = report.earlier_trials >= asked
+        todo = [i for i, report in enumerate(reports) if not report.reused]
+        tracker = _Tracker([reports[i] for i in todo], trials, progress)
+        if todo:
             # Candidates build while nothing is measured: each core compiles one.
             cores = int(target.attrs["num-cores"])
-            contexts, weights = tune_contexts([extracted[i] for i in fresh], target)
+            contexts, weights = tune_contexts([extracted[i] for i in todo], target)
+            per_round = max(1, min(TRIALS_PER_ROUND, trials // len(todo)))
             ms.tune.tune_tasks(
                 tasks=contexts,
                 task_weights=weights,
                 work_dir=work_dir,
-                max_trials_global=budget,
-                num_trials_per_iter=TRIALS_PER_ROUND,
+                # The scheduler starts a round while fewer than this many trials ran, and a
+                # round runs up to `per_round`: so never more than `trials` in all.
+                max_trials_global=trials - per_round + 1,
+                num_trials_per_iter=per_round,
                 builder=ms.builder.LocalBuilder(f_build=build_candidate, timeout_sec=60, max_workers=cores),
                 runner=ms.runner.LocalRunner(timeout_sec=30),
                 database=database,
@@ -140,13 +164,17 @@ def tune_and_apply(
         if tracker.trials and tracker.failed == tracker.trials:
             raise RuntimeError(f"every tuning trial failed; the last: {tracker.last_error}")
         checked = _checked_database(database, extracted, reports, target)
-        exported = [_export(checked, extracted[i].dispatched[0], reports[i]) for i in fresh]
+        # The database held the cached schedules too, so a kernel's best is never slower than
+        # its cached one: the cache only improves.
+        exported = [
+            _export(checked, extracted[i].dispatched[0], reports[i]) for i in todo if reports[i].new_trials
+        ]
         # The pass takes the database in context when given no work_dir.
         with target, tvm.transform.PassContext(opt_level=3), checked:
             tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
             tuned = _prepack_weights(tuned)
     new_records = [r for r in exported if r.records]
-    return tuned, TuningResult(tracker.trials, budget, tracker.failed, reports, new_records)
+    return tuned, TuningResult(tracker.trials, trials, tracker.failed, reports, new_records)
 
 
 def tune_contexts(tasks: Sequence[Any], target: Any) -> tuple[list[Any], list[float]]:
@@ -355,9 +383,10 @@ def _hash(workload_mod: Any) -> str:
     return f"{tvm_ffi.structural_hash(workload_mod) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-def _commit(database: Any, item: WorkloadRecords) -> None:
+def _commit(database: Any, item: WorkloadRecords) -> bool:
     """Add cached records to the database; one that no longer loads (an older format, another
-    TVM) is skipped with a warning: a stale cache entry costs trials, never the compile."""
+    TVM) is skipped with a warning: a stale cache entry costs trials, never the compile. Whether
+    they were added."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
@@ -366,11 +395,11 @@ def _commit(database: Any, item: WorkloadRecords) -> None:
         records = [ms.database.TuningRecord.from_json(json.loads(r), workload) for r in item.records]
     except Exception as exc:  # TVM raises many types, with C++ traces
         log.warning("skipping the cached tuning record %s: %s", item.workload_hash, _last_line(str(exc)))
-        return
-    # Only now: a workload in the database counts as tuned, and its kernel would not be.
+        return False
     database.commit_workload(workload.mod)
     for record in records:
         database.commit_tuning_record(record)
+    return True
 
 
 def _checked_database(database: Any, tasks: Sequence[Any], reports: Sequence[TaskReport], target: Any) -> Any:
@@ -482,6 +511,7 @@ def _export(database: Any, workload_mod: Any, report: TaskReport) -> WorkloadRec
         report.workload_hash,
         tvm.ir.save_json(workload.as_json()),
         [json.dumps(_plain(record_json(record))) for record in best],
+        report.earlier_trials + report.new_trials,
     )
 
 

@@ -39,9 +39,9 @@ class JobOut:
         version (int):
         worker (None | str): The worker (hostname-pid) that last started the job.
         tuning (JobOutTuningType0 | None | Unset): Tuned variants only: trials_done, trials_total, best_estimate_ms (the
-            tuned kernels' summed best time), and when done `tasks`, each kernel's new_trials, whether cached records were
-            `reused`, and how many of its fastest schedules were left out as `wrong_schedules` (they computed something else
-            than the untuned kernel).
+            tuned kernels' summed best time), and when done `tasks`, each kernel's new_trials, the earlier_trials of its
+            cached records, whether those were `reused` as they were, and how many of its fastest schedules were left out as
+            `wrong_schedules` (they computed something else than the untuned kernel).
     """
 
     attempts: int
