@@ -161,9 +161,21 @@ def make_broker(settings: Settings) -> RedisBroker:
     return broker
 
 
-def declare_actor(broker: RedisBroker, registry: Registry, settings: Settings) -> None:
+def declare_actor(
+    broker: RedisBroker, registry: Registry, settings: Settings, stopping: threading.Event
+) -> None:
     def compile_variant(job_id: str) -> None:
-        run_compile_job(registry, settings, job_id)
+        run_compile_job(registry, settings, job_id, stopping)
+        if stopping.is_set():
+            give_back(job_id)
+
+    def give_back(job_id: str) -> None:
+        """A compile stopped as its worker stops: its message is acknowledged as the actor
+        returns, so a new one goes out now, for another worker; Redelivery would find the job
+        only a while later, and count that as an attempt."""
+        job = registry.get_job(job_id)
+        if job.status not in SETTLED_JOBS:
+            DramatiqQueue(settings, broker).enqueue(job)
 
     # Compile failures are recorded on the variant and never raise; what raises is
     # transient (a store outage), so a few retries with backoff are right.

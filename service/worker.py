@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 
@@ -73,7 +74,9 @@ def run_worker(settings: Settings) -> None:
     scratch.sweep()  # what a worker killed mid-compile left on the disk
     registry = Registry(open_store(settings))
     broker = make_broker(settings)
-    declare_actor(broker, registry, settings)
+    # Set by SIGTERM or Ctrl-C: compiles under way stop, and their jobs go back to the queue.
+    stop = threading.Event()
+    declare_actor(broker, registry, settings, stop)
     targets = settings.host_targets()
     queues = {queue_name(t) for t in targets}
     for name in queues:
@@ -82,9 +85,14 @@ def run_worker(settings: Settings) -> None:
     # Dramatiq takes twice its threads' messages: a worker busy with an hour of tuning held the
     # next job that long while other workers sat idle.
     worker.queue_prefetch = settings.compile_workers
-    stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        if stop.is_set():  # a second: at once (the compile children die with this process)
+            os._exit(1)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     if settings.worker_metrics_port:
         serve_metrics(settings.worker_metrics_port)
     heartbeat = Heartbeat(registry, targets, settings.worker_heartbeat_s)
@@ -103,6 +111,6 @@ def run_worker(settings: Settings) -> None:
     log.info("worker stopping")
     logs.stop()
     redelivery.stop()
-    heartbeat.stop()
-    worker.stop()
+    worker.stop(timeout=int(settings.shutdown_timeout_s * 1000))
+    heartbeat.stop()  # withdrawn once nothing compiles here
     broker.close()

@@ -129,6 +129,34 @@ def test_sigkilled_worker_job_is_redelivered(api1: httpx.Client, cluster: Cluste
     assert job["status"] == "succeeded" and job["attempts"] == 2
 
 
+def test_a_stopped_worker_gives_its_compile_back_at_once(api1: httpx.Client, cluster: Cluster) -> None:
+    """SIGTERM, as a rollout stops a pod: the worker ran the compile to its end, past the pod's
+    grace period, to be SIGKILLed, and the job came back a heartbeat later, counted an attempt."""
+    response = upload(api1, MODELS["encoder"], name="encoder-stop", max_batch_size=5, backends=["tvm"])
+    assert response.status_code == 202, response.text
+    job_id = by_backend(response.json()["variants"], "tvm")["job_id"]
+
+    def compiling() -> bool:
+        job = api1.get(f"/v1/jobs/{job_id}").json()
+        assert job["status"] != "succeeded", "the compile finished before the worker could be stopped"
+        return bool(job["stage"] == "compiling")
+
+    wait_until(compiling, 120, "the compile to start", interval=0.05)
+    began = time.monotonic()
+    cluster.worker.stop()
+    assert time.monotonic() - began < 10, cluster.worker.tail()
+    job = api1.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] != "succeeded" and job["attempts"] == 0, job  # a restart is no attempt
+
+    cluster.worker = cluster.new_worker()
+    cluster.worker.start()
+    variants = wait_settled(api1, "encoder-stop", response.json()["version"], timeout=600)
+    tvm = by_backend(variants, "tvm")
+    assert tvm["status"] == "ready", tvm["error"]
+    job = api1.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "succeeded" and job["attempts"] == 1, job
+
+
 def test_a_worker_holds_no_more_jobs_than_it_compiles_at_once(api1: httpx.Client, cluster: Cluster) -> None:
     """Dramatiq takes twice its threads' messages by default: a worker busy with an hour of
     tuning held the next job that long while other workers sat idle."""
