@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -103,36 +104,10 @@ def test_identical_reupload_is_deduplicated_across_apis(api1: httpx.Client, api2
     assert tvm["status"] == "ready" and tvm["cache_hit"] is True
 
 
-def test_sigkilled_worker_job_is_redelivered(api1: httpx.Client, cluster: Cluster) -> None:
-    # A config no earlier test used, so the artifact cache cannot answer it.
-    response = upload(api1, MODELS["encoder"], name="encoder-kill", max_batch_size=6, backends=["tvm"])
-    assert response.status_code == 202, response.text
-    job_id = by_backend(response.json()["variants"], "tvm")["job_id"]
-
-    def compiling() -> bool:
-        job = api1.get(f"/v1/jobs/{job_id}").json()
-        assert job["status"] != "succeeded", "the compile finished before the worker could be killed"
-        return bool(job["stage"] == "compiling")
-
-    wait_until(compiling, 120, "the compile to start", interval=0.05)
-    cluster.worker.kill()
-    time.sleep(1)
-    job = api1.get(f"/v1/jobs/{job_id}").json()
-    assert job["status"] == "running" and job["attempts"] == 1
-
-    cluster.worker = cluster.new_worker()
-    cluster.worker.start()
-    variants = wait_settled(api1, "encoder-kill", response.json()["version"], timeout=600)
-    tvm = by_backend(variants, "tvm")
-    assert tvm["status"] == "ready", tvm["error"]
-    job = api1.get(f"/v1/jobs/{job_id}").json()
-    assert job["status"] == "succeeded" and job["attempts"] == 2
-
-
-def test_a_stopped_worker_gives_its_compile_back_at_once(api1: httpx.Client, cluster: Cluster) -> None:
-    """SIGTERM, as a rollout stops a pod: the worker ran the compile to its end, past the pod's
-    grace period, to be SIGKILLed, and the job came back a heartbeat later, counted an attempt."""
-    response = upload(api1, MODELS["encoder"], name="encoder-stop", max_batch_size=5, backends=["tvm"])
+def compiling_encoder(api1: httpx.Client, name: str, max_batch_size: int) -> tuple[int, str]:
+    """The encoder uploaded under `name` with a config no earlier test used (so the artifact
+    cache cannot answer it), once its TVM compile has started: its version and job id."""
+    response = upload(api1, MODELS["encoder"], name=name, max_batch_size=max_batch_size, backends=["tvm"])
     assert response.status_code == 202, response.text
     job_id = by_backend(response.json()["variants"], "tvm")["job_id"]
 
@@ -142,18 +117,43 @@ def test_a_stopped_worker_gives_its_compile_back_at_once(api1: httpx.Client, clu
         return bool(job["stage"] == "compiling")
 
     wait_until(compiling, 120, "the compile to start", interval=0.05)
+    return response.json()["version"], job_id
+
+
+def compiled_by_a_new_worker(
+    api1: httpx.Client, cluster: Cluster, name: str, version: int, job_id: str
+) -> dict[str, Any]:
+    """The job, once a new worker has compiled its variant."""
+    cluster.worker = cluster.new_worker()
+    cluster.worker.start()
+    tvm = by_backend(wait_settled(api1, name, version, timeout=600), "tvm")
+    assert tvm["status"] == "ready", tvm["error"]
+    job: dict[str, Any] = api1.get(f"/v1/jobs/{job_id}").json()
+    return job
+
+
+def test_sigkilled_worker_job_is_redelivered(api1: httpx.Client, cluster: Cluster) -> None:
+    version, job_id = compiling_encoder(api1, "encoder-kill", 6)
+    cluster.worker.kill()
+    time.sleep(1)
+    job = api1.get(f"/v1/jobs/{job_id}").json()
+    assert job["status"] == "running" and job["attempts"] == 1
+
+    job = compiled_by_a_new_worker(api1, cluster, "encoder-kill", version, job_id)
+    assert job["status"] == "succeeded" and job["attempts"] == 2
+
+
+def test_a_stopped_worker_gives_its_compile_back_at_once(api1: httpx.Client, cluster: Cluster) -> None:
+    """SIGTERM, as a rollout stops a pod: the worker ran the compile to its end, past the pod's
+    grace period, to be SIGKILLed, and the job came back a heartbeat later, counted an attempt."""
+    version, job_id = compiling_encoder(api1, "encoder-stop", 5)
     began = time.monotonic()
     cluster.worker.stop()
     assert time.monotonic() - began < 10, cluster.worker.tail()
     job = api1.get(f"/v1/jobs/{job_id}").json()
     assert job["status"] != "succeeded" and job["attempts"] == 0, job  # a restart is no attempt
 
-    cluster.worker = cluster.new_worker()
-    cluster.worker.start()
-    variants = wait_settled(api1, "encoder-stop", response.json()["version"], timeout=600)
-    tvm = by_backend(variants, "tvm")
-    assert tvm["status"] == "ready", tvm["error"]
-    job = api1.get(f"/v1/jobs/{job_id}").json()
+    job = compiled_by_a_new_worker(api1, cluster, "encoder-stop", version, job_id)
     assert job["status"] == "succeeded" and job["attempts"] == 1, job
 
 
