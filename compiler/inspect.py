@@ -39,8 +39,8 @@ def inspect_model(
     `rows_apart` false. An output of a dtype no protocol carries (complex, say)
     is an InvalidModelError.
     Meant for a child process with a time and a memory limit (service.sandbox), which a broken model
-    can only crash or stall. That child shares the server's files and network: what keeps a hostile
-    model's code from them is that load_torchscript refuses models that call ops that reach them.
+    can only crash or stall. That child shares the server's files and network: load_torchscript
+    refuses models that call the ops known to reach them, a check of the code, not a sandbox.
     """
     set_threads(1)
     spec = InputSpec.from_dicts(spec_doc["inputs"], spec_doc["max_batch_size"])

@@ -381,6 +381,18 @@ class AllReduces(torch.nn.Module):
         return torch.ops._c10d_functional.all_reduce(x, "sum", "0")
 
 
+class PeeksAtMemory(torch.nn.Module):
+    """A view 4096 times its tensor's size: it read the heap, other requests' inputs included."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.inductor._reinterpret_tensor(x, [x.numel() * 4096], [1], 0)
+
+
+class IndexesUnchecked(torch.nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._unsafe_index(x, [i])
+
+
 class WritesFileAsItLoads(ReadsFile):
     """torch.jit.load runs __setstate__ itself, before anything can read the model's code."""
 
@@ -413,7 +425,7 @@ def victim(tmp_path: Path) -> Path:
     return path
 
 
-OUTSIDE = "Kiln refuses models that touch files or the network"
+OUTSIDE = "Kiln refuses models that reach outside their tensors"
 
 
 @pytest.mark.parametrize(
@@ -428,6 +440,8 @@ OUTSIDE = "Kiln refuses models that touch files or the network"
         (ReadsThroughAnInterface, "aten::from_file", "FileReader.read"),
         (ReadsInAFork, "aten::from_file", "ReadsInAFork.forward"),
         (lambda path: AllReduces(), "_c10d_functional::all_reduce", "AllReduces.forward"),
+        (lambda path: PeeksAtMemory(), "inductor::_reinterpret_tensor", "PeeksAtMemory.forward"),
+        (lambda path: IndexesUnchecked(), "aten::_unsafe_index", "IndexesUnchecked.forward"),
     ],
     ids=[
         "read",
@@ -439,6 +453,8 @@ OUTSIDE = "Kiln refuses models that touch files or the network"
         "interface",
         "fork",
         "collective",
+        "reinterpreted",
+        "unsafe-index",
     ],
 )
 def test_a_model_that_touches_files_or_the_network_is_refused(
