@@ -237,3 +237,18 @@ def test_a_tuned_build_takes_batched_and_unbatched_inputs_together(unbatched_fir
         x = rng.standard_normal((batch, 8)).astype(np.float32)
         got = runner.run({"w": w, "x": x})["output0"]
         np.testing.assert_allclose(got, np.maximum(x @ w, 0), rtol=1e-5, atol=1e-6)
+
+
+class Identity(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def test_a_tuned_compile_of_a_model_without_kernels_builds() -> None:
+    """No kernel to share the trials among: the share was a division by zero, and failed it."""
+    model = io.BytesIO()
+    torch.jit.save(torch.jit.script(Identity()), model)
+    spec = InputSpec.parse(["x:float32[-1,2,4]"], 4)
+    options = CompileOptions(threads=1, backend_options={"tuning_trials": 4})
+    result = compile_and_check(model.getvalue(), spec, "tvm", cpu_target(), options)
+    assert result.artifact.meta["tuning"]["tasks"] == []

@@ -137,7 +137,7 @@ def tune_and_apply(
         reports = [
             TaskReport(task.task_name, _hash(task.dispatched[0]), int(task.weight)) for task in extracted
         ]
-        asked = max(1, trials // len(reports))
+        asked = max(1, trials // max(1, len(reports)))  # a model of no kernels (x -> x) has none
         for report in reports:
             report.earlier_trials = earlier.get(report.workload_hash, 0)
             report.reused = report.earlier_trials >= asked
