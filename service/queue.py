@@ -18,7 +18,7 @@ from typing import Protocol
 import dramatiq
 import redis
 from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
-from dramatiq.common import current_millis, dq_name
+from dramatiq.common import current_millis, dq_name, xq_name
 from dramatiq.errors import DecodeError
 from dramatiq.message import Message
 
@@ -264,7 +264,9 @@ class DramatiqQueue:
         ns = self.broker.namespace
         names = {queue_name(t) for t in targets}
         for key in client.scan_iter(match=f"{ns}:{queue_name('*')}.msgs", count=1000):
-            names.add(key.decode().removeprefix(f"{ns}:").removesuffix(".msgs").removesuffix(".DQ"))
+            name = key.decode().removeprefix(f"{ns}:").removesuffix(".msgs")
+            if name != xq_name(name.removesuffix(".XQ")):  # not a dead letter's, settled for good
+                names.add(name.removesuffix(".DQ"))
         ordered = sorted(names)
         with client.pipeline(transaction=False) as pipe:
             for name in ordered:

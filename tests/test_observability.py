@@ -384,6 +384,11 @@ def test_redis_queue_depth_counts_unsettled_messages(redis_url: str) -> None:
         # A GPU worker's queue, which the API's host neither serves nor knows of, still shows.
         queue.enqueue(compile_job("job-3", "cuda-sm90"))
         assert queue.depth([target]) == {name: 2, queue_name("cuda-sm90"): 1}
+        # Dramatiq's dead letters (out of retries) are settled, not waiting: kept 7 days, they
+        # showed as a queue of their own.
+        dead = f"{queue.broker.namespace}:{queue_name('cuda-sm80')}.XQ.msgs"
+        queue.broker.client.hset(dead, "message-id", b"{}")
+        assert queue.depth([target]) == {name: 2, queue_name("cuda-sm90"): 1}
     finally:
         queue.close()
 
