@@ -218,6 +218,7 @@ class Batcher(Generic[T]):
         self._events = asyncio.get_running_loop()  # made by a request: `drain` reaches it from threads
         self._drained: Future[None] | None = None  # draining: answered once no request is pending
         self._limit: asyncio.TimerHandle | None = None  # when a drain gives up on those waiting
+        self._gave_up = asyncio.Event()  # that limit passed: those still waiting for a load too
         self._pending = 0  # submitted and not yet answered; only touched on the event loop
         # The most requests pending at once in this batch cycle, and in the last PEAK_CYCLES; a
         # new batcher has seen no load yet, so it waits as if batches could fill.
@@ -254,7 +255,7 @@ class Batcher(Generic[T]):
         waiting = _Waiting(self.on_waiting)
         try:
             if ready is not None:
-                await _until(ready, deadline)
+                await self._until(ready, deadline)
             if self.policy.max_batch_size == 1:
                 return await self._run_alone(inputs, batch, deadline, waiting, gone, on_run)
             if self._task is None or self._task.done():
@@ -429,8 +430,27 @@ class Batcher(Generic[T]):
             drained.set_result(None)
         return drained
 
+    async def _until(self, ready: Callable[[], Awaitable[None]], deadline: float | None) -> None:
+        """`ready` awaited; as for a request waiting in the queue, a TimeoutExpiredError at
+        `deadline`, and a 503 at a drain's limit (an unload waited out the load, twice its limit)."""
+        loading = asyncio.ensure_future(ready())
+        gave_up = asyncio.ensure_future(self._gave_up.wait())
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        try:
+            await asyncio.wait({loading, gave_up}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gave_up.cancel()
+            if not loading.done():
+                loading.cancel()  # the request's wait alone: the load goes on for the others
+        if self._gave_up.is_set():
+            raise _stopped()
+        if not loading.done() or loading.cancelled():
+            raise _expired()
+        loading.result()
+
     def _give_up_waiting(self) -> None:
         """A drain's limit: the requests not yet in a running batch get a 503."""
+        self._gave_up.set()
         waiting = [*self._batch, *self._queue]
         self._queue.clear()
         for r in waiting:  # one in the batch being collected is then skipped there, as expired
@@ -650,20 +670,6 @@ def _tell(on_run: Callable[[Phases], None], phases: Phases) -> None:
         on_run(phases)
     except Exception:
         log.exception("a request's phases callback failed")
-
-
-async def _until(ready: Callable[[], Awaitable[None]], deadline: float | None) -> None:
-    """`ready` awaited; a TimeoutExpiredError at `deadline`, as for a request waiting in the
-    queue."""
-    if deadline is None:
-        await ready()
-        return
-    try:
-        await asyncio.wait_for(ready(), deadline - time.monotonic())
-    except TimeoutError:
-        if time.monotonic() < deadline:
-            raise  # ready's own
-        raise _expired() from None
 
 
 def _live(requests: list[_Request[T]]) -> int:

@@ -27,7 +27,7 @@ from compiler.backends import get_backend
 from compiler.errors import CompilerError, ModelRunError
 from compiler.runner import Runner
 from compiler.spec import InputSpec
-from service.errors import ConflictError, DeletedError, QueueFullError, TimeoutExpiredError
+from service.errors import ConflictError, DeletedError, QueueFullError, TimeoutExpiredError, UnavailableError
 from service.memory import YOUNG_COLLECTION_ALLOCATIONS, collect_young_less_often, freeze_heap, release_memory
 from service.registry import ModelView, Registry
 from service.runtime import Prediction, Runtime
@@ -902,3 +902,35 @@ def test_frozen_cyclic_garbage_is_freed_once_a_quarter_of_the_heap_was_frozen_si
     freeze_heap()
     assert garbage() is None
     del grown
+
+
+def test_an_unload_answers_the_requests_waiting_for_a_load_at_its_drain_limit(
+    runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As it answers those waiting for a batch: they waited out the load (1.5 s past a limit of
+    0.3), and then their batch loaded the runner again, on an inference lane."""
+    slow = slow_onnxruntime(monkeypatch, 1.5)
+    monkeypatch.setattr("service.runtime.UNLOAD_DRAIN_S", 0.3)
+    runtime.route("mlp", None)
+    x = np.random.default_rng(0).standard_normal((1, 64)).astype(np.float32)
+
+    async def ask(began: float) -> tuple[str, float]:
+        try:
+            await runtime.predict("mlp", None, {"x": x}, backend="onnxruntime")
+            answer = "answered"
+        except UnavailableError:
+            answer = "503"
+        return answer, time.monotonic() - began
+
+    async def main() -> list[tuple[str, float]]:
+        began = time.monotonic()
+        asking = [asyncio.create_task(ask(began)) for _ in range(4)]
+        await asyncio.sleep(0.2)
+        runtime.unload("mlp")
+        return list(await asyncio.gather(*asking))
+
+    answers = asyncio.run(main())
+    assert [answer for answer, _ in answers] == ["503"] * 4
+    assert max(at for _, at in answers) < 1.2, answers  # at 0.5 s, not once the load ended
+    time.sleep(1.5)  # the load, not cut short, ends
+    assert slow.loads == 1
