@@ -141,6 +141,7 @@ _SETSTATE = b"__setstate__"
 # other from the archive's code, except C++ classes that torch and its extensions register.
 _BUILT_BY_TORCH = {"torch", "torch.jit._pickle", "__main__"} | {
     "torch._utils _rebuild_tensor_v2",
+    "torch._utils _rebuild_parameter",
     "torch._utils _rebuild_qtensor",
     "torch._utils _rebuild_sparse_tensor",
     "torch._tensor _rebuild_from_type_v2",
