@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -167,8 +168,9 @@ def test_compile_with_tuning_writes_a_static_batch_artifact(tmp_path: Path) -> N
     args = ["--input", "x:float32[-1,32]", "--max-batch-size", "2", "--tuning-trials", "16", "-o", str(out)]
     done = kiln("compile", str(source), *args)
     assert done.returncode == 0, done.stdout + done.stderr
-    # Two kernels (the shared layer and the head) per batch size, 16 trials each at least.
-    assert "tuned: 64 trials over 4 kernels" in done.stdout
+    # Two kernels (the shared layer and the head) per batch size, sharing the 16 trials asked for.
+    tuned = re.search(r"tuned: (\d+) trials over 4 kernels", done.stdout)
+    assert tuned is not None and 0 < int(tuned[1]) <= 16, done.stdout
     artifact = Artifact.unpack(out.read_bytes())
     assert artifact.meta["batch_sizes"] == [1, 2] and "new_tuning_records" not in artifact.meta
     runner = get_backend("tvm").load(artifact)
