@@ -153,7 +153,7 @@ def test_the_gpu_check_refuses_a_host_without_a_gpu_and_says_why() -> None:
 
     check = run("bash", "scripts/gpu_check.sh")
     assert check.returncode == 1
-    assert "gpu_check: needs a CUDA build of torch and a visible GPU" in check.stderr
+    assert "gpu_check: needs torch 2.13 built for CUDA 13 and a visible GPU" in check.stderr
     assert "is a CPU build" in check.stderr or "CUDA is not available" in check.stderr
     usage = run(sys.executable, "scripts/gpu_report.py", "--help")
     assert usage.returncode == 0 and "resnet18" in usage.stdout
