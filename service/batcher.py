@@ -618,11 +618,11 @@ class Batcher(Generic[T]):
         take (an index out of range, say) fails alone and not the others it was batched with."""
         started = time.monotonic()
         try:
-            parts = [r.inputs for r in requests]
-            if len(parts) > 1 and sum(a.nbytes for p in parts for a in p.values()) > MERGE_INLINE_BYTES:
-                merged = await asyncio.to_thread(merge, parts)
+            inputs = [r.inputs for r in requests]
+            if len(inputs) > 1 and sum(a.nbytes for i in inputs for a in i.values()) > MERGE_INLINE_BYTES:
+                merged = await asyncio.to_thread(merge, inputs)
             else:
-                merged = merge(parts)
+                merged = merge(inputs)
             merged_at = time.monotonic()
             (outputs, tag), began, ended = await self._run_timed(merged, lane)
             handed_back = time.monotonic()  # the wait for the event loop is no phase's

@@ -265,8 +265,8 @@ class DramatiqQueue:
         names = {queue_name(t) for t in targets}
         for key in client.scan_iter(match=f"{ns}:{queue_name('*')}.msgs", count=1000):
             name = key.decode().removeprefix(f"{ns}:").removesuffix(".msgs")
-            if name != xq_name(name.removesuffix(".XQ")):  # not a dead letter's, settled for good
-                names.add(name.removesuffix(".DQ"))
+            if not name.endswith(xq_name("")):  # a dead letter's is settled for good
+                names.add(name.removesuffix(dq_name("")))
         ordered = sorted(names)
         with client.pipeline(transaction=False) as pipe:
             for name in ordered:

@@ -16,6 +16,9 @@ from compiler.runner import output_names
 from compiler.spec import DType, InputSpec
 from service.errors import InvalidConfigError
 
+# The largest max_batch_size a model's config, or the server's default, may set.
+MAX_BATCH_SIZE = 4096
+
 
 class VariantStatus(StrEnum):
     queued = "queued"
@@ -196,7 +199,7 @@ class ModelConfig(ServingConfig):
     # The names the model's outputs are served under, in the order it returns them (Triton's
     # OUTPUT__0, say); outputs past the list keep theirs. None: output0, output1, ...
     output_names: list[TensorName] | None = Field(default=None, min_length=1, max_length=MAX_OUTPUT_NAMES)
-    max_batch_size: int | None = Field(default=None, ge=1, le=4096)
+    max_batch_size: int | None = Field(default=None, ge=1, le=MAX_BATCH_SIZE)
     # Each a backend name, or a BackendRequest; one variant per entry and target.
     backends: list[str | BackendRequest] | None = None
     # Targets to compile for: "auto" is every target a live worker announced plus this API

@@ -423,10 +423,8 @@ class Runtime:
         # The variant for this request alone is loaded before it queues, the request counted in
         # its batcher meanwhile (against max_queue_size; pending, which an autoscaler reads: the
         # requests a cold replica holds); a batch may still pick another.
-        variant = self.choose(route.variants, batch, backend)
-        ready = None
-        if self._cached(runner_key(route.version, variant)) is None:
-            ready = partial(self._load_for, route, batch, backend)
+        key = runner_key(route.version, self.choose(route.variants, batch, backend))
+        ready = None if self._cached(key) is not None else partial(self._load_for, key, route, batch, backend)
         try:
             timeout_us = effective_timeout(timeout_us, route.version.config.default_timeout_us)
             deadline = None if timeout_us is None else arrived + timeout_us / 1e6
@@ -446,11 +444,11 @@ class Runtime:
         self.stats.answered(name, number, done - started, done - begun, variant.backend, variant.target)
         return Prediction(outputs, number, variant)
 
-    async def _load_for(self, route: Route, batch: int, backend: str | None) -> None:
-        """The request's runner loaded (`runner`), in the context of the request that starts the
-        load (its log lines carry its id) and off the inference threads. A failed load fails
-        every request waiting for it, and the next request tries again."""
-        key = (runner_key(route.version, self.choose(route.variants, batch, backend)), backend)
+    async def _load_for(self, runner: str, route: Route, batch: int, backend: str | None) -> None:
+        """The request's runner (`runner`, its key) loaded, in the context of the request that
+        starts the load (its log lines carry its id) and off the inference threads. A failed load
+        fails every request waiting for it, and the next request tries again."""
+        key = (runner, backend)
 
         def load() -> tuple[VariantRecord, Loaded]:
             try:

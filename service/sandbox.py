@@ -259,7 +259,7 @@ def die_with_parent(parent_pid: int, sig: signal.Signals) -> None:
         os.kill(os.getpid(), sig)
 
 
-def _watch_parent(parent_pid: int, sig: signal.Signals = signal.SIGKILL) -> None:
+def _watch_parent(parent_pid: int, sig: signal.Signals) -> None:
     while os.getppid() == parent_pid:
         time.sleep(1.0)
     os.kill(os.getpid(), sig)

@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from compiler.hardware import local_targets
 from compiler.race import RACE_ROUNDS
 from compiler.threads import available_cpus
+from service.records import MAX_BATCH_SIZE
 
 
 class Settings(BaseSettings):
@@ -120,7 +121,7 @@ class Settings(BaseSettings):
     # How often `kiln worker` announces its targets; an API counts a worker live for 3 beats.
     worker_heartbeat_s: float = Field(default=5.0, gt=0)
 
-    default_max_batch_size: int = Field(default=8, ge=1, le=4096)
+    default_max_batch_size: int = Field(default=8, ge=1, le=MAX_BATCH_SIZE)
     # ONNX Runtime is the CPU bar TVM must beat, and compiles in seconds; inductor is opt-in,
     # as its C++ build takes a minute or more per model on a small host.
     default_backends: list[str] = ["tvm", "onnxruntime"]

@@ -280,9 +280,9 @@ def test_watchdog_fallback_kills_orphan(tmp_path: Path) -> None:
     """The watchdog used where prctl(PR_SET_PDEATHSIG) is unavailable."""
     pid_file = tmp_path / "pid"
     child = f"""
-        import os, threading, time
+        import os, signal, threading, time
         from service.sandbox import _watch_parent
-        threading.Thread(target=_watch_parent, args=(os.getppid(),), daemon=True).start()
+        threading.Thread(target=_watch_parent, args=(os.getppid(), signal.SIGKILL), daemon=True).start()
         open({str(pid_file)!r}, "w").write(str(os.getpid()))
         time.sleep(60)
     """

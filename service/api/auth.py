@@ -47,10 +47,11 @@ def parse_keys(text: str) -> dict[str, Scope]:
                 f"KILN_API_KEYS: entry {n} is the example's placeholder, not a key: set keys of your "
                 "own (`openssl rand -hex 24`, say), or none to leave the API open on purpose"
             )
-        first = entries.setdefault(digest(key), n)
-        if first != n and keys[digest(key)] != scope:
+        hashed = digest(key)
+        first = entries.setdefault(hashed, n)
+        if first != n and keys[hashed] != scope:
             raise InvalidConfigError(f"KILN_API_KEYS: entry {n} gives entry {first}'s key another scope")
-        keys[digest(key)] = Scope(scope)
+        keys[hashed] = Scope(scope)
     return keys
 
 
