@@ -16,6 +16,7 @@ import numpy as np
 
 from compiler.spec import bool_among_numbers
 from service.errors import BadRequestError
+from service.headers import byte_count
 
 DATATYPES: dict[str, np.dtype] = {
     name: np.dtype(dtype)
@@ -375,20 +376,14 @@ def _requested(docs: object, binary_output: bool, shared: SharedAccess) -> Reque
     return Requested(wanted, to_shared, counts)
 
 
-def plain_digits(text: str) -> bool:
-    """ASCII digits alone: int() also takes "+5", "5_000", " 5" and other scripts' digits, which
-    a check of the text as digits would let past."""
-    return text.isascii() and text.isdigit()
-
-
 def _split(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     if header_length is None:
         return body, memoryview(b"")
-    if not plain_digits(header_length):
+    length = byte_count(header_length)
+    if length is None:
         raise BadRequestError(
             f"Inference-Header-Content-Length must be a byte count in digits, not {header_length[:20]!r}"
         )
-    length = int(header_length)
     if length > len(body):
         raise BadRequestError(
             f"Inference-Header-Content-Length is {length}, but the body has {len(body)} bytes"

@@ -13,6 +13,7 @@ import time
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
@@ -673,6 +674,35 @@ def test_v2_infer_over_limit(http: httpx.Client) -> None:
     assert served.status_code == 200, served.text
     got = np.array(served.json()["outputs"][0]["data"], dtype=np.float32)
     np.testing.assert_allclose(got, expected(MLP, x).ravel(), rtol=1e-5, atol=1e-6)
+
+
+def test_byte_counts_past_4300_digits(server: KilnServer, http: httpx.Client) -> None:
+    """int() refuses a string of more than 4,300 digits: a Content-Length or
+    Inference-Header-Content-Length that long, zero-padded or not, got a 500 and a logged traceback."""
+    v2_body = json.dumps(infer_body(sample(MLP, 1))).encode()
+    v1_body = json.dumps({"instances": sample(MLP, 1).tolist()}).encode()
+
+    def post(path: str, body: bytes, **headers: str) -> tuple[int, dict[str, Any]]:
+        connection = HTTPConnection("127.0.0.1", server.port, timeout=30)
+        auth = {"Authorization": f"Bearer {ADMIN}", "Content-Type": "application/json"}
+        connection.request("POST", path, body, auth | {k.replace("_", "-"): v for k, v in headers.items()})
+        response = connection.getresponse()
+        try:
+            return response.status, json.loads(response.read())
+        finally:
+            connection.close()
+
+    def padded(body: bytes) -> str:
+        return "0" * 5000 + str(len(body))
+
+    v2_path = "/v2/models/mlp/infer"
+    for path, body in ((v2_path, v2_body), ("/v1/models/mlp:predict", v1_body)):
+        status, answer = post(path, body, Content_Length=padded(body))
+        assert status == 200, answer
+    status, answer = post(v2_path, v2_body, Inference_Header_Content_Length=padded(v2_body))
+    assert status == 200, answer
+    status, answer = post(v2_path, v2_body, Inference_Header_Content_Length="9" * 5000)
+    assert status == 413 and "at least 10000" in answer["error"] and "KILN_MAX_JSON_MB" in answer["error"]
 
 
 def test_v2_infer_over_limit_once_decompressed(http: httpx.Client) -> None:

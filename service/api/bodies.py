@@ -19,6 +19,7 @@ from service.api.compression import (
 )
 from service.api.problems import too_large, validation_detail
 from service.errors import BadRequestError, PayloadTooLargeError
+from service.headers import byte_count
 from service.settings import Settings
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -51,9 +52,9 @@ async def bounded_body(request: Request, limit: int, setting: str = "KILN_MAX_UP
     """The body, refused with 413 past `limit` bytes (the `setting`'s): a declared length before
     any is read, a chunked body as it arrives. The route checks this itself, since `hot_path`
     serves it without the framework's body limit."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdecimal() and int(declared) > limit:
-        raise PayloadTooLargeError(too_large(int(declared), limit, setting))
+    declared = byte_count(request.headers.get("content-length", ""))
+    if declared is not None and declared > limit:
+        raise PayloadTooLargeError(too_large(declared, limit, setting))
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)

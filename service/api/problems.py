@@ -30,6 +30,7 @@ from compiler.errors import (
 )
 from service.api.schemas import Problem, shared_components
 from service.errors import KilnError, PayloadTooLargeError
+from service.headers import byte_count
 from service.store import StoreUnavailableError
 
 log = logging.getLogger("kiln.api")
@@ -103,8 +104,8 @@ class DeclaredTooLarge:
                 # The limit in force: a route's own is below the app's only for JSON inference.
                 limit = scope.get(MAX_BODY_SIZE_SCOPE_KEY) or self.limit
                 setting = "KILN_MAX_JSON_MB" if limit < self.limit else "KILN_MAX_UPLOAD_MB"
-                declared = int(Headers(scope=scope).get("content-length", str(limit + 1)))
-                error = PayloadTooLargeError(too_large(declared, limit, setting))
+                declared = byte_count(Headers(scope=scope).get("content-length", ""))
+                error = PayloadTooLargeError(too_large(declared or limit + 1, limit, setting))
                 await self.answer(route)(error)(scope, receive, send)
                 return
             await send(message)

@@ -34,13 +34,14 @@ from service.api.schemas import ProtocolError, error_responses
 from service.batcher import BatchPolicy, Gone
 from service.classification import check_classified, classified, classify_cost
 from service.errors import BadRequestError, NotFoundError, NotReadyError, PayloadTooLargeError
+from service.headers import byte_count
 from service.records import VersionRecord
 from service.registry import ModelView
 from service.router import servable, serving_version
 from service.runtime import Prediction, batch_policy
 from service.settings import Settings
 from service.store import StoreUnavailableError
-from service.tensors import InferRequest, Output, datatype_of, decode_request, encode_response, plain_digits
+from service.tensors import InferRequest, Output, datatype_of, decode_request, encode_response
 
 log = logging.getLogger("kiln.api")
 
@@ -287,19 +288,18 @@ INLINE_CLASSIFY_COST = 2048  # service.classification.classify_cost: the top 5 o
 
 
 def decodes_inline(body: bytes, header_length: str | None) -> bool:
-    try:
-        json_bytes = len(body) if header_length is None else min(int(header_length), len(body))
-    except ValueError:
+    length = len(body) if header_length is None else byte_count(header_length)
+    if length is None:
         return True  # decode_request rejects it at once
+    json_bytes = min(length, len(body))
     return json_bytes <= INLINE_JSON_BYTES and len(body) - json_bytes <= INLINE_BINARY_BYTES
 
 
 def names_shared_memory(body: bytes, header_length: str | None) -> bool:
     """Whether the JSON header may name a shared-memory region: a scan, not a parse, so it also
     says yes to any \\u escape, which could spell the key."""
-    try:
-        end = len(body) if header_length is None else int(header_length)
-    except ValueError:  # decode_request rejects it
+    end = len(body) if header_length is None else byte_count(header_length)
+    if end is None:  # decode_request rejects it
         end = len(body)
     return body.find(b"shared_memory_", 0, end) != -1 or body.find(b"\\u", 0, end) != -1
 
@@ -338,13 +338,11 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
     svc = await services(request)
     header_length = request.headers.get(HEADER_LENGTH)
     body = await inference_body(request, svc.settings, header_length is not None)
-    if (
-        header_length is not None
-        and plain_digits(header_length)  # any other is refused by decode_request, before its parse
-        and int(header_length) > svc.settings.max_json_bytes
-    ):
+    # A length that is not a byte count is refused by decode_request, before its parse.
+    json_length = None if header_length is None else byte_count(header_length)
+    if json_length is not None and json_length > svc.settings.max_json_bytes:
         raise PayloadTooLargeError(
-            f"the request's JSON header is {header_length} bytes; KILN_MAX_JSON_MB allows "
+            f"the request's JSON header is at least {json_length} bytes; KILN_MAX_JSON_MB allows "
             f"{svc.settings.max_json_bytes}: send large tensors as binary data"
         )
     shared = svc.shared_memory
