@@ -691,6 +691,19 @@ REFUSED = [
         "data_type TYPE_STRING",
     ),
     (
+        # An output's type alone: the refusal of another input type listed it, and then a 422.
+        "an input of an output's type",
+        {
+            "config": triton_config(
+                "refused", input=[{"name": "x", "data_type": "TYPE_UINT16", "dims": [64]}]
+            ),
+            "files": {"file:1/model.pt": MODEL},
+        },
+        400,
+        "data_type TYPE_UINT16; Kiln serves inputs of ['TYPE_BOOL', 'TYPE_FP16', 'TYPE_FP32', 'TYPE_FP64', "
+        "'TYPE_INT16', 'TYPE_INT32', 'TYPE_INT64', 'TYPE_INT8', 'TYPE_UINT8']",
+    ),
+    (
         "an output the model does not have",
         {
             "config": triton_config(

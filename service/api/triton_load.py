@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2 as config_pb
 
 from compiler.runner import output_names
+from compiler.spec import DTYPES
 from service.api.deps import Services
 from service.api.models import apply_serving, parse_config, store_version
 from service.api.problems import validation_detail
@@ -107,6 +108,8 @@ PYTORCH_HINTS = {
 }
 # TYPE_FP32 -> float32: the data types of Triton's configuration that Kiln serves.
 DTYPE_OF = {f"TYPE_{name}": dtype.name for name, dtype in DATATYPES.items()}
+# An upload's inputs take fewer (compiler.spec.DType): UINT16 to UINT64 are outputs' alone.
+INPUT_DTYPE_OF = {datatype: dtype for datatype, dtype in DTYPE_OF.items() if dtype in DTYPES}
 
 
 @dataclass
@@ -376,10 +379,11 @@ def model_inputs(inputs: Any) -> list[Any]:
 
 def dtype_of(tensor: Any, kind: str) -> str:
     datatype = config_pb.DataType.Name(tensor.data_type)
-    dtype = DTYPE_OF.get(datatype)
+    served = INPUT_DTYPE_OF if kind == "input" else DTYPE_OF
+    dtype = served.get(datatype)
     if dtype is None:
         raise BadRequestError(
-            f"config: {kind} {tensor.name!r}: data_type {datatype}; Kiln serves {sorted(DTYPE_OF)}"
+            f"config: {kind} {tensor.name!r}: data_type {datatype}; Kiln serves {kind}s of {sorted(served)}"
         )
     return dtype
 
