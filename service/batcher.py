@@ -120,6 +120,8 @@ class _Request(Generic[T]):
     gone: Gone | None = None
     waiting: _Waiting | None = None
     on_run: Callable[[Phases], None] | None = None  # told when it ran (a traced request)
+    # Submitted, maybe before its runner's load: from then its client is asked (GONE_CHECK_S).
+    submitted: float = field(default_factory=time.monotonic)
     started: bool = field(init=False, default=False)  # its batch began: it is answered
     # Requests merge only when every non-batch dimension agrees.
     signature: tuple[tuple[str, tuple[int, ...], str], ...] = field(init=False)
@@ -252,12 +254,13 @@ class Batcher(Generic[T]):
                 f"max_queue_size); send this one again shortly, or raise max_queue_size"
             )
         self._count(1)
+        submitted = time.monotonic()
         waiting = _Waiting(self.on_waiting)
         try:
             if ready is not None:
                 await self._until(ready, deadline)
             if self.policy.max_batch_size == 1:
-                return await self._run_alone(inputs, batch, deadline, waiting, gone, on_run)
+                return await self._run_alone(inputs, batch, deadline, waiting, gone, on_run, submitted)
             if self._task is None or self._task.done():
                 # A context of its own: the loop outlives the request that starts it, and what
                 # it logs is no more that request's than any other's.
@@ -266,7 +269,9 @@ class Batcher(Generic[T]):
                 )
             future: asyncio.Future[tuple[Arrays, T]] = asyncio.get_running_loop().create_future()
             level = self.policy.level(priority)
-            request = _Request(inputs, batch, future, deadline, priority, level, gone, waiting, on_run)
+            request = _Request(
+                inputs, batch, future, deadline, priority, level, gone, waiting, on_run, submitted
+            )
             self._queue.append(request)
             self._wake.set()
             expiry = None
@@ -332,11 +337,12 @@ class Batcher(Generic[T]):
         waiting: _Waiting,
         gone: Gone | None,
         on_run: Callable[[Phases], None] | None,
+        submitted: float,
     ) -> tuple[Arrays, T]:
         """A model that cannot batch runs its requests side by side in the executor, as Triton
         runs a model's instances, instead of one at a time behind the queue: every runner is
         safe to call from several threads (those that are not hold a lock of their own)."""
-        alone = _Alone(time.monotonic(), waiting, gone, asyncio.get_running_loop())
+        alone = _Alone(time.monotonic(), submitted, waiting, gone, asyncio.get_running_loop())
         if deadline is None:
             result, began, ended = await self._run_timed(inputs, self.lanes[0], alone=alone)
         else:
@@ -577,7 +583,7 @@ class Batcher(Generic[T]):
         asked at once, since each answer takes a turn or two of the event loop. One that cannot
         say (its check raised) counts as there."""
         now = time.monotonic()
-        asked = [r for r in requests if r.gone is not None and now - r.arrived > GONE_CHECK_S]
+        asked = [r for r in requests if r.gone is not None and now - r.submitted > GONE_CHECK_S]
         if not asked:
             return requests
         answers = await asyncio.gather(*(r.gone() for r in asked if r.gone), return_exceptions=True)
@@ -725,6 +731,7 @@ class _Alone:
     """A request of a model that cannot batch, as the thread that takes it up sees it."""
 
     arrived: float
+    submitted: float  # as _Request.submitted
     waiting: _Waiting
     gone: Gone | None
     loop: asyncio.AbstractEventLoop
@@ -733,7 +740,7 @@ class _Alone:
         """Whether its client hung up, asked (of the event loop, from the thread) only once it
         waited past GONE_CHECK_S, as a batch's requests are. One that cannot say is there."""
         gone = self.gone
-        if gone is None or now - self.arrived <= GONE_CHECK_S:
+        if gone is None or now - self.submitted <= GONE_CHECK_S:
             return False
 
         async def ask() -> bool:

@@ -1036,6 +1036,40 @@ def test_a_request_of_a_model_that_cannot_batch_is_not_run_once_its_client_hung_
     assert asked == [1, 2, 3]
 
 
+@pytest.mark.parametrize("max_batch_size", [4, 1])
+def test_a_request_whose_client_hung_up_while_its_runner_loaded_is_not_run(max_batch_size: int) -> None:
+    """The wait for a load counts towards GONE_CHECK_S: the batch formed at once after it, so no
+    client was asked, and a burst of clients that gave up on a cold model all ran, as successes."""
+    gated, asked = Gated(), []
+    gated.gate.set()
+
+    def client(there: bool, n: int) -> Callable[[], Awaitable[bool]]:
+        async def gone() -> bool:
+            asked.append(n)
+            return not there
+
+        return gone
+
+    async def load() -> None:
+        await asyncio.sleep(GONE_CHECK_S * 2)
+
+    async def main() -> list[object]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(gated, BatchPolicy(max_batch_size), [pool])
+            answers = await asyncio.gather(
+                *(batcher.submit(tag(n), 1, gone=client(n == 1, n), ready=load) for n in (1, 2)),
+                return_exceptions=True,
+            )
+            batcher.close()
+            return answers
+
+    stayed, left = asyncio.run(main())
+    assert isinstance(left, ClientGoneError), left
+    assert isinstance(stayed, tuple)
+    assert gated.batches == [[1]]
+    assert sorted(asked) == [1, 2]
+
+
 def test_a_deadline_that_passes_while_the_thread_asks_still_counts(monkeypatch: pytest.MonkeyPatch) -> None:
     """A model that cannot batch: its request is not run once its deadline passed while the
     thread that took it up waited for its client's answer (which never came in time)."""
