@@ -32,11 +32,11 @@ def inspect_model(
 
     Inputs all named after forward()'s arguments are taken in its order, as Triton's PyTorch
     backend matches them; others in the order given. An output dimension that follows the
-    batch size is reported as -1, as is one that follows the inputs' other dynamic dimensions
-    (a sequence's length, say: those are at TRACE_FILL, and the model runs once more with them
-    at VARIED_FILL). An output of which a row in the largest batch (probed at PROBE_ROWS rows
-    at most) changes with the batch's other rows, its own unchanged, depends on them:
-    `rows_apart` false. An output of a dtype no protocol carries (complex, say)
+    batch size is reported as -1 (the first: `batched`), as is one that follows the inputs'
+    other dynamic dimensions (a sequence's length, say: those are at TRACE_FILL, and the model
+    runs once more with them at VARIED_FILL). An output of which a row in the largest batch
+    (probed at PROBE_ROWS rows at most) changes with the batch's other rows, its own unchanged,
+    depends on them: `rows_apart` false. An output of a dtype no protocol carries (complex, say)
     is an InvalidModelError.
     Meant for a child process with a time and a memory limit (service.sandbox), which a broken model
     can only crash or stall. That child shares the server's files and network: load_torchscript
@@ -84,11 +84,14 @@ def inspect_model(
                 "return real tensors (torch.view_as_real, for a complex one)"
             )
         shape = list(first.shape)
-        if len(runs) > 1 and first.ndim and runs[-1][name].shape[0] == batches[-1] != shape[0]:
-            shape[0] = -1
-        elif spec.batched and len(runs) == 1 and first.ndim and shape[0] == 1:
+        batched = bool(first.ndim) and (
+            runs[-1][name].shape[0] == batches[-1] != shape[0]
+            if len(runs) > 1
             # max_batch_size 1: every run is of batch 1, and a leading 1 is the batch's, as
             # Triton has every output of a batching model lead with it.
+            else spec.batched and shape[0] == 1
+        )
+        if batched:
             shape[0] = -1
         last = runs[-1][name].shape
         if len(last) == len(shape):
@@ -96,21 +99,23 @@ def inspect_model(
             # size at batch 1 told clients to size an output region for one row.
             shape[1:] = [-1 if d != other else d for d, other in zip(shape[1:], last[1:], strict=True)]
         if name in varied and len(varied[name]) == len(shape):
-            # The batch's dimension stays as the batch run found it: one that followed another
-            # dimension instead would be split as if it were the batch.
-            free = 1 if spec.batched else 0
+            # The batch's dimension stays as the batch run found it; a first dimension that
+            # follows another instead is -1 too, and not `batched`: never split as the batch.
+            free = 1 if batched else 0
             pairs = zip(shape[free:], varied[name][free:], strict=True)
             shape[free:] = [-1 if other != d else d for d, other in pairs]
         # Kernels do the same sums for a batch of the same size, so a row that follows the
         # others depends on them; unless the model answers otherwise each time (it samples
         # noise), where merging leaks nothing.
         apart = (
-            shape[:1] != [-1]
+            not batched
             or not repeated
             or not _same(repeated[name], reference[name])
             or _rows_kept(name, [reference, *mixed], changed)
         )
-        outputs.append({"name": name, "dtype": first.dtype.name, "shape": shape, "rows_apart": apart})
+        outputs.append(
+            {"name": name, "dtype": first.dtype.name, "shape": shape, "batched": batched, "rows_apart": apart}
+        )
     return {"inputs": spec.names, "outputs": outputs}
 
 

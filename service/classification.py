@@ -49,7 +49,7 @@ def check_labels(
             raise InvalidConfigError(f"{field}: the model has no output {name!r}; it outputs {list(by_name)}")
         if np.dtype(output.dtype).kind not in RANKED:
             raise InvalidConfigError(f"{field}.{name}: a {output.dtype} output has no classes to label")
-        classes = math.prod(output.shape[1:] if output.shape[:1] == [-1] else output.shape)
+        classes = math.prod(output.shape[1:] if output.batched else output.shape)
         if fixed and len(names) > classes:
             raise InvalidConfigError(
                 f"{field}.{name}: {len(names)} labels, but output {name!r} has {classes} classes "

@@ -283,12 +283,25 @@ class OutputInfo(BaseModel):
     name: str
     dtype: str
     shape: list[int]
+    batched: bool = Field(
+        description="Its first dimension is the batch's, along which a batch's outputs are split "
+        "back into their requests'. False where that -1 follows an input's other dynamic "
+        "dimension instead (`x.t()` of a `[-1, -1]` input, say)."
+    )
     rows_apart: bool = Field(
         default=True,
         description="Each row depends on the request's own rows alone (checked at upload: the "
         "largest batch's first row stays the same whatever rows follow it). False: requests are "
         "never merged into one batch, which would give clients each other's data.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recorded_before_batched(cls, doc: Any) -> Any:
+        # An output recorded before `batched` led with -1 only where that was the batch.
+        if isinstance(doc, dict) and "batched" not in doc:
+            return {**doc, "batched": list(doc.get("shape", []))[:1] == [-1]}
+        return doc
 
 
 class VersionRecord(BaseModel):

@@ -126,7 +126,7 @@ def batch_policy(version: VersionRecord, settings: Settings) -> BatchPolicy:
     alone."""
     config = version.config
     queue = settings.max_queue_size if config.max_queue_size is None else config.max_queue_size
-    batchable = version.spec().batched and all(o.shape[:1] == [-1] and o.rows_apart for o in version.outputs)
+    batchable = version.spec().batched and all(o.batched and o.rows_apart for o in version.outputs)
     if not batchable or not config.dynamic_batching:
         return BatchPolicy(1, max_queue_size=queue)
     delay = config.max_queue_delay_us

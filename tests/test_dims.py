@@ -218,7 +218,7 @@ def test_a_convolution_over_a_dynamic_length_uploads(tmp_path: Path) -> None:
     spec_doc = {"inputs": SIGNAL.inputs, "max_batch_size": 4}
     inspected = inspect_model(str(path), spec_doc, [], lambda event: None)
     assert inspected["outputs"] == [
-        {"name": "output0", "dtype": "float32", "shape": [-1, 4], "rows_apart": True}
+        {"name": "output0", "dtype": "float32", "shape": [-1, 4], "batched": True, "rows_apart": True}
     ]
 
 

@@ -202,3 +202,25 @@ def test_a_dimension_past_the_first_that_follows_the_batch_is_dynamic(tmp_path: 
     spec = {"inputs": [{"name": "x", "dtype": "float32", "shape": [-1, 4]}], "max_batch_size": 8}
     [output] = inspect_model(str(path), spec, [], lambda event: None)["outputs"]
     assert (output["shape"], output["rows_apart"]) == ([4, -1], True)
+
+
+class AlongTheLength(nn.Module):
+    """Outputs that lead with the batch, and two that lead with the length instead."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return x[:, :2], x.t(), x.sum(0)
+
+
+def test_a_first_dimension_that_follows_the_length_is_dynamic_and_not_the_batch(tmp_path: Path) -> None:
+    """At the largest batch, 8, and the length's TRACE_FILL, 8, `x.t()` and `x.sum(0)` were
+    reported as [8, -1] and [8]: a client sized its output for 8 rows, where a request of
+    length 5 got 5."""
+    path = tmp_path / "model.pt"
+    torch.jit.save(torch.jit.script(AlongTheLength()), str(path))
+    spec = {"inputs": [{"name": "x", "dtype": "float32", "shape": [-1, -1]}], "max_batch_size": 8}
+    outputs = inspect_model(str(path), spec, [], lambda event: None)["outputs"]
+    assert [(o["shape"], o["batched"]) for o in outputs] == [
+        ([-1, 2], True),
+        ([-1, -1], False),
+        ([-1], False),
+    ]

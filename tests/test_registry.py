@@ -442,3 +442,10 @@ def test_a_compile_shows_its_baseline_on_the_torchscript_it_was_timed_against(tm
 
     assert finish("gpu-tvm", {1: 1.5}) == {"cpu-ts": {}, "gpu-ts": {1: 1.5}}
     assert finish("cpu-tvm", {1: 9.0}) == {"cpu-ts": {1: 9.0}, "gpu-ts": {1: 1.5}}
+
+
+def test_an_output_recorded_before_batched_was_told_leads_with_the_batch_where_it_has_minus_1() -> None:
+    """Such a record's -1 first was the batch's alone: its version batches as it did."""
+    assert OutputInfo.model_validate({"name": "o", "dtype": "float32", "shape": [-1, 10]}).batched
+    assert not OutputInfo.model_validate({"name": "o", "dtype": "float32", "shape": [8, -1]}).batched
+    assert not OutputInfo.model_validate({"name": "o", "dtype": "float32", "shape": []}).batched

@@ -116,7 +116,7 @@ def columns(spec: InputSpec, instances: list[Any]) -> dict[str, list[Any]]:
 def check_rows(outputs: list[OutputInfo]) -> None:
     """Refuse instances, before anything runs, for a model whose outputs do not each lead with
     the batch: their values could not be split into one per instance."""
-    unrowed = [f"{o.name}{o.shape}" for o in outputs if o.shape[:1] != [-1]]
+    unrowed = [f"{o.name}{o.shape}" for o in outputs if not o.batched]
     if unrowed:
         raise BadRequestError(f"output(s) {unrowed} have no row per instance; send {COLUMNAR}")
 

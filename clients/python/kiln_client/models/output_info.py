@@ -15,6 +15,9 @@ T = TypeVar("T", bound="OutputInfo")
 class OutputInfo:
     """
     Attributes:
+        batched (bool): Its first dimension is the batch's, along which a batch's outputs are split back into their
+            requests'. False where that -1 follows an input's other dynamic dimension instead (`x.t()` of a `[-1, -1]`
+            input, say).
         dtype (str):
         name (str):
         shape (list[int]):
@@ -23,6 +26,7 @@ class OutputInfo:
             which would give clients each other's data. Default: True.
     """
 
+    batched: bool
     dtype: str
     name: str
     shape: list[int]
@@ -30,6 +34,8 @@ class OutputInfo:
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
+        batched = self.batched
+
         dtype = self.dtype
 
         name = self.name
@@ -42,6 +48,7 @@ class OutputInfo:
         field_dict.update(self.additional_properties)
         field_dict.update(
             {
+                "batched": batched,
                 "dtype": dtype,
                 "name": name,
                 "shape": shape,
@@ -55,6 +62,8 @@ class OutputInfo:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         d = dict(src_dict)
+        batched = d.pop("batched")
+
         dtype = d.pop("dtype")
 
         name = d.pop("name")
@@ -64,6 +73,7 @@ class OutputInfo:
         rows_apart = d.pop("rows_apart", UNSET)
 
         output_info = cls(
+            batched=batched,
             dtype=dtype,
             name=name,
             shape=shape,
