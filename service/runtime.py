@@ -37,7 +37,7 @@ from compiler.runner import Renamed, Runner
 from compiler.spec import InputSpec
 from service import metrics
 from service.batcher import Arrays, Batcher, BatchPolicy, BatchTiming, Gone
-from service.errors import ConflictError, DeletedError, NotFoundError
+from service.errors import ConflictError, DeletedError, KilnError, NotFoundError
 from service.logs import request_id
 from service.memory import freeze_heap, release_memory
 from service.records import VariantRecord, VersionRecord
@@ -760,7 +760,16 @@ class Runtime:
             if version.version not in self.registry.version_numbers(version.name):
                 raise deleted_error(version.name, version.version) from None
             raise
-        runner = load_artifact(artifact)
+        try:
+            runner = load_artifact(artifact)
+        except CompilerError as exc:
+            if variant.artifact_key is not None:
+                raise  # a compiled variant: left out, and the next best serves
+            # Bytes that loaded at upload: the store's fault, not the request's (a 400 said so).
+            raise KilnError(
+                f"the stored TorchScript of {version.name!r} version {version.version} no longer "
+                f"loads ({exc}); upload the model again"
+            ) from exc
         if version.config.output_names:
             runner = Renamed(runner, version.config.output_names)
         log.info(

@@ -27,9 +27,16 @@ from compiler.backends import get_backend
 from compiler.errors import CompilerError, ModelRunError
 from compiler.runner import Runner
 from compiler.spec import InputSpec
-from service.errors import ConflictError, DeletedError, QueueFullError, TimeoutExpiredError, UnavailableError
+from service.errors import (
+    ConflictError,
+    DeletedError,
+    KilnError,
+    QueueFullError,
+    TimeoutExpiredError,
+    UnavailableError,
+)
 from service.memory import YOUNG_COLLECTION_ALLOCATIONS, collect_young_less_often, freeze_heap, release_memory
-from service.registry import ModelView, Registry
+from service.registry import MODEL_BLOB, ModelView, Registry
 from service.runtime import Prediction, Runtime
 from service.settings import Settings
 from service.store.local import LocalStore
@@ -934,3 +941,20 @@ def test_an_unload_answers_the_requests_waiting_for_a_load_at_its_drain_limit(
     assert max(at for _, at in answers) < 1.2, answers  # at 0.5 s, not once the load ended
     time.sleep(1.5)  # the load, not cut short, ends
     assert slow.loads == 1
+
+
+def test_stored_torchscript_that_no_longer_loads_is_the_servers_error(tmp_path: Path) -> None:
+    """Not the request's: a 400 "Invalid model" told clients their request was at fault."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    ready_version(registry, MLP, {"torchscript": reference(BASELINE)}, BASELINE)
+    sha = registry.get_version("mlp", 1).sha256
+    registry.store.put_blob(MODEL_BLOB.format(sha256=sha), [b"garbage" * 100])
+    runtime = Runtime(registry, Settings(data_dir=tmp_path, targets=[HOST]))
+    try:
+        with pytest.raises(
+            KilnError, match="the stored TorchScript of 'mlp' version 1 no longer loads"
+        ) as raised:
+            asyncio.run(runtime.predict("mlp", None, {"x": np.zeros((1, 64), np.float32)}))
+        assert raised.value.status_code == 500
+    finally:
+        runtime.close()
