@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -21,6 +22,7 @@ import httpx
 import typer
 from httpx_sse import SSEError, connect_sse
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TaskID, TextColumn
@@ -34,8 +36,11 @@ if TYPE_CHECKING:  # imported where used: `kiln models` need not load numpy
 
 app = typer.Typer(help="Kiln: a model server that compiles what it serves.", no_args_is_help=True)
 console = Console()
+# Errors, apart from what a command prints: `kiln models --json > m.json` keeps them out of m.json.
+stderr = Console(stderr=True)
 # Piped or in CI, a line is not broken at $COLUMNS or 80 columns: grep and logs get it whole.
 console.soft_wrap = not console.is_terminal
+stderr.soft_wrap = not stderr.is_terminal
 
 UrlOption = Annotated[str, typer.Option(envvar="KILN_URL", help="Kiln server URL.")]
 KeyOption = Annotated[str | None, typer.Option(envvar="KILN_API_KEY", help="API key.")]
@@ -50,6 +55,8 @@ SLOW_S = 900  # a request that checks a model by running it, or loads and warms 
 # The server's 401 names the header; a CLI user gives the key as an option.
 KEY_HINT = "; pass --api-key KEY or set KILN_API_KEY"
 SHOWN_CHARS = 40  # of a setting's JSON value in a line, such as a model's labels
+SHOWN_TEXT = 80  # of another server's answer in a line
+TAG = re.compile(r"<[^>]*>")
 
 
 class NotKiln(Exception):
@@ -112,7 +119,7 @@ def segment(name: str) -> str:
 def check(response: httpx.Response) -> Answer:
     """The JSON of a 2xx answer; anything else is an error, exit 1."""
     if not response.is_success:
-        console.print(f"[red]error {response.status_code}:[/red] {escape(error_of(response))}")
+        stderr.print(f"[red]error {response.status_code}:[/red] {escape(error_of(response))}")
         raise typer.Exit(1)
     return json_of(response)
 
@@ -130,14 +137,33 @@ def json_of(response: httpx.Response) -> Answer:
 
 
 def error_of(response: httpx.Response) -> str:
-    """/v1's problem detail, or a protocol's {"error"}."""
+    """/v1's problem detail, or a protocol's {"error"}. A body that is not JSON is another
+    server's (a web server's page, a proxy's): NotKiln, in one line, not the page."""
     try:
         doc = response.json()
     except ValueError:
-        return response.text
+        raise not_kiln(response) from None
     found = doc.get("detail") or doc.get("error") if isinstance(doc, dict) else None
     text = str(found or response.text)
     return text + KEY_HINT if response.status_code == 401 else text
+
+
+def not_kiln(response: httpx.Response) -> NotKiln:
+    """An error answered in something other than JSON, named by its type and its first line of
+    text, tags dropped (an HTML page's <title>, as a rule), cut short."""
+    kind = response.headers.get("content-type", "no content type").partition(";")[0].strip()
+    lines = (" ".join(TAG.sub(" ", line).split()) for line in response.text.splitlines())
+    first = next(filter(None, lines), "")
+    said = f": {cut(first, SHOWN_TEXT)}" if first else ""
+    # A load balancer answers so while no Kiln behind it is up.
+    hint = "is Kiln behind it up?" if response.status_code in GATEWAY_ERRORS else "is --url right?"
+    where = response.request.url
+    return NotKiln(f"error {response.status_code} from {where}: not Kiln's API ({kind}{said}); {hint}")
+
+
+def cut(text: str, chars: int) -> str:
+    """At most `chars` characters, an ellipsis ending those cut short."""
+    return text if len(text) <= chars else text[: chars - 1] + "…"
 
 
 @app.command()
@@ -168,6 +194,8 @@ def serve(
 
     quiet_openmp()
 
+    from service.api.auth import parse_keys
+    from service.errors import InvalidConfigError
     from service.logs import logging_config
     from service.settings import get_settings
 
@@ -183,6 +211,11 @@ def serve(
     if workers > 1:
         os.environ.setdefault("KILN_GRPC_REUSE_PORT", "true")
     settings = get_settings()
+    try:  # here, once: each worker process would fail on them with a traceback
+        parse_keys(settings.api_keys)
+    except InvalidConfigError as exc:
+        stderr.print(Text(str(exc), style="red"))
+        raise typer.Exit(2) from None
     # uvicorn applies it here and again in each worker process it spawns.
     options: dict[str, Any] = {
         "factory": True,
@@ -204,7 +237,7 @@ def serve(
     os._exit(0)
 
 
-APP = "service.api.app:create_app"
+APP = "service.api.app:served_app"
 
 
 def supervise(config: uvicorn.Config) -> None:
@@ -384,8 +417,7 @@ def serving_changes(before: dict[str, Any] | None, after: dict[str, Any] | None)
 
 def setting_text(value: Any) -> str:
     """A setting's value in JSON, as `--set` takes it, cut short."""
-    text = json.dumps(value)
-    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 1] + "…"
+    return cut(json.dumps(value), SHOWN_CHARS)
 
 
 @app.command("add-variants")
@@ -487,7 +519,7 @@ def follow(http: httpx.Client, variants: list[dict[str, Any]]) -> None:
         except KeyboardInterrupt:
             stop.set()
     if stop.is_set():
-        console.print("stopped following; the jobs go on on the server: `kiln models` shows how they end")
+        stderr.print("stopped following; the jobs go on on the server: `kiln models` shows how they end")
         raise typer.Exit(130)
 
 
@@ -692,13 +724,18 @@ def import_triton(
     missing = sorted(set(model or []) - {d.name for d in dirs})
     if missing or not dirs:
         which = escape(f"{missing or ''} in {repository}".strip())
-        console.print(f"[red]no model directory with a config.pbtxt[/red] {which}")
+        stderr.print(f"[red]no model directory with a config.pbtxt[/red] {which}")
         raise typer.Exit(1)
     table = Table("model", "Triton version", "Kiln version", "result")
     failed = False
     with client(url, api_key) as http:
-        for model_dir in dirs:
-            failed |= not import_model(http, model_dir, table)
+        try:
+            for model_dir in dirs:
+                failed |= not import_model(http, model_dir, table)
+        except httpx.ConnectError:  # nothing more can load: what did, then main's one line
+            if table.row_count:
+                print_table(table)
+            raise
     for other in [] if model else others:
         table.add_row(Text(other.name), "", "", Text("skipped: no config.pbtxt", style="yellow"))
     print_table(table)
@@ -736,6 +773,8 @@ def import_model(http: httpx.Client, model_dir: Path, table: Table) -> bool:
             if not header.isdecimal():
                 raise NotKiln(f"{loaded.request.url} did not name the version it loaded; is --url Kiln's?")
             made = int(header)
+        except httpx.ConnectError:  # Kiln is down: one line (import_triton), not one a row
+            raise
         except (RepositoryError, httpx.TransportError) as exc:
             table.add_row(row, str(load.version), "", Text(str(exc) or type(exc).__name__, style="red"))
             for later in loads[i + 1 :]:
@@ -853,8 +892,8 @@ def compile_command(
         Path, typer.Option("-o", "--output", help="Artifact file to write (see above for its use).")
     ] = Path("out.kiln"),
     max_batch_size: Annotated[int, typer.Option(help="Largest batch.")] = 8,
-    rtol: Annotated[float, typer.Option(help="Verification rtol.")] = 1e-4,
-    atol: Annotated[float, typer.Option(help="Verification atol.")] = 1e-5,
+    rtol: Annotated[float, typer.Option(help="Verification rtol.", min=0)] = 1e-4,
+    atol: Annotated[float, typer.Option(help="Verification atol.", min=0)] = 1e-5,
     tuning_trials: Annotated[int, typer.Option(help="tvm: MetaSchedule trials (0: untuned).")] = 0,
 ) -> None:
     """Compile, verify against TorchScript and benchmark one backend offline, with no server: to
@@ -868,6 +907,7 @@ def compile_command(
     from compiler.hardware import cpu_target
     from compiler.pipeline import CompileOptions, compile_and_check
     from compiler.spec import InputSpec
+    from service.records import TUNING_TRIALS
     from service.settings import get_settings
 
     # Found now, not once the compile (and its tuning) is done.
@@ -875,13 +915,17 @@ def compile_command(
         raise typer.BadParameter(f"{output.parent} is not a directory", param_hint="--output")
     if output.is_dir():
         raise typer.BadParameter(f"{output} is a directory; give a file in it", param_hint="--output")
-    backend_options = {"tuning_trials": tuning_trials} if tuning_trials else {}
+    check_compile_options(backend, max_batch_size, tuning_trials)
+    try:
+        spec = InputSpec.parse(input, max_batch_size)
+    except CompilerError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--input") from None
+    backend_options = {TUNING_TRIALS: tuning_trials} if tuning_trials else {}
     options = CompileOptions(  # KILN_THREADS, as `kiln serve` and `kiln worker` run
         rtol=rtol, atol=atol, threads=get_settings().threads, backend_options=backend_options
     )
     quiet_torch()
     try:
-        spec = InputSpec.parse(input, max_batch_size)
         with console.status("checking that the model runs on its inputs") as status:
             spec = checked(file, spec)
             status.update(escape(f"compiling with {backend}"))
@@ -897,12 +941,12 @@ def compile_command(
 
             result = compile_and_check(file.read_bytes(), spec, backend, cpu_target(), options, progress=show)
     except CompilerError as exc:
-        console.print(f"[red]{type(exc).__name__}:[/red] {escape(str(exc))}")
+        stderr.print(f"[red]{type(exc).__name__}:[/red] {escape(str(exc))}")
         raise typer.Exit(1) from None
     try:
         output.write_bytes(result.artifact.pack())
     except OSError as exc:  # a full disk, say
-        console.print(f"[red]cannot write {escape(str(output))}:[/red] {escape(exc.strerror or str(exc))}")
+        stderr.print(f"[red]cannot write {escape(str(output))}:[/red] {escape(exc.strerror or str(exc))}")
         raise typer.Exit(1) from None
     table = Table("batch", escape(f"{backend} ms"), "torchscript ms", "speed-up")
     for batch, ms in sorted(result.latency_ms.items()):
@@ -918,6 +962,29 @@ def compile_command(
     if result.tuning:
         console.print(
             f"tuned: {result.tuning['trials_done']} trials over {len(result.tuning['tasks'])} kernels"
+        )
+
+
+def check_compile_options(backend: str, max_batch_size: int, tuning_trials: int) -> None:
+    """Usage errors for what an upload's config refuses: a compile of them would fail, or be
+    silently untuned, or tuned options be ignored."""
+    from compiler.backends import MAX_TUNING_TRIALS, OPTIONS, REGISTRY
+    from service.records import MAX_BATCH_SIZE, TUNING_TRIALS
+
+    if backend not in REGISTRY:
+        raise typer.BadParameter(f"{backend!r} is none of {sorted(REGISTRY)}", param_hint="--backend")
+    if not 1 <= max_batch_size <= MAX_BATCH_SIZE:
+        raise typer.BadParameter(
+            f"{max_batch_size} is not in 1..{MAX_BATCH_SIZE}", param_hint="--max-batch-size"
+        )
+    if not 0 <= tuning_trials <= MAX_TUNING_TRIALS:
+        raise typer.BadParameter(
+            f"{tuning_trials} is not in 0..{MAX_TUNING_TRIALS}", param_hint="--tuning-trials"
+        )
+    tuners = sorted(name for name, options in OPTIONS.items() if TUNING_TRIALS in options)
+    if tuning_trials and backend not in tuners:
+        raise typer.BadParameter(
+            f"{backend} does not tune; only {', '.join(tuners)} does", param_hint="--tuning-trials"
         )
 
 
@@ -953,13 +1020,23 @@ def main() -> None:
         if exc.title != "Settings":
             raise
         # One line per setting, named as it is set: a traceback buried the name.
-        errors = Console(stderr=True)
         for error in exc.errors():
             name = f"KILN_{str(error['loc'][0]).upper()}" if error["loc"] else "KILN_ settings"
-            errors.print(f"[red]{name}[/red]: {escape(error['msg'])}; got {escape(repr(error['input']))}")
+            said = error["msg"].removeprefix("Value error, ")  # a validator's own words
+            stderr.print(f"[red]{name}[/red]: {escape(said)}; got {escape(repr(error['input']))}")
+        sys.exit(2)
+    except SettingsError as exc:
+        # A list setting is read as JSON before it is validated; the error names only the field.
+        field = re.search(r'field "(\w+)"', str(exc))
+        if field is None:
+            raise
+        name = f"KILN_{field[1].upper()}"
+        got = f"; got {os.environ[name]!r}" if name in os.environ else ""
+        hint = f'not JSON; give a JSON list, its strings in double quotes, such as ["a", "b"]{got}'
+        stderr.print(f"[red]{name}[/red]: {escape(hint)}")
         sys.exit(2)
     except NotKiln as exc:
-        console.print(Text(str(exc), style="red"))
+        stderr.print(Text(str(exc), style="red"))
         sys.exit(1)
     except httpx.TransportError as exc:
         try:
@@ -967,12 +1044,12 @@ def main() -> None:
         except RuntimeError:  # raised before it had a request
             where = "its URL"
         if isinstance(exc, httpx.ReadTimeout):  # it took the request, and may still carry it out
-            console.print(
+            stderr.print(
                 f"[red]Kiln at {where} did not answer in time:[/red] it may still finish the request; "
                 "see `kiln models`"
             )
         else:
-            console.print(
+            stderr.print(
                 f"[red]cannot reach Kiln at {where}:[/red] {escape(str(exc) or type(exc).__name__)}; "
                 "is it running?"
             )

@@ -9,10 +9,11 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from compiler.backends import REFERENCE, REGISTRY, option_problems
 from compiler.hardware import local_targets
 from compiler.race import RACE_ROUNDS
 from compiler.threads import available_cpus
-from service.records import MAX_BATCH_SIZE
+from service.records import MAX_BATCH_SIZE, BackendRequest, as_requests, options_key
 
 
 class Settings(BaseSettings):
@@ -124,8 +125,27 @@ class Settings(BaseSettings):
 
     default_max_batch_size: int = Field(default=8, ge=1, le=MAX_BATCH_SIZE)
     # ONNX Runtime is the CPU bar TVM must beat, and compiles in seconds; inductor is opt-in,
-    # as its C++ build takes a minute or more per model on a small host.
-    default_backends: list[str] = ["tvm", "onnxruntime"]
+    # as its C++ build takes a minute or more per model on a small host. The backends of an
+    # upload that names none: entries as its config.backends takes them, names or
+    # {"name", "options"}.
+    default_backends: list[str | BackendRequest] = ["tvm", "onnxruntime"]
+
+    @field_validator("default_backends")
+    @classmethod
+    def _known_backends(cls, backends: list[str | BackendRequest]) -> list[str | BackendRequest]:
+        # Checked as an upload's config.backends is (service.api.models.check_backends), which
+        # would otherwise refuse every upload that names no backends. An option that depends on
+        # the model's largest batch is checked against the largest any model may have.
+        requests = as_requests(backends)
+        unknown = [r.name for r in requests if r.name not in REGISTRY or r.name == REFERENCE]
+        if unknown:
+            raise ValueError(f"unknown backend(s) {unknown}; use {sorted(set(REGISTRY) - {REFERENCE})}")
+        if len({(r.name, options_key(r.options)) for r in requests}) < len(requests):
+            raise ValueError("an entry is repeated (same backend and options)")
+        problems = [p for r in requests for p in option_problems(r.name, r.options, MAX_BATCH_SIZE)]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return backends
 
     # JSON lines for log collectors; text for a person at a terminal.
     log_format: Literal["json", "text"] = "json"

@@ -23,9 +23,12 @@ import pytest
 
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
+from service.records import BackendRequest, as_requests
+from service.settings import Settings
 from tests.client import by_backend, expected, sample, upload
 from tests.models import MODELS, TUNABLE, UNCONVERTIBLE
-from tests.servers import ROOT, KilnServer, embedded_server, wait_until
+from tests.repositories import CONFIG_PBTXT, model_dir
+from tests.servers import ROOT, KilnServer, embedded_server, free_port, wait_until
 
 MLP = MODELS["mlp"]
 # Wide enough that no line of a table or message is wrapped.
@@ -65,18 +68,36 @@ def test_compile_failure_is_one_readable_line(tmp_path: Path) -> None:
     source.write_bytes(UNCONVERTIBLE.torchscript())
     done = kiln("compile", str(source), "--input", "x:float32[-1,16]", "-o", str(tmp_path / "x.kiln"))
     assert done.returncode == 1
-    assert "ConversionError: tvm: no converter for torch op" in done.stdout
+    assert "ConversionError: tvm: no converter for torch op" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert not (tmp_path / "x.kiln").exists()
 
 
-def test_compile_rejects_a_bad_spec(tmp_path: Path) -> None:
-    source = tmp_path / "mlp.pt"
+def test_compile_refuses_what_an_upload_refuses(tmp_path: Path) -> None:
+    """A usage error, as `kiln upload`'s, and before any compile: a bad spec, or options out of
+    the upload config's bounds, which compiled untuned, ignored tuning or failed to verify."""
+    from service.records import MAX_BATCH_SIZE
+
+    source, out = tmp_path / "mlp.pt", tmp_path / "x.kiln"
     source.write_bytes(MODELS["mlp"].torchscript())
-    done = kiln("compile", str(source), "--input", "x:float33[-1,64]")
-    assert done.returncode == 1
-    assert "InvalidSpecError" in done.stdout and "unknown dtype 'float33'" in done.stdout
-    assert "Traceback" not in done.stdout + done.stderr
+    spec = ["--input", "x:float32[-1,64]"]
+    for args, message in [
+        (["--input", "x:float33[-1,64]"], "Invalid value for --input: input 'x': unknown dtype 'float33'"),
+        (
+            [*spec, "--backend", "onnxruntime", "--tuning-trials", "5"],
+            "onnxruntime does not tune; only tvm does",
+        ),
+        ([*spec, "--tuning-trials", "-5"], "--tuning-trials: -5 is not in 0..20000"),
+        ([*spec, "--rtol", "-1"], "-1.0 is not in the range x>=0"),
+        ([*spec, "--atol", "-1e-5"], "is not in the range x>=0"),
+        ([*spec, "--max-batch-size", str(MAX_BATCH_SIZE + 1)], f"is not in 1..{MAX_BATCH_SIZE}"),
+        ([*spec, "--max-batch-size", "0"], f"0 is not in 1..{MAX_BATCH_SIZE}"),
+        ([*spec, "--backend", "onnxrt"], "Invalid value for --backend: 'onnxrt' is none of ["),
+    ]:
+        done = kiln("compile", str(source), *args, "-o", str(out))
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert done.stdout == "" and not out.exists()
 
 
 def test_compile_with_a_spec_the_model_cannot_take_says_so(tmp_path: Path) -> None:
@@ -90,7 +111,7 @@ def test_compile_with_a_spec_the_model_cannot_take_says_so(tmp_path: Path) -> No
         "InvalidModelError: the model failed on inputs x:float32[-1,3,32,32] at batch 1: "
         "RuntimeError: mat1 and mat2 shapes cannot be multiplied"
     )
-    assert message in done.stdout
+    assert message in done.stderr
     assert "fake_tensor" not in done.stdout + done.stderr and "Traceback" not in done.stdout + done.stderr
     assert not (tmp_path / "x.kiln").exists()
 
@@ -114,7 +135,7 @@ def test_compile_that_cannot_write_its_artifact_says_so_in_a_line(tmp_path: Path
     args = ["--input", "x:float32[-1,64]", "--backend", "torchscript", "--max-batch-size", "1"]
     done = kiln("compile", str(source), *args, "-o", "/dev/full")
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "cannot write /dev/full: No space left on device" in done.stdout
+    assert "cannot write /dev/full: No space left on device" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr
 
 
@@ -159,6 +180,73 @@ def test_bad_arguments_are_named_before_any_work(tmp_path: Path) -> None:
         assert done.returncode == 2, done.stdout + done.stderr
         assert f"{setting}: Input should be greater than or equal to 1; got '0'" in done.stderr
         assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_settings_kiln_serve_cannot_serve_with_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused before anything serves: bad API keys were a traceback in each worker process, and
+    under --workers 2 a crash loop that never ended; a list setting not in JSON was a traceback
+    of the settings' library; an unknown default backend started, and then every upload that
+    named no backends got a 422 that blamed its config.backends."""
+    keys = "must be KEY:admin or KEY:infer; its scope reads 'root'"
+    for workers, setting, value, said in [
+        ("1", "KILN_API_KEYS", "k:root", f"KILN_API_KEYS: entry 1 {keys}"),
+        ("2", "KILN_API_KEYS", "change-me:admin", "KILN_API_KEYS: entry 1 is the example's placeholder"),
+        (
+            "1",
+            "KILN_DEFAULT_BACKENDS",
+            "tvm,onnxruntime",
+            "KILN_DEFAULT_BACKENDS: not JSON; give a JSON list",
+        ),
+        ("1", "KILN_DEFAULT_BACKENDS", '["onnxrt"]', "KILN_DEFAULT_BACKENDS: unknown backend(s) ['onnxrt']"),
+        (
+            "1",
+            "KILN_DEFAULT_BACKENDS",
+            '[{"name": "tvm", "options": {"tuning_trials": -1}}]',
+            "KILN_DEFAULT_BACKENDS: tvm: option tuning_trials must be an integer in 1..",
+        ),
+    ]:
+        env = {**ENV, "KILN_DATA_DIR": str(tmp_path / "data"), "KILN_GRPC_PORT": "0", setting: value}
+        args = [sys.executable, "-m", "service.cli", "serve", "--port", "0", "--workers", workers]
+        # Not refused, it would serve until the timeout.
+        done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr.startswith(said) and done.stderr.count("\n") == 1, done.stderr
+        assert done.stdout == ""
+    # Entries as an upload's config.backends takes them: names, or a name with options.
+    monkeypatch.setenv(
+        "KILN_DEFAULT_BACKENDS", '["onnxruntime", {"name": "tvm", "options": {"tuning_trials": 8}}]'
+    )
+    tuned = BackendRequest(name="tvm", options={"tuning_trials": 8})
+    assert as_requests(Settings().default_backends) == [BackendRequest(name="onnxruntime"), tuned]
+
+
+def test_errors_go_to_stderr_and_output_to_stdout(tmp_path: Path) -> None:
+    """`kiln models nope --json > m.json` left its error in m.json, and nothing on stderr."""
+    with stub_server() as (url, stub):
+        stub.answer = (404, {"Content-Type": "application/json"}, b'{"detail": "no model named \'nope\'"}')
+        done = kiln("models", "nope", "--json", "--url", url)
+        assert done.returncode == 1 and done.stdout == "", done.stdout
+        assert done.stderr == "error 404: no model named 'nope'\n"
+    down = f"http://127.0.0.1:{free_port()}"
+    done = kiln("predict", "mlp", "--data", '{"x": [[1]]}', "--url", down)
+    assert done.returncode == 1 and done.stdout == "", done.stdout
+    assert done.stderr.startswith(f"cannot reach Kiln at {down}/v1/models/mlp/predict: ")
+
+
+def test_import_triton_with_kiln_down_is_one_line(tmp_path: Path) -> None:
+    """Not a table with `[Errno 111] Connection refused` on every row."""
+    repo = tmp_path / "models"
+    model_dir(repo, "mlp", CONFIG_PBTXT, {"1": MLP.torchscript(), "2": MLP.torchscript()})
+    (repo / "mlp" / "labels.txt").write_text("a\nb\n")
+    down = f"http://127.0.0.1:{free_port()}"
+    done = kiln("import-triton", str(repo), "--url", down)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout == "" and done.stderr.startswith(
+        f"cannot reach Kiln at {down}/v2/repository/models/mlp/load"
+    )
+    assert done.stderr.count("\n") == 1, done.stderr
 
 
 def test_compile_with_tuning_writes_a_static_batch_artifact(tmp_path: Path) -> None:
@@ -233,7 +321,7 @@ def test_an_answer_that_is_not_kiln_s_is_one_line(tmp_path: Path) -> None:
             stub.answer = (301, {"Location": moved}, b"")
             done = kiln("models", "--url", base)
             assert done.returncode == 1, done.stdout + done.stderr
-            assert f"error 301: {base}/v1/models redirects to" in done.stdout and hint in done.stdout
+            assert f"error 301: {base}/v1/models redirects to" in done.stderr and hint in done.stderr
 
         stub.answer = (200, {"Content-Type": "application/json"}, b'{"hello": "world"}')
         for args, key in [
@@ -243,12 +331,29 @@ def test_an_answer_that_is_not_kiln_s_is_one_line(tmp_path: Path) -> None:
         ]:
             done = kiln(*args, "--url", url)
             assert done.returncode == 1, done.stdout + done.stderr
-            assert f"did not answer as Kiln's API does (no {key!r}); is --url right?" in done.stdout
+            assert f"did not answer as Kiln's API does (no {key!r}); is --url right?" in done.stderr
             assert "Traceback" not in done.stdout + done.stderr
 
         stub.answer = (200, {"Content-Type": "text/html"}, b"<html>hello</html>")
         done = kiln("models", "--url", url)
-        assert done.returncode == 1 and "did not answer as Kiln's API does: '<html>" in done.stdout
+        assert done.returncode == 1 and "did not answer as Kiln's API does: '<html>" in done.stderr
+
+        # Another web server's error page, as Python's http.server answers a DELETE: its gist.
+        page = (
+            b'<!DOCTYPE HTML>\n<html lang="en">\n    <head>\n        <meta charset="utf-8">\n'
+            b"        <title>Error response</title>\n    </head>\n    <body>\n"
+            b"        <h1>Error response</h1>\n        <p>Error code: 501</p>\n    </body>\n</html>\n"
+        )
+        for status, content_type, body, said, hint in [
+            (501, "text/html;charset=utf-8", page, "text/html: Error response", "is --url right?"),
+            (502, "text/plain", b"Bad Gateway", "text/plain: Bad Gateway", "is Kiln behind it up?"),
+            (404, "text/plain", b"x" * 1000, f"text/plain: {'x' * 79}…", "is --url right?"),
+        ]:
+            stub.answer = (status, {"Content-Type": content_type}, body)
+            done = kiln("delete", "mlp", "--yes", "--url", url)
+            assert done.returncode == 1, done.stdout + done.stderr
+            line = f"error {status} from {url}/v1/models/mlp: not Kiln's API ({said}); {hint}\n"
+            assert done.stderr == line and done.stdout == ""
 
 
 def test_an_api_key_is_stripped_and_never_echoed() -> None:
@@ -273,8 +378,8 @@ def test_a_401_says_how_to_give_the_key() -> None:
         stub.answer = (401, {"Content-Type": "application/json"}, detail)
         done = kiln("models", "--url", url)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "error 401: an API key is required" in done.stdout
-    assert "pass --api-key KEY or set KILN_API_KEY" in done.stdout
+    assert "error 401: an API key is required" in done.stderr
+    assert "pass --api-key KEY or set KILN_API_KEY" in done.stderr
 
 
 # onnxruntime timed in its compile beside a TorchScript of 0.054 ms; TorchScript's own row from
@@ -365,14 +470,14 @@ def victim(http: httpx.Client) -> str:
 
 def test_a_name_is_one_path_segment(server: KilnServer, http: httpx.Client, victim: str) -> None:
     done = kiln("delete", f"{victim}?keep", "--yes", "--url", server.url)
-    assert done.returncode == 1 and "error 404: no model named 'victim?keep'" in done.stdout, done.stdout
+    assert done.returncode == 1 and "error 404: no model named 'victim?keep'" in done.stderr, done.stderr
     assert http.get(f"/v1/models/{victim}/versions/1").status_code == 200
 
 
 def test_predict_asks_for_version_0(server: KilnServer, victim: str) -> None:
     data = json.dumps({"x": sample(MLP, 1).tolist()})
     done = kiln("predict", victim, "--version", "0", "--data", data, "--url", server.url)
-    assert done.returncode == 1 and "error 404: model 'victim' has no version 0" in done.stdout, done.stdout
+    assert done.returncode == 1 and "error 404: model 'victim' has no version 0" in done.stderr, done.stderr
 
 
 def test_the_server_s_text_is_shown_as_it_is(server: KilnServer, tmp_path: Path, victim: str) -> None:
@@ -387,7 +492,7 @@ def test_the_server_s_text_is_shown_as_it_is(server: KilnServer, tmp_path: Path,
     done = kiln("models", "--url", server.url)
     assert done.returncode == 0 and done.stdout.count("tensorrt[precision=fp16] ") == 2, done.stdout
     done = kiln("serving", victim, "1", "--set", "[/x]=1", "--url", server.url)
-    assert done.returncode == 1 and "error 422: unknown setting(s) ['[/x]']" in done.stdout, done.stdout
+    assert done.returncode == 1 and "error 422: unknown setting(s) ['[/x]']" in done.stderr, done.stderr
     assert "Traceback" not in done.stdout + done.stderr
 
 

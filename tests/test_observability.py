@@ -264,7 +264,7 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     cleared = run_cli("default", "cli-mlp", "--url", server.url)
     assert "default version the newest ready one; serving v1" in cleared.stdout, cleared.stdout
     missing = run_cli("default", "cli-mlp", "9", "--url", server.url)
-    assert missing.returncode == 1 and "has no version 9" in missing.stdout, missing.stdout
+    assert missing.returncode == 1 and "has no version 9" in missing.stderr, missing.stderr
 
     nothing = run_cli("add-variants", "cli-mlp", "1", "--url", server.url)
     assert nothing.returncode == 0, nothing.stdout + nothing.stderr
@@ -287,7 +287,7 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     not_json = run_cli("serving", "cli-mlp", "1", "--set", "max_queue_size=four", "--url", server.url)
     assert not_json.returncode == 2 and "VALUE in JSON" in not_json.stderr, not_json.stderr
     refused = run_cli("serving", "cli-mlp", "1", "--set", "max_batch_size=4", "--url", server.url)
-    assert refused.returncode == 1 and "fixed at upload" in refused.stdout, refused.stdout
+    assert refused.returncode == 1 and "fixed at upload" in refused.stderr, refused.stderr
 
     # Any other config field at upload, as --set FIELD=JSON.
     fields = ["--set", "max_queue_delay_us=1500", "--set", "response_cache=true"]
@@ -308,7 +308,7 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     not_json = run_cli("upload", str(model), "--name", "cli-bad", "--set", "rtol=small", *common)
     assert not_json.returncode == 2 and "VALUE in JSON" in not_json.stderr, not_json.stderr
     unknown = run_cli("upload", str(model), "--name", "cli-bad", "--set", "colour=1", *common)
-    assert unknown.returncode == 1 and "colour" in unknown.stdout, unknown.stdout
+    assert unknown.returncode == 1 and "colour" in unknown.stderr, unknown.stderr
 
     x = json.dumps({"x": [[0.5] * 64]})
     pinned_run = run_cli(
@@ -329,7 +329,7 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     not_data = run_cli("predict", "cli-later", "--data", "{x: 1}", "--url", server.url)
     assert not_data.returncode == 2 and "not JSON" in not_data.stderr, not_data.stderr
     down = run_cli("unload", "cli-later", "--url", "http://127.0.0.1:1")  # nothing listens there
-    assert down.returncode == 1 and "cannot reach Kiln at http://127.0.0.1:1/" in down.stdout, down.stdout
+    assert down.returncode == 1 and "cannot reach Kiln at http://127.0.0.1:1/" in down.stderr, down.stderr
     assert "Traceback" not in down.stdout + down.stderr
     unloaded = run_cli("unload", "cli-later", "--url", server.url)
     assert unloaded.returncode == 0 and "cli-later: unloaded" in unloaded.stdout, unloaded.stdout
@@ -337,7 +337,7 @@ def test_cli_upload_follows_the_streams(server: KilnServer, tmp_path: Path) -> N
     assert run_cli("load", "cli-later", "--url", server.url).stdout.strip() == "cli-later: loaded"
     assert "cli-later (unloaded)" not in run_cli("models", "--url", server.url).stdout
     missing = run_cli("unload", "cli-none", "--url", server.url)  # the protocol's {"error"}, shown
-    assert missing.returncode == 1 and "no model named 'cli-none'" in missing.stdout, missing.stdout
+    assert missing.returncode == 1 and "no model named 'cli-none'" in missing.stderr, missing.stderr
     asked = run_cli("delete", "cli-later", "1", "--url", server.url)  # no one to say yes: kept
     assert asked.returncode == 1 and "Delete cli-later version 1 and its artifacts?" in asked.stdout
     assert "cli-later" in run_cli("models", "--url", server.url).stdout

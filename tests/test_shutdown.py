@@ -197,3 +197,34 @@ def test_workers_stop_with_their_killed_supervisor_and_one_that_cannot_start_fai
         done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert done.returncode == 3, done.stdout + done.stderr
     assert "failed to start" in done.stdout + done.stderr
+
+
+# `kiln serve --workers 2`'s supervisor, but past the checks `kiln serve` makes first: as if the
+# app failed to build only in the worker processes.
+SUPERVISED = """
+import uvicorn
+from service.cli import APP, supervise
+from service.logs import logging_config
+log_config = logging_config("text")
+supervise(uvicorn.Config(APP, factory=True, host="127.0.0.1", port=0, workers=2, log_config=log_config))
+"""
+
+
+def test_workers_whose_app_cannot_be_built_stop_their_supervisor(tmp_path: Path) -> None:
+    """They exited 1, which uvicorn's supervisor takes for a crash: it started another, which
+    failed alike, forever. Now they exit as uvicorn's own startup failures do."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("KILN_")}
+    env = {
+        **inherited,
+        "KILN_DATA_DIR": str(tmp_path / "data"),
+        "KILN_GRPC_PORT": "0",
+        "KILN_API_KEYS": "k:root",
+    }
+    # Still restarting them at the timeout, without the fix.
+    done = subprocess.run(
+        [sys.executable, "-c", SUPERVISED], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 3, out
+    assert "the app could not be built" in out and "entry 1 must be KEY:admin or KEY:infer" in out, out
+    assert "died" not in out, out  # no worker was started again

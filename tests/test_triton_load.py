@@ -960,7 +960,7 @@ def test_kiln_imports_a_triton_model_repository(
     assert again.returncode == 0, again.stdout + again.stderr
     assert versions(server, "imported") == [1, 2]
     missing = import_triton(server, str(repo), "--model", "nope")
-    assert missing.returncode == 1 and "no model directory" in missing.stdout
+    assert missing.returncode == 1 and "no model directory" in missing.stderr
 
 
 def test_import_names_the_version_it_found_when_another_holds_its_file(

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -18,6 +19,7 @@ from fastapi.telemetry import TelemetryConfig
 from starlette.concurrency import run_in_threadpool
 from starlette.routing import BaseRoute
 from starlette.types import ASGIApp
+from uvicorn.config import STARTUP_FAILURE
 
 from compiler.threads import set_threads
 from service import metrics, scratch
@@ -235,3 +237,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             router, max_body_size=settings.max_json_bytes if router is predict.router else None
         )
     return app
+
+
+def served_app() -> FastAPI:
+    """create_app, as `kiln serve` has uvicorn call it in each process. An app that cannot be
+    built ends the process as uvicorn's own startup failures do: any other exit code has the
+    supervisor of `--workers N` start another process, which fails alike, forever."""
+    try:
+        return create_app()
+    except Exception:
+        log.exception("the app could not be built")
+        sys.exit(STARTUP_FAILURE)
