@@ -17,14 +17,16 @@ from typing import Protocol
 
 import dramatiq
 import redis
+from dramatiq.broker import Broker, MessageProxy
 from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
 from dramatiq.common import current_millis, dq_name, xq_name
 from dramatiq.errors import DecodeError
 from dramatiq.message import Message
+from dramatiq.middleware import Middleware, MiddlewareError, SkipMessage
 
 from service.jobs import compile_limit_s, run_compile_job, this_worker
 from service.races import RACE_TIMEOUT_S
-from service.records import SETTLED_JOBS, JobRecord
+from service.records import SETTLED_JOBS, JobRecord, JobStatus
 from service.registry import Registry
 from service.sandbox import CANCEL_CHECK_S
 from service.settings import Settings
@@ -36,6 +38,27 @@ ACTOR = "compile_variant"
 # Beyond the compile child's own limit: what the job does around it (store reads and writes),
 # and the race that follows it (service.races).
 JOB_MARGIN_S = 120 + RACE_TIMEOUT_S
+# The store's (service.store.redis): set here, not left to redis-py, which waited forever before 8.0.
+CONNECT_TIMEOUT_S = 2
+SOCKET_TIMEOUT_S = 5
+
+# A worker claims a message as its run starts, for as long as the run may last. KEYS: the queue's
+# message hash, the claim. ARGV: the message's id in the broker, its time limit in ms.
+_CLAIM = """
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('set', KEYS[2], '', 'px', ARGV[2])
+return 1
+"""
+
+# Drops a fetched message: from its worker's acks, then the queue's message hash; not one that a
+# worker claimed, where ARGV[2] is '1'. KEYS: the hash, the acks, the claim. ARGV: the message's
+# id, whether a claim keeps it.
+_DROP_FETCHED = """
+if ARGV[2] == '1' and redis.call('exists', KEYS[3]) == 1 then return 0 end
+if redis.call('srem', KEYS[2], ARGV[1]) == 0 then return 0 end
+redis.call('hdel', KEYS[1], ARGV[1])
+return 1
+"""
 
 
 def queue_name(target: str) -> str:
@@ -152,8 +175,15 @@ def make_broker(settings: Settings) -> RedisBroker:
     """A broker whose maintenance runs on every fetch, so a SIGKILLed worker's jobs come back
     once its heartbeat is `queue_heartbeat_timeout_s` old, not many minutes later."""
     assert settings.redis_url, "the Dramatiq queue needs KILN_REDIS_URL"
+    # A client, not a URL: RedisBroker ignores its connection parameters beside a URL.
+    client = redis.Redis.from_url(
+        settings.redis_url,
+        socket_connect_timeout=CONNECT_TIMEOUT_S,
+        socket_timeout=SOCKET_TIMEOUT_S,
+        socket_keepalive=True,
+    )
     broker = RedisBroker(
-        url=settings.redis_url,
+        client=client,
         namespace=f"{settings.queue_namespace}-queue",
         heartbeat_timeout=int(settings.queue_heartbeat_timeout_s * 1000),
         maintenance_chance=MAINTENANCE_SCALE,
@@ -177,6 +207,7 @@ def declare_actor(
         if job.status not in SETTLED_JOBS:
             DramatiqQueue(settings, broker).enqueue(job)
 
+    broker.add_middleware(Claim(broker))
     # Compile failures are recorded on the variant and never raise; what raises is
     # transient (a store outage), so a few retries with backoff are right.
     dramatiq.actor(
@@ -189,11 +220,56 @@ def declare_actor(
     )(compile_variant)
 
 
+def _claim_key(namespace: str, redis_id: str) -> str:
+    return f"{namespace}:claimed.{redis_id}"
+
+
+class UnclaimedError(MiddlewareError):
+    """A message whose claim Redis did not answer: not run, it fails, for Retries to send again."""
+
+
+class Claim(Middleware):
+    """Claims each message as its run starts, so that `DramatiqQueue.held` can tell a message that
+    a worker fetched but never received from one whose run is about to mark its job running.
+
+    A fetch that times out on a hung Redis runs once Redis resumes: the message moves to the
+    worker's acks, the worker never sees it, and its heartbeat stays fresh, so Dramatiq never gives
+    it back. `held` drops it, and its job is enqueued again. Neither the job record nor an age can
+    tell it from a message that a worker did receive: a job stays queued until its run's first
+    write, and Redis has no time of fetch. Nor does a fetched message start at once: each of a
+    worker's queues (one per target) prefetches KILN_COMPILE_WORKERS messages for the threads that
+    they share. The claim can: Redis runs it and `held`'s drop one after the other, so either the
+    claim comes first and the message is kept, or the drop does and this run is skipped, for the
+    message enqueued in its place. The job runs once, either way."""
+
+    def __init__(self, broker: RedisBroker) -> None:
+        self.namespace = broker.namespace
+        self._claim = broker.client.register_script(_CLAIM)
+
+    def before_process_message(self, broker: Broker, message: MessageProxy) -> None:
+        redis_id = message.options["redis_message_id"]
+        # As Dramatiq's TimeLimit reads it: past it, the run is stopped.
+        limit_ms = (
+            message.options.get("time_limit") or broker.get_actor(message.actor_name).options["time_limit"]
+        )
+        try:
+            claimed = self._claim(
+                keys=[f"{self.namespace}:{message.queue_name}.msgs", _claim_key(self.namespace, redis_id)],
+                args=[redis_id, int(limit_ms)],
+            )
+        except redis.RedisError as exc:  # unclaimed, the run could be dropped and run twice
+            raise UnclaimedError(f"message {redis_id} not claimed: {exc}") from exc
+        if not claimed:
+            log.warning("job %s: its message was dropped as never received; not run", message.args[0])
+            raise SkipMessage(f"message {redis_id} was dropped")
+
+
 class DramatiqQueue:
     def __init__(self, settings: Settings, broker: RedisBroker | None = None) -> None:
         self.settings = settings
         self.broker = broker or make_broker(settings)
         self.declared: set[str] = set()
+        self._drop_fetched = self.broker.client.register_script(_DROP_FETCHED)
 
     def enqueue(self, job: JobRecord) -> None:
         name = queue_name(job.target)
@@ -213,48 +289,85 @@ class DramatiqQueue:
                 "enqueues it once the queue is back"
             ) from exc
 
-    def held(self, targets: Iterable[str]) -> set[str]:
-        """The ids of the jobs whose message the broker has, in the queues of `targets`: from
-        enqueue until a worker acknowledges it, `{namespace}:{queue}.msgs` holds it, and while it
-        waits to be retried, `.DQ.msgs` does (under an id of the broker's, not the job's).
+    def held(self, jobs: Iterable[JobRecord]) -> set[str]:
+        """The ids of those of `jobs` whose message the broker has, in the queues of their
+        targets: from enqueue until a worker acknowledges it, `{namespace}:{queue}.msgs` holds it,
+        and while it waits to be retried, `.DQ.msgs` does (under an id of the broker's, not the
+        job's).
 
-        Not a delayed message `queue_requeue_s` past its due time: the worker that fetched it
-        lost it. Dramatiq's consumer forgets the delayed messages it holds when its connection
-        fails (a Redis restart), and leaves them in Redis, to come back only when that worker's
-        heartbeat dies. Such a message is dropped, so that it cannot run again beside the job's
-        new message."""
+        Not one that its worker lost, dropped so that it cannot run beside the job's new message:
+        a delayed one `queue_requeue_s` past its due time (Dramatiq's consumer forgets those it
+        holds when its connection fails, and leaves them in Redis until its heartbeat dies), or
+        one in a live worker's acks that no run claimed (`Claim`), whose job shows no run begun.
+        A settled job's message left in a live worker's acks by a lost ack is dropped too: it
+        counted in `depth` until that worker stopped."""
+        by_id = {job.id: job for job in jobs}
         client: redis.Redis = self.broker.client
         ns = self.broker.namespace
-        queues = [f"{ns}:{name}" for t in targets for name in (queue_name(t), dq_name(queue_name(t)))]
+        names = sorted({queue_name(job.target) for job in by_id.values()})
+        queues = [f"{ns}:{q}" for name in names for q in (name, dq_name(name))]
         # One snapshot of both hashes: Dramatiq moves a message between them by adding it to one,
         # then removing it from the other, so it is always in one, but two reads can miss it.
         with client.pipeline(transaction=True) as pipe:
             for queue in queues:
                 pipe.hgetall(f"{queue}.msgs")
-            replies: list[dict[bytes, bytes]] = pipe.execute()
-        overdue_ms = current_millis() - int(self.settings.queue_requeue_s * 1000)
+            pipe.zrangebyscore(
+                f"{ns}:__heartbeats__", current_millis() - self.broker.heartbeat_timeout, "+inf"
+            )
+            *replies, live = pipe.execute()
+        # Read after: a message fetched since is in them. Dead workers' are Dramatiq's to give back.
+        fetched = self._fetched([worker.decode() for worker in live], names)
         held: set[str] = set()
         for queue, messages in zip(queues, replies, strict=True):
-            for redis_id, data in messages.items():
+            for key, data in messages.items():
                 try:
                     message = Message.decode(data)
                     job_id = message.args[0]
                 except (DecodeError, IndexError):  # not a compile job's message
                     log.warning("queue message %r is not a compile job's; ignored", data[:200])
                     continue
-                eta = message.options.get("eta")  # in ms; only a delayed message has one
-                if (
-                    isinstance(eta, int | float)
-                    and eta < overdue_ms
-                    and _drop(client, queue, redis_id.decode())
-                ):
-                    late_s = (current_millis() - eta) / 1000
-                    log.warning(
-                        "job %s: its retry, due %.0f s ago, was lost by its worker; dropped", job_id, late_s
-                    )
-                else:
+                redis_id = key.decode()
+                if not self._dropped(queue, redis_id, message, by_id.get(job_id), fetched.get(redis_id)):
                     held.add(job_id)
         return held
+
+    def _fetched(self, workers: list[str], names: list[str]) -> dict[str, str]:
+        """The ids of the messages in the acks of `workers` for the queues `names`, each with the
+        key of the acks that hold it."""
+        ns = self.broker.namespace
+        keys = [f"{ns}:__acks__.{worker}.{name}" for worker in workers for name in names]
+        with self.broker.client.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.smembers(key)
+            members: list[set[bytes]] = pipe.execute()
+        return {redis_id.decode(): key for key, ids in zip(keys, members, strict=True) for redis_id in ids}
+
+    def _dropped(
+        self, queue: str, redis_id: str, message: Message[None], job: JobRecord | None, acks: str | None
+    ) -> bool:
+        """Whether the message was lost by its worker, and is dropped now (`held`)."""
+        eta = message.options.get("eta")  # in ms; only a delayed message has one
+        if isinstance(eta, int | float):
+            overdue_ms = current_millis() - int(self.settings.queue_requeue_s * 1000)
+            if eta >= overdue_ms or not _drop(self.broker.client, queue, redis_id):
+                return False
+            late_s = (current_millis() - eta) / 1000
+            log.warning(
+                "job %s: its retry, due %.0f s ago, was lost by its worker; dropped", message.args[0], late_s
+            )
+            return True
+        if acks is None or job is None:
+            return False
+        settled = job.status in SETTLED_JOBS
+        # A run's first write marks its job running, and nothing marks it queued again.
+        if not settled and (job.status != JobStatus.queued or job.worker is not None):
+            return False
+        claim = _claim_key(self.broker.namespace, redis_id)
+        if not self._drop_fetched(keys=[f"{queue}.msgs", acks, claim], args=[redis_id, int(not settled)]):
+            return False
+        lost = "settled, its ack lost" if settled else "its message fetched but never received"
+        log.warning("job %s: %s, in %s; dropped", job.id, lost, acks)
+        return True
 
     def depth(self, targets: Iterable[str]) -> dict[str, int]:
         """Dramatiq keeps each message in the hash `{namespace}:{queue}.msgs` from enqueue to ack,

@@ -37,19 +37,22 @@ def requeue_lost(registry: Registry, queue: DramatiqQueue, older_than_s: float) 
     ids of those enqueued. The age leaves alone a job whose API is still on its way to enqueue it.
     Each time counts as one of the job's attempts, so that one whose message keeps going missing
     fails its variant after MAX_ATTEMPTS, as one that keeps killing its worker does. An old job
-    whose variant settled without it takes the variant's outcome (`settle_behind`)."""
-    lost = []
+    whose variant settled without it takes the variant's outcome (`settle_behind`). Settled jobs
+    go to `held` too, which drops what their messages left in a worker's acks."""
+    lost, settled = [], []
     for doc in registry.store.list_docs("job"):
         try:
             job = JobRecord.model_validate(doc)
-            if _is_lost(registry, job, older_than_s):
+            if job.status in SETTLED_JOBS:
+                settled.append(job)
+            elif _is_lost(registry, job, older_than_s):
                 lost.append(job)
             elif _is_old(job, older_than_s):
                 settle_behind(registry, job)
         except ValidationError as exc:  # one record that no longer loads must not stop the pass
             log.warning("job %s is not looked at: a record does not load: %s", doc.get("id"), exc)
     # Read after the store, which is slower: a message enqueued meanwhile is seen.
-    held = queue.held({job.target for job in lost}) if lost else set()
+    held = queue.held([*lost, *settled])
     requeued = []
     for job in lost:
         if job.id in held or give_up(registry, job):

@@ -12,14 +12,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dramatiq
 import httpx
 import pytest
+from dramatiq.broker import MessageProxy
 from dramatiq.common import dq_name
 from dramatiq.message import Message
 
 from service import queue as queue_module
 from service.jobs import MAX_ATTEMPTS, run_compile_job
-from service.queue import ACTOR, DramatiqQueue, EmbeddedQueue, queue_name
+from service.queue import ACTOR, Claim, DramatiqQueue, EmbeddedQueue, declare_actor, make_broker, queue_name
 from service.records import JobRecord, JobStatus, VariantRecord, VariantStatus, now
 from service.redelivery import Redelivery, requeue_lost, take_up_unheld
 from service.registry import Registry, job_for
@@ -46,9 +48,9 @@ def test_lost_jobs_are_enqueued_again_once_and_only_those(redis_url: str) -> Non
     queue.enqueue(retry_job)  # its API enqueued it; new_job's died first
 
     assert requeue_lost(registry, queue, older_than_s=60) == []  # its API may still be at it
-    assert queue.held([HOST]) == {retry_job.id}
+    assert queue.held([new_job, retry_job]) == {retry_job.id}
     assert requeue_lost(registry, queue, older_than_s=0) == [new_job.id]
-    assert queue.held([HOST]) == {new_job.id, retry_job.id}
+    assert queue.held([new_job, retry_job]) == {new_job.id, retry_job.id}
     assert requeue_lost(registry, queue, older_than_s=0) == []
     client = queue.broker.client
     assert client.llen(f"{queue.broker.namespace}:compile.{HOST}") == 2  # one message per job
@@ -118,7 +120,7 @@ def test_a_job_whose_variant_settled_without_it_takes_the_variants_outcome(
     done = registry.get_job(job.id)
     assert (done.status, done.stage) == (JobStatus.failed, VariantStatus.rejected)
     assert done.error == "max abs error 3.0"
-    assert queue.held([HOST]) == set()
+    assert queue.held([done]) == set()
     queue.close()
 
 
@@ -132,7 +134,7 @@ def test_a_message_waiting_for_its_retry_is_held(redis_url: str) -> None:
     retry = Message(queue_name=name, actor_name=ACTOR, args=(job.id,), kwargs={}, options={})
     queue.broker.enqueue(retry, delay=60_000)
     queue.broker.client.hset(f"{queue.broker.namespace}:{name}.msgs", "junk", b"not a message")
-    assert queue.held([HOST]) == {job.id}
+    assert queue.held([job]) == {job.id}
     assert requeue_lost(registry, queue, older_than_s=0) == []
     queue.close()
 
@@ -152,13 +154,13 @@ def test_a_retry_that_its_worker_lost_is_dropped_and_its_job_enqueued_again(redi
     queue.broker.enqueue(retry, delay=-10_000)
     assert len(queue.broker.do_fetch(dq_name(name), 1)) == 1
     patient = DramatiqQueue(Settings(redis_url=redis_url, queue_requeue_s=30))
-    assert patient.held([HOST]) == {job.id}  # its worker may be about to move it on
+    assert patient.held([job]) == {job.id}  # its worker may be about to move it on
     patient.close()
 
     assert requeue_lost(registry, queue, older_than_s=0) == [job.id]
     client = queue.broker.client
     assert client.hlen(f"{ns}:{name}.DQ.msgs") == 0 and client.llen(f"{ns}:{name}.DQ") == 0
-    assert queue.held([HOST]) == {job.id}  # its new message
+    assert queue.held([job]) == {job.id}  # its new message
     assert requeue_lost(registry, queue, older_than_s=0) == []
     # The worker that held the retry dies: another worker's maintenance brings nothing back.
     client.zadd(f"{ns}:__heartbeats__", {queue.broker.broker_id: 0})
@@ -167,6 +169,116 @@ def test_a_retry_that_its_worker_lost_is_dropped_and_its_job_enqueued_again(redi
     assert client.llen(f"{ns}:{name}") == 1
     survivor.close()
     queue.close()
+
+
+def test_a_message_whose_fetch_timed_out_is_dropped_and_its_job_enqueued_again(redis_url: str) -> None:
+    """A worker's fetch timed out on a hung Redis, which ran it once it resumed: the message sits in
+    the acks of a worker that lives on and never had it, and Dramatiq gives it back only when that
+    worker dies. Its job, still queued with no worker, is enqueued again once it is old enough,
+    and the message dropped: the worker's death later does not run it a second time."""
+    registry = Registry(RedisStore(redis_url))
+    job = one_lost_job(registry)
+    settings = Settings(redis_url=redis_url)
+    queue = DramatiqQueue(settings)
+    queue.enqueue(job)
+    client, ns, name = queue.broker.client, queue.broker.namespace, queue_name(HOST)
+    worker = make_broker(settings)
+    # Dramatiq's own fetch, whose reply the worker never reads: what a fetch that timed out leaves.
+    assert len(worker.do_fetch(name, 1)) == 1
+    acks = f"{ns}:__acks__.{worker.broker_id}.{name}"
+
+    assert requeue_lost(registry, queue, older_than_s=60) == []  # its API may still be at it
+    assert client.smembers(acks) != set()
+    assert requeue_lost(registry, queue, older_than_s=0) == [job.id]
+    assert client.smembers(acks) == set()
+    assert client.hlen(f"{ns}:{name}.msgs") == client.llen(f"{ns}:{name}") == 1  # its new message
+    assert requeue_lost(registry, queue, older_than_s=0) == []
+    assert registry.get_job(job.id).attempts == 1
+    # The worker dies: another worker's maintenance brings back nothing but the new message.
+    client.zadd(f"{ns}:__heartbeats__", {worker.broker_id: 0})
+    survivor = make_broker(settings)
+    assert len(survivor.do_fetch(name, 10)) == 1
+    for broker in (worker, survivor):
+        broker.close()
+    queue.close()
+
+
+def test_a_message_held_back_for_a_busy_thread_runs_once_and_one_just_received_is_kept(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker of two targets prefetches KILN_COMPILE_WORKERS messages for each, for threads that
+    they share: a message may wait while another job compiles, its job queued with no worker, as
+    is the job of a message just received, whose run is still to mark it running. The run that
+    began claimed its message, which stays; the waiting one is dropped and its job enqueued again,
+    and a thread that frees up skips it: each job runs once."""
+    registry = Registry(RedisStore(redis_url))
+    ready_version(registry, MODELS["mlp"], {"torchscript": reference(BASELINE)}, BASELINE)
+    wanted = [(backend, {}, HOST) for backend in ("onnxruntime", "openvino")]
+    [(_, first), (_, second)] = registry.add_variants(registry.get_version("mlp", 1), wanted, [])
+    settings = Settings(redis_url=redis_url)
+    queue = DramatiqQueue(settings)
+    for job in (first, second):
+        queue.enqueue(job)
+    ran: list[str] = []
+    free = threading.Event()
+
+    def compile_job(registry: Registry, settings: Settings, job_id: str, stopping: threading.Event) -> None:
+        ran.append(job_id)  # and the job's record left as it was: queued, no worker
+        free.wait(30)
+
+    monkeypatch.setattr(queue_module, "run_compile_job", compile_job)
+    broker = make_broker(settings)
+    declare_actor(broker, registry, settings, threading.Event())
+    name = queue_name(HOST)
+    broker.declare_queue(name)
+    worker = dramatiq.Worker(broker, queues={name}, worker_threads=1)
+    worker.queue_prefetch = 2  # as each of two targets' queues prefetches one
+    acks = f"{broker.namespace}:__acks__.{broker.broker_id}.{name}"
+    worker.start()
+    try:
+        wait_until(lambda: ran == [first.id] and broker.client.scard(acks) == 2, 10, "both messages fetched")
+        assert requeue_lost(registry, queue, older_than_s=0) == [second.id]
+        free.set()
+        wait_until(lambda: queue.depth([HOST]) == {name: 0}, 10, "both jobs acknowledged")
+        assert ran == [first.id, second.id]
+    finally:
+        free.set()
+        worker.stop()
+        broker.close()
+        queue.close()
+
+
+def test_a_settled_jobs_message_whose_ack_was_lost_is_dropped(redis_url: str) -> None:
+    """The run settled its job, and its ack timed out and never reached Redis: the message stayed
+    in its live worker's acks, counted in the queue's depth until that worker stopped."""
+    registry = Registry(RedisStore(redis_url))
+    job = one_lost_job(registry)
+    settings = Settings(redis_url=redis_url)
+    queue = DramatiqQueue(settings)
+    queue.enqueue(job)
+    worker = make_broker(settings)
+    declare_actor(worker, registry, settings, threading.Event())
+    name = queue_name(HOST)
+    [data] = worker.do_fetch(name, 1)
+    Claim(worker).before_process_message(worker, MessageProxy(Message.decode(data)))
+    registry.update_job(job.id, status=JobStatus.succeeded, worker="w", finished_at=now())
+    assert queue.depth([HOST]) == {name: 1}
+    assert requeue_lost(registry, queue, older_than_s=0) == []
+    assert queue.depth([HOST]) == {name: 0}
+    worker.close()
+    queue.close()
+
+
+def test_the_queue_times_out_as_the_store_does_whatever_redis_py_defaults_to(redis_url: str) -> None:
+    """redis-py before 8.0 waits forever for a Redis that stopped answering: a worker's fetch, and
+    an API's enqueue, would hang on a black-holed connection."""
+    broker = make_broker(Settings(redis_url=redis_url))
+    store = RedisStore(redis_url)
+    connection = broker.client.connection_pool.connection_kwargs
+    for timeout in ("socket_connect_timeout", "socket_timeout"):
+        assert connection.get(timeout) == store._client.connection_pool.connection_kwargs[timeout]
+    assert connection.get("socket_keepalive") is True
+    broker.close()
 
 
 def test_jobs_that_their_requests_may_still_finish_are_left_to_them(redis_url: str) -> None:
@@ -220,11 +332,11 @@ def test_one_worker_per_interval_looks_for_lost_jobs(redis_url: str) -> None:
     first, second = (Redelivery(registry, queue, interval_s=60) for queue in queues)
     first.run_once()
     held = queues[0].held
-    assert held([HOST]) == {job.id}
+    assert held([job]) == {job.id}
     ns, name = queues[0].broker.namespace, queue_name(HOST)
     queues[0].broker.client.delete(f"{ns}:{name}", f"{ns}:{name}.msgs")  # lost again, at once
     second.run_once()  # another worker, in the same interval: the lock is taken
-    assert held([HOST]) == set()
+    assert held([job]) == set()
     for queue in queues:
         queue.close()
 
