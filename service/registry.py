@@ -39,6 +39,10 @@ log = logging.getLogger("kiln.registry")
 R = TypeVar("R", bound=BaseModel)
 
 MODEL_BLOB = "models/{sha256}"
+# An upload writes its model's bytes pending, and the write that records its version keeps them:
+# an upload cut off between the two (a store that fails, an API killed) leaves them this long.
+# One that takes longer to record its version puts them back (keep_model_blob).
+MODEL_BLOB_PENDING_S = 600.0
 ARTIFACT_BLOB = "artifacts/{key}"
 # Held by a deletion while it reads which blobs versions and variants reference and deletes the
 # others, by an upload while it puts back bytes that one collected, and by a compile while its
@@ -169,14 +173,16 @@ class Registry:
             )
             # In one write: readers never see a version whose variants are missing, and a failure
             # midway can leave neither jobs of no version, queued for ever, nor a version without
-            # its upload record, which an identical retry would then record again.
+            # its upload record, which an identical retry would then record again, nor a version
+            # whose model bytes still expire, nor bytes kept for no version.
             self.store.put_docs(
                 [
                     *(("variant", v.id, v.model_dump(mode="json")) for v in variants),
                     *(("job", j.id, j.model_dump(mode="json")) for j in jobs),
                     ("version", version_id(config.name, number), version.model_dump(mode="json")),
                     _upload_doc(config, sha256, number),
-                ]
+                ],
+                keep_blobs=[MODEL_BLOB.format(sha256=sha256)],
             )
             return NewVersion(version, variants, jobs, deduplicated=False)
 
@@ -574,19 +580,22 @@ class Registry:
             self.store.delete_doc("artifact", key)
 
     def keep_model_blob(self, sha256: str, chunks: Callable[[], Iterable[bytes]]) -> None:
-        """Put back the model bytes of a version just recorded, if a deletion of another model of
-        the same bytes collected them before the version referenced them. Under the lock that
-        the collection holds: one that comes later sees the version and spares them."""
+        """Keep the model bytes of a version just recorded or found again (an identical upload,
+        which recorded nothing, may have written them pending), or put them back if they went
+        before the version referenced them: collected by a deletion of another model of the same
+        bytes, or expired. Under the lock that the collection holds: one that comes later sees the
+        version and spares them."""
         key = MODEL_BLOB.format(sha256=sha256)
         with self.store.lock(MODEL_BLOBS_LOCK, MODEL_BLOBS_LOCK_S):
-            if not self.store.has_blob(key):
+            if not self.store.keep_blob(key):
                 self.store.put_blob(key, chunks())
 
     def _collect_garbage(self, deletion: Deletion, keep: str | None = None) -> None:
         """Only the deleted versions' own blobs are candidates: any other unreferenced blob may
         belong to work in flight (an upload between its blob and its version record, a compile
         between its artifact and its variant's update), and deleting it would break that work.
-        (Such a compile puts back its artifact if one of these shared its key and went.)"""
+        (Such a compile puts back its artifact if one of these shared its key and went; an upload
+        that never records its version leaves its pending blob to expire.)"""
         with self.store.lock(MODEL_BLOBS_LOCK, MODEL_BLOBS_LOCK_S):
             live_models = {VersionRecord.model_validate(d).sha256 for d in self.store.list_docs("version")}
             for sha256 in set(deletion.model_blobs) - live_models - {keep}:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import io
 import json
 import pickle
@@ -11,7 +12,7 @@ import socket
 import subprocess
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from http.client import HTTPConnection
 from pathlib import Path
@@ -21,6 +22,7 @@ import httpx
 import numpy as np
 import psutil
 import pytest
+import redis
 import torch
 
 from compiler.errors import InvalidModelError
@@ -904,6 +906,51 @@ def test_redis_outage(tmp_path: Path) -> None:
         assert httpx.get(f"{idle.url}/v2/health/ready").status_code == 400
         redis_server.start()
         assert http.get("/readyz").json() == {"status": "ready"}
+
+
+def test_an_upload_cut_off_before_its_version_is_recorded_leaves_no_model_bytes_for_ever(
+    tmp_path: Path,
+) -> None:
+    """Redis refused a write (maxmemory), or the API was killed, between an upload's writing its
+    model's bytes and recording its version: the bytes stayed for ever, referenced by nothing.
+    The model's lock, held here, holds the upload between the two."""
+    redis_server = RedisServer(tmp_path)
+    server = KilnServer({"KILN_REDIS_URL": redis_server.url}, tmp_path / "kiln.log")
+    with running(redis_server, server), httpx.Client(base_url=server.url, timeout=60) as http:
+        raw = redis.Redis(port=redis_server.port)
+        kept = f"kiln:blob:models/{hashlib.sha256(MLP.torchscript()).hexdigest()}"
+        cnn = MODELS["cnn"]
+        blob = f"kiln:blob:models/{hashlib.sha256(cnn.torchscript()).hexdigest()}"
+
+        def cut_off(cut: Callable[[], object]) -> httpx.Response | httpx.HTTPError:
+            raw.set("kiln:lock:model:cnn", "another upload's", px=20_000)
+            with ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(upload, http, cnn, backends=[])
+                wait_until(lambda: raw.exists(blob), 60, "the model's bytes")
+                assert 0 < raw.pttl(blob) <= 600_000  # they expire unless the version keeps them
+                cut()
+                try:
+                    return answer.result()
+                except httpx.HTTPError as exc:
+                    return exc
+
+        try:
+            assert upload(http, MLP, backends=[]).status_code == 202
+            assert upload(http, MLP, name="copy", backends=[]).status_code == 202  # the same bytes
+            assert [raw.pttl(k) for k in [kept.encode(), *raw.scan_iter("kiln:chunk:*")]] == [-1] * 2
+
+            answer = cut_off(lambda: raw.config_set("maxmemory", 1))
+            assert isinstance(answer, httpx.Response)
+            assert "cannot take writes now" in problem(answer, 503)
+            wait_until(lambda: not raw.exists(blob), 10, "the bytes to be given back at once")
+            assert len(list(raw.scan_iter("kiln:chunk:*"))) == 1  # the kept model's
+            raw.config_set("maxmemory", 0)
+
+            assert isinstance(cut_off(server.kill), httpx.HTTPError)
+            chunks = [k for k in raw.scan_iter("kiln:chunk:*") if raw.pttl(k) != -1]
+            assert chunks and all(0 < raw.pttl(k) <= 600_000 for k in [blob.encode(), *chunks])
+        finally:
+            raw.close()
 
 
 def test_a_hung_redis_holds_up_no_prediction_of_a_loaded_model(tmp_path: Path) -> None:

@@ -105,6 +105,25 @@ def test_a_blob_half_written_by_a_killed_writer_is_removed_when_a_store_opens(da
     store.close()
 
 
+def test_pending_bytes_a_killed_upload_left_are_removed_when_a_store_opens_past_their_expiry(
+    data_dir: Path,
+) -> None:
+    """An embedded server killed between an upload's model bytes and its version record: they
+    go once expired, when the next process opens the store, if no upload's write came first."""
+    store = LocalStore(data_dir)
+    store.put_blob("models/cut-off", [b"weights"], expire_s=0.3)
+    store.put_blob("models/recorded", [b"weights"], expire_s=0.3)
+    store.put_docs([("version", "m/1", {})], keep_blobs=["models/recorded"])
+    LocalStore(data_dir).close()  # opened before they expire: they stay
+    assert store.has_blob("models/cut-off")
+    store.close()
+    time.sleep(0.5)
+    again = LocalStore(data_dir)
+    assert not again.has_blob("models/cut-off") and again.list_blobs() == ["models/recorded"]
+    assert [p.name for p in data_dir.glob("blobs/*/*")] == [again._path("models/recorded").name]
+    again.close()
+
+
 def test_a_read_does_not_wait_behind_a_write_waiting_for_the_database(data_dir: Path) -> None:
     """Another process held SQLite's write lock; a write of this one waited for it up to the busy
     timeout, and every read of the process behind it: GET /v1/models/x took 28.5 s."""

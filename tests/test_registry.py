@@ -30,6 +30,7 @@ from service.registry import (
     MODEL_BLOB,
     MODEL_BLOBS_LOCK,
     MODEL_BLOBS_LOCK_S,
+    NewVersion,
     Registry,
     job_for,
     version_id,
@@ -229,11 +230,11 @@ def test_a_version_is_recorded_whole_or_not_at_all(
         return [variant], [job_for(variant, f"job-{number}")]
 
     def failing_with(write: Callable[..., None]) -> Callable[..., None]:
-        def fail(*args: Any) -> None:
+        def fail(*args: Any, **kwargs: Any) -> None:
             docs = [args] if isinstance(args[0], str) else list(args[0])
             if any(kind == failing for kind, _, _ in docs):
                 raise StoreUnavailableError("the store in /data cannot write: disk full (simulated)")
-            write(*args)
+            write(*args, **kwargs)
 
         return fail
 
@@ -249,6 +250,43 @@ def test_a_version_is_recorded_whole_or_not_at_all(
     again = registry.create_version(config, "c" * 64, outputs, plan)
     assert (again.version, again.deduplicated) == (made.version, True)
     assert [d["id"] for d in any_store.list_docs("job")] == [made.jobs[0].id]
+
+
+def test_an_upload_s_model_bytes_are_kept_by_its_version_s_record_and_no_sooner(
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upload writes its model's bytes pending, and the write that records its version keeps
+    them. One cut off between the two (a store that failed, an API killed) left them for ever:
+    no version references them, and only deleted versions' bytes are collected."""
+    registry = Registry(any_store)
+    config = ModelConfig.model_validate(MODELS["mlp"].config())
+    outputs = [OutputInfo(name="output0", dtype="float32", shape=[-1, 10])]
+    recorded, cut_off, found_again = "d" * 64, "e" * 64, "f" * 64
+
+    def upload(name: str, sha256: str) -> NewVersion:
+        any_store.put_blob(MODEL_BLOB.format(sha256=sha256), [b"weights"], expire_s=0.5)
+        named = config.model_copy(update={"name": name})
+        return registry.create_version(named, sha256, outputs, lambda name, number: ([], []))
+
+    def outage(*args: Any, **kwargs: Any) -> None:
+        raise StoreUnavailableError("redis at 127.0.0.1:6379 cannot take writes now (simulated)")
+
+    upload("recorded", recorded)
+    upload("again", found_again)
+    monkeypatch.setattr(any_store, "put_docs", outage)
+    with pytest.raises(StoreUnavailableError):
+        upload("cut-off", cut_off)
+    monkeypatch.undo()
+    # An identical upload finds its version, whose bytes went meanwhile: it writes them pending
+    # and records nothing, and keep_model_blob keeps them.
+    any_store.delete_blob(MODEL_BLOB.format(sha256=found_again))
+    assert upload("again", found_again).deduplicated
+    registry.keep_model_blob(found_again, lambda: [b"weights"])
+    time.sleep(0.7)
+    any_store.put_blob("other", [b"x"])  # the local store removes expired blobs as it writes one
+    assert any_store.has_blob(MODEL_BLOB.format(sha256=recorded))
+    assert any_store.has_blob(MODEL_BLOB.format(sha256=found_again))
+    assert not any_store.has_blob(MODEL_BLOB.format(sha256=cut_off))
 
 
 def test_a_deletion_cannot_take_the_model_from_under_a_version_being_recorded(any_store: Store) -> None:

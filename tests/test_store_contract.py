@@ -25,7 +25,7 @@ from service.store import (
     StoreUnavailableError,
     open_store,
 )
-from tests.servers import RedisServer, free_port
+from tests.servers import RedisServer, free_port, wait_until
 
 CHUNK = 16  # small, so a blob of a few hundred bytes spans many chunks
 
@@ -125,6 +125,60 @@ def test_failed_upload_leaves_nothing_visible(store: Store) -> None:
     assert store.get_blob("kept") == b"original"
 
 
+def test_a_pending_blob_goes_unless_a_write_keeps_it(store: Store) -> None:
+    """An upload writes its model's bytes pending, and the write that records its version keeps
+    them: an upload cut off between the two (the API killed, say) left them for ever."""
+    data = os.urandom(CHUNK * 3 + 1)
+    for key in ("models/cut-off", "models/recorded", "models/kept-alone"):
+        assert store.put_blob(key, [data], expire_s=0.5) == len(data)
+    assert store.get_blob("models/cut-off") == data and store.has_blob("models/cut-off")
+    assert store.list_blobs() == []  # listed once kept
+    store.put_docs([("version", "m/1", {"sha256": "recorded"})], keep_blobs=["models/recorded"])
+    assert store.keep_blob("models/kept-alone")
+    assert not store.keep_blob("models/never-written")
+    store.put_docs([], keep_blobs=["models/never-written"])  # nothing to keep: no error
+    assert not store.has_blob("models/never-written")
+    time.sleep(0.7)
+    store.put_blob("other", [b"x"])  # the local store removes expired blobs as it writes one
+    assert not store.has_blob("models/cut-off")
+    with pytest.raises(BlobNotFoundError):
+        store.get_blob("models/cut-off")
+    assert store.get_blob("models/recorded") == data == store.get_blob("models/kept-alone")
+    assert store.list_blobs() == ["models/kept-alone", "models/recorded", "other"]
+
+
+def test_a_pending_put_leaves_a_blob_already_there(store: Store) -> None:
+    """Two identical uploads at once: the second's pending write of the bytes that the first's
+    version has kept since must not make them expire under that version."""
+    store.put_blob("models/a", [b"weights"])
+    assert store.put_blob("models/a", [b"weights"], expire_s=0.3) == len(b"weights")
+    store.put_blob("models/b", [b"pending"], expire_s=0.3)
+    store.put_blob("models/b", [b"pending"], expire_s=60)  # the first's expiry stands
+    time.sleep(0.5)
+    store.put_blob("other", [b"x"])
+    assert store.get_blob("models/a") == b"weights" and store.list_blobs("models/") == ["models/a"]
+    assert not store.has_blob("models/b")
+    store.put_blob("models/b", [b"pending"], expire_s=0.3)
+    store.put_blob("models/b", [b"pending"])  # a plain put keeps it
+    time.sleep(0.5)
+    store.put_blob("other", [b"x"])
+    assert store.get_blob("models/b") == b"pending"
+    assert store.list_blobs("models/") == ["models/a", "models/b"]
+
+
+def test_discard_deletes_only_a_pending_blob(store: Store) -> None:
+    """An upload that failed before its version was recorded gives back the bytes it wrote at
+    once; bytes that another upload's version kept meanwhile stay."""
+    store.put_blob("models/failed", [os.urandom(CHUNK * 2)], expire_s=60)
+    store.discard_blob("models/failed")
+    wait_until(lambda: not store.has_blob("models/failed"), 5, "the discard")  # Redis's runs apart
+    store.put_blob("models/kept", [b"weights"], expire_s=60)
+    store.keep_blob("models/kept")
+    store.discard_blob("models/kept")
+    store.discard_blob("models/never-written")
+    assert store.get_blob("models/kept") == b"weights" and store.list_blobs() == ["models/kept"]
+
+
 def test_missing_blob_raises(store: Store) -> None:
     with pytest.raises(BlobNotFoundError):
         store.get_blob("nope")
@@ -205,21 +259,24 @@ def test_put_docs_writes_all_of_them_at_once_or_none(opener: Opener) -> None:
     writer.put_docs([("a", "1", {"n": 0}), ("b", "1", {"n": 0, "old": True})])
     assert reader.get_doc("b", "1") == {"n": 0, "old": True}
     done = threading.Event()
+    seen: set[int] = set()
+    written = [0]
 
     def write() -> None:
-        for n in range(1, 300):
-            writer.put_docs([("a", "1", {"n": n}), ("b", "1", {"n": n})])
+        # On past 299 until the reader saw a few: a busy host can keep it from reading between them.
+        while written[0] < 299 or (len(seen) < 3 and written[0] < 100_000):
+            written[0] += 1
+            writer.put_docs([("a", "1", {"n": written[0]}), ("b", "1", {"n": written[0]})])
         done.set()
 
     thread = threading.Thread(target=write)
     thread.start()
-    seen = set()
     while not done.is_set():
         a, b = reader.get_doc("a", "1"), reader.get_doc("b", "1")  # b read after a: never older
         assert a is not None and b is not None and b["n"] >= a["n"], (a, b)
         seen.add(a["n"])
     thread.join(30)
-    assert reader.get_doc("b", "1") == {"n": 299}  # each replaced whole
+    assert reader.get_doc("b", "1") == {"n": written[0]}  # each replaced whole
     assert len(seen) > 1
 
 
@@ -540,3 +597,94 @@ def test_deployments_of_different_namespaces_share_nothing_in_one_redis(redis_ur
     theirs.put_blob("models/m", [b"weights"])
     assert ours.list_docs("job") == [] and ours.list_blobs() == []
     assert [d["status"] for d in theirs.list_docs("job")] == ["running"]
+
+
+def test_an_upload_refused_at_maxmemory_leaves_nothing_that_refuses_the_next(tmp_path: Path) -> None:
+    """Its chunks written until Redis refused one stayed a day: Redis stayed nearly full, and
+    uploads that fit were refused too. Compiles' artifacts are written the same way."""
+    server = RedisServer(tmp_path)
+    server.start()
+    store = RedisStore(server.url, chunk_size=64 << 10)
+    admin = redis.Redis(port=server.port)
+    try:
+        admin.config_set("maxmemory", int(admin.info("memory")["used_memory"]) + (4 << 20))
+        with pytest.raises(StoreUnavailableError, match="cannot take writes now"):
+            store.put_blob("models/big", [os.urandom(16 << 20)])
+        wait_until(lambda: list(admin.scan_iter("kiln:chunk:*")) == [], 5, "its chunks to go")
+        fits = os.urandom(2 << 20)
+        store.put_blob("models/fits", [fits])
+        assert store.get_blob("models/fits") == fits
+    finally:
+        admin.close()
+        store.close()
+        server.stop()
+
+
+def test_an_upload_s_chunks_expire_soon_unless_their_writer_renews_them(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer killed mid-upload, or cut off from Redis, cannot remove its chunks: they expired
+    after 24 h. They expire within a minute now, renewed while their writer is at it."""
+    store = RedisStore(redis_url, chunk_size=CHUNK)
+    raw = redis.Redis.from_url(redis_url)
+    ttls: list[int] = []
+
+    def source(pieces: int, pause_s: float) -> Iterator[bytes]:
+        for _ in range(pieces):
+            yield b"c" * CHUNK
+            ttls.extend(raw.ttl(k) for k in raw.scan_iter("kiln:chunk:*"))
+            time.sleep(pause_s)
+
+    try:
+        store.put_blob("models/a", source(3, 0))
+        assert ttls and all(0 < ttl <= 60 for ttl in ttls), ttls
+        monkeypatch.setattr("service.store.redis._PENDING_TTL_S", 1)
+        store.put_blob("models/slow", source(8, 0.25))  # 2 s: over twice their expiry
+        assert store.get_blob("models/slow") == b"c" * CHUNK * 8
+    finally:
+        raw.close()
+        store.close()
+
+
+def test_a_pending_blob_s_chunks_expire_with_it_and_go_with_a_discard(redis_url: str) -> None:
+    store = RedisStore(redis_url, chunk_size=CHUNK)
+    raw = redis.Redis.from_url(redis_url)
+    try:
+        store.put_blob("models/a", [os.urandom(CHUNK * 3)], expire_s=60)
+        keys = [b"kiln:blob:models/a", *raw.scan_iter("kiln:chunk:*")]
+        assert len(keys) == 4 and all(0 < raw.ttl(k) <= 60 for k in keys)
+        store.discard_blob("models/a")
+        wait_until(lambda: raw.exists(*keys) == 0, 5, "the discard")
+        store.put_blob("models/a", [os.urandom(CHUNK * 3)], expire_s=60)
+        store.put_blob("models/a", [os.urandom(CHUNK * 3)], expire_s=60)  # its chunks go at once
+        assert len(list(raw.scan_iter("kiln:chunk:*"))) == 3
+        assert store.keep_blob("models/a")
+        assert all(raw.ttl(k) == -1 for k in [b"kiln:blob:models/a", *raw.scan_iter("kiln:chunk:*")])
+    finally:
+        raw.close()
+        store.close()
+
+
+def test_a_lock_whose_acquire_timed_out_on_a_hung_redis_is_not_left_held(tmp_path: Path) -> None:
+    """The SET that takes the lock timed out on a Redis that hung, and ran when it resumed: the
+    lock stayed held, renewed by no one, and the model's next upload waited out its 30 s."""
+    server = RedisServer(tmp_path)
+    server.start()
+    store = RedisStore(server.url)
+    admin = redis.Redis(port=server.port)
+    try:
+        store.ping()
+        server.pause()
+        try:
+            with pytest.raises(StoreUnavailableError, match="unreachable"), store.lock("model:m", 30):
+                pass
+        finally:
+            server.resume()
+        wait_until(lambda: not admin.exists("kiln:lock:model:m"), 5, "the lock to be given back")
+        started = time.monotonic()
+        with store.lock("model:m", 30):
+            assert time.monotonic() - started < 1
+    finally:
+        admin.close()
+        store.close()
+        server.stop()

@@ -50,7 +50,7 @@ from service.records import (
     new_id,
     options_key,
 )
-from service.registry import MODEL_BLOB, ModelView, NewVersion, job_for
+from service.registry import MODEL_BLOB, MODEL_BLOB_PENDING_S, ModelView, NewVersion, job_for
 from service.router import ANY_TARGET, REFERENCE, serving_version
 from service.sandbox import SandboxError, run_in_child
 from service.scratch import scratch_file
@@ -338,14 +338,21 @@ def store_version(
         vet(output_infos)
         check_labels(cfg.labels, output_infos, cfg.inputs, "config.labels")
         key = MODEL_BLOB.format(sha256=sha256)
-        if not store.has_blob(key):
-            store.put_blob(key, read_chunks(Path(tmp.name)))
-        created = svc.registry.create_version(
-            cfg,
-            sha256,
-            output_infos,
-            lambda name, number: plan_variants(svc, cfg, name, number),
-        )
+        # Pending until the version's record keeps them: see MODEL_BLOB_PENDING_S.
+        ours = not store.has_blob(key)
+        if ours:
+            store.put_blob(key, read_chunks(Path(tmp.name)), expire_s=MODEL_BLOB_PENDING_S)
+        try:
+            created = svc.registry.create_version(
+                cfg,
+                sha256,
+                output_infos,
+                lambda name, number: plan_variants(svc, cfg, name, number),
+            )
+        except Exception:
+            if ours:  # not left to expire: refused at maxmemory, they would refuse what fits
+                store.discard_blob(key)
+            raise
         svc.registry.keep_model_blob(sha256, lambda: read_chunks(Path(tmp.name)))
     if cfg.inputs != asked.inputs:  # in forward()'s order: the same config is found again as sent
         svc.registry.record_upload(asked, sha256, created.version.version)

@@ -30,9 +30,25 @@ class Store(Protocol):
         """Raise StoreUnavailableError unless the store answers."""
         ...
 
-    # Blobs: written whole or not at all; a reader never sees a partial blob.
-    def put_blob(self, key: str, chunks: Iterable[bytes]) -> int:
-        """Store the concatenated chunks under `key`; return the size in bytes."""
+    # Blobs: written whole or not at all; a reader never sees a partial blob. A write that fails
+    # leaves nothing of itself behind.
+    def put_blob(self, key: str, chunks: Iterable[bytes], expire_s: float | None = None) -> int:
+        """Store the concatenated chunks under `key`; return the size in bytes.
+
+        With `expire_s`, for keys that name their bytes (a hash): the blob is pending, and goes
+        once `expire_s` has passed unless kept first (keep_blob, put_docs); a blob already under
+        the key, kept or pending, stays as it is. Gone means: at once on Redis; on disk, at the
+        next put_blob or opening of the store. A pending blob is not listed until kept."""
+        ...
+
+    def keep_blob(self, key: str) -> bool:
+        """Make a pending blob permanent; whether a blob (kept now) is under `key`."""
+        ...
+
+    def discard_blob(self, key: str) -> None:
+        """Delete the blob if it is pending: a kept one stays. A cleanup on a failure's way out:
+        it raises nothing, and on Redis it is done in the background, tried again for a minute
+        while Redis does not answer (the blob's expiry backs it)."""
         ...
 
     def get_blob(self, key: str) -> bytes:
@@ -58,9 +74,10 @@ class Store(Protocol):
         """Create or replace the whole document."""
         ...
 
-    def put_docs(self, docs: Iterable[tuple[str, str, Doc]]) -> None:
-        """put_doc of each (kind, id, document), in one atomic write: readers see all of them or
-        none, and a failure (the store's, the process's death) leaves none written."""
+    def put_docs(self, docs: Iterable[tuple[str, str, Doc]], keep_blobs: Iterable[str] = ()) -> None:
+        """put_doc of each (kind, id, document), and keep_blob of each of `keep_blobs` there, in
+        one atomic write: readers see all of them or none, and a failure (the store's, the
+        process's death) leaves none written."""
         ...
 
     def create_doc(self, kind: str, doc_id: str, doc: Doc) -> bool:

@@ -3,7 +3,8 @@
 Layout under `root`:
     blobs/{h[:2]}/{h}     a blob, where h = sha256(key); any key maps to a safe file name
     blobs/{h[:2]}/.tmp-*  a blob being written, flocked by its writer until published
-    kiln.db               SQLite (WAL): the blob key index, documents and counters
+    kiln.db               SQLite (WAL): the kept blobs' keys, the pending ones' expiries,
+                          documents and counters
     locks/{h}.lock        a lock's file, h = sha256(its name)
 
 Several processes (uvicorn workers, the compile pool) may share one root: files are
@@ -21,6 +22,7 @@ import os
 import sqlite3
 import tempfile
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -40,6 +42,7 @@ _BUSY_TIMEOUT_S = 30.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS blobs (key TEXT PRIMARY KEY) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS pending_blobs (key TEXT PRIMARY KEY, expires_at REAL NOT NULL) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS docs (
     kind TEXT NOT NULL, id TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (kind, id)
 ) WITHOUT ROWID;
@@ -67,6 +70,8 @@ class LocalStore:
         self._reader = self._connect(root)
         self._reader.execute("PRAGMA query_only=ON")
         self._sweep_temp_files()
+        with suppress(StoreUnavailableError), self._write() as db:  # else the next put_blob does
+            self._sweep_expired(db)
 
     def _sweep_temp_files(self) -> None:
         """Remove the blobs' temp files whose writers died (kill -9 mid-upload): nothing else would."""
@@ -132,11 +137,11 @@ class LocalStore:
         digest = hashlib.sha256(key.encode()).hexdigest()
         return self._blobs / digest[:2] / digest
 
-    def put_blob(self, key: str, chunks: Iterable[bytes]) -> int:
+    def put_blob(self, key: str, chunks: Iterable[bytes], expire_s: float | None = None) -> int:
         with self._unavailable_on_failure():
-            return self._put_blob(key, chunks)
+            return self._put_blob(key, chunks, expire_s)
 
-    def _put_blob(self, key: str, chunks: Iterable[bytes]) -> int:
+    def _put_blob(self, key: str, chunks: Iterable[bytes], expire_s: float | None) -> int:
         path = self._path(key)
         path.parent.mkdir(exist_ok=True)
         # The temp file sits in the target's directory, so os.replace is an atomic rename.
@@ -153,8 +158,16 @@ class LocalStore:
                 os.fsync(out.fileno())
                 # Inside the transaction, so a concurrent delete of the key cannot interleave.
                 with self._write() as db:
-                    os.replace(tmp, path)
-                    db.execute("INSERT OR IGNORE INTO blobs (key) VALUES (?)", (key,))
+                    self._sweep_expired(db)
+                    if expire_s is None:
+                        os.replace(tmp, path)
+                        self._keep(db, key)
+                    elif not path.is_file():  # one there, kept or pending, stays
+                        os.replace(tmp, path)
+                        db.execute(
+                            "INSERT OR REPLACE INTO pending_blobs (key, expires_at) VALUES (?, ?)",
+                            (key, time.time() + expire_s),
+                        )
         finally:
             with suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -182,9 +195,35 @@ class LocalStore:
     def has_blob(self, key: str) -> bool:
         return self._path(key).is_file()
 
+    def keep_blob(self, key: str) -> bool:
+        with self._write() as db:
+            return self._keep(db, key)
+
+    def _keep(self, db: sqlite3.Connection, key: str) -> bool:
+        db.execute("DELETE FROM pending_blobs WHERE key = ?", (key,))
+        if not self._path(key).is_file():
+            return False
+        db.execute("INSERT OR IGNORE INTO blobs (key) VALUES (?)", (key,))
+        return True
+
+    def discard_blob(self, key: str) -> None:
+        with suppress(StoreUnavailableError), self._write() as db:  # it expires anyway
+            if db.execute("DELETE FROM pending_blobs WHERE key = ?", (key,)).rowcount:
+                with suppress(FileNotFoundError):
+                    self._path(key).unlink()
+
+    def _sweep_expired(self, db: sqlite3.Connection) -> None:
+        """Remove the pending blobs past their expiry: uploads cut off before a version kept them."""
+        expired = db.execute("SELECT key FROM pending_blobs WHERE expires_at <= ?", (time.time(),)).fetchall()
+        for (key,) in expired:
+            db.execute("DELETE FROM pending_blobs WHERE key = ?", (key,))
+            with suppress(FileNotFoundError):
+                self._path(key).unlink()
+
     def delete_blob(self, key: str) -> None:
         with self._write() as db:
             db.execute("DELETE FROM blobs WHERE key = ?", (key,))
+            db.execute("DELETE FROM pending_blobs WHERE key = ?", (key,))
             with suppress(FileNotFoundError):
                 self._path(key).unlink()
 
@@ -203,7 +242,7 @@ class LocalStore:
     def put_doc(self, kind: str, doc_id: str, doc: Doc) -> None:
         self.put_docs([(kind, doc_id, doc)])
 
-    def put_docs(self, docs: Iterable[tuple[str, str, Doc]]) -> None:
+    def put_docs(self, docs: Iterable[tuple[str, str, Doc]], keep_blobs: Iterable[str] = ()) -> None:
         rows = [(kind, doc_id, json.dumps(doc)) for kind, doc_id, doc in docs]  # before the lock
         with self._write() as db:
             db.executemany(
@@ -211,6 +250,8 @@ class LocalStore:
                 " ON CONFLICT (kind, id) DO UPDATE SET body = excluded.body",
                 rows,
             )
+            for key in keep_blobs:
+                self._keep(db, key)
 
     def create_doc(self, kind: str, doc_id: str, doc: Doc) -> bool:
         with self._write() as db:

@@ -1,9 +1,10 @@
 """The Store on Redis, shared by every API replica and worker of a deployment.
 
 Key layout, all under `{namespace}:`:
-    blob:{key}          hash {ver, chunks, size}: the published version of a blob
+    blob:{key}          hash {ver, chunks, size}: the published version of a blob; with an
+                        expiry, as its chunks have, while it is pending (put_blob's expire_s)
     chunk:{ver}:{i}     string: chunk i of blob version `ver` (a random hex id)
-    blobs               sorted set of blob keys, all score 0, for ordered prefix listing
+    blobs               sorted set of the kept blobs' keys, all score 0, for ordered prefix listing
     doc:{kind}:{id}     hash: one JSON-encoded value per top-level field, plus a marker
     docs:{kind}         sorted set of the ids of a kind, all score 0
     counter:{name}      integer
@@ -14,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, suppress
@@ -22,60 +24,26 @@ from urllib.parse import quote
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.lock import Lock
 from redis.retry import Retry
 
+from service.store import scripts
 from service.store.base import BlobNotFoundError, Doc, StoreError, StoreUnavailableError
 
-# Chunks of an upload in progress expire, so a writer that dies leaves no garbage behind.
-_PENDING_TTL_S = 24 * 3600
+# Short timeouts so an outage answers 503 within seconds instead of hanging requests: set, not
+# left to redis-py, which waited for ever before 8.0. The compile queue's client takes them too.
+CONNECT_TIMEOUT_S = 2
+SOCKET_TIMEOUT_S = 5
+# Chunks of an upload in progress expire, so a writer that dies, or is cut off from Redis, before it
+# removes them leaves no garbage behind for long: at maxmemory that garbage refuses later writes.
+# The writer renews them every third of it, so only a source that stalls this long loses them.
+_PENDING_TTL_S = 60
+# How long a cleanup is tried again while Redis does not answer, as long as upload chunks live.
+_CLEAN_UP_S = _PENDING_TTL_S
 # Chunks of a replaced blob live this long, so readers already streaming it can finish.
 _REPLACED_TTL_S = 600
 # Every doc hash holds this field, so an empty document still exists as a key.
 _MARKER = "\x00"
-
-# Publishes an uploaded version: all of its chunks must still be there. KEYS: meta, index.
-# ARGV: chunk key prefix, blob key, version, chunk count, size, grace seconds.
-_PUBLISH_BLOB = """
-local n = tonumber(ARGV[4])
-for i = 0, n - 1 do
-  if redis.call('EXISTS', ARGV[1] .. ARGV[3] .. ':' .. i) == 0 then return 0 end
-end
-for i = 0, n - 1 do redis.call('PERSIST', ARGV[1] .. ARGV[3] .. ':' .. i) end
-local old = redis.call('HMGET', KEYS[1], 'ver', 'chunks')
-if old[1] then
-  for i = 0, tonumber(old[2]) - 1 do
-    redis.call('EXPIRE', ARGV[1] .. old[1] .. ':' .. i, ARGV[6])
-  end
-end
-redis.call('HSET', KEYS[1], 'ver', ARGV[3], 'chunks', n, 'size', ARGV[5])
-redis.call('ZADD', KEYS[2], 0, ARGV[2])
-return 1
-"""
-
-# KEYS: meta, index. ARGV: chunk key prefix, blob key.
-_DELETE_BLOB = """
-local old = redis.call('HMGET', KEYS[1], 'ver', 'chunks')
-if old[1] then
-  for i = 0, tonumber(old[2]) - 1 do redis.call('UNLINK', ARGV[1] .. old[1] .. ':' .. i) end
-end
-redis.call('DEL', KEYS[1])
-redis.call('ZREM', KEYS[2], ARGV[2])
-"""
-
-# KEYS: doc, index. ARGV: id, then field/value pairs.
-_CREATE_DOC = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV, 2))
-redis.call('ZADD', KEYS[2], 0, ARGV[1])
-return 1
-"""
-
-# KEYS: doc. ARGV: field/value pairs.
-_UPDATE_DOC = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], unpack(ARGV))
-return 1
-"""
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -107,13 +75,13 @@ UNWRITABLE_CODES = ("MISCONF", "NOREPLICAS")
 
 class RedisStore:
     def __init__(self, url: str, namespace: str = "kiln", *, chunk_size: int = 1 << 20) -> None:
-        # Short timeouts so an outage answers 503 within seconds instead of hanging requests.
         # One quick retry on connection errors only: it replaces pooled connections that a
         # Redis restart killed; a timeout is not retried, as the command may have run.
         self._client = redis.Redis.from_url(
             url,
-            socket_connect_timeout=2,
-            socket_timeout=5,
+            socket_connect_timeout=CONNECT_TIMEOUT_S,
+            socket_timeout=SOCKET_TIMEOUT_S,
+            socket_keepalive=True,
             health_check_interval=30,
             retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 1, (redis.ConnectionError,)),
         )
@@ -121,10 +89,11 @@ class RedisStore:
         self._address = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
         self._ns = namespace
         self._chunk_size = chunk_size
-        self._publish_blob = self._client.register_script(_PUBLISH_BLOB)
-        self._delete_blob = self._client.register_script(_DELETE_BLOB)
-        self._create_doc = self._client.register_script(_CREATE_DOC)
-        self._update_doc = self._client.register_script(_UPDATE_DOC)
+        self._publish_blob = self._client.register_script(scripts.PUBLISH_BLOB)
+        self._keep_blob = self._client.register_script(scripts.KEEP_BLOB)
+        self._delete_blob = self._client.register_script(scripts.DELETE_BLOB)
+        self._create_doc = self._client.register_script(scripts.CREATE_DOC)
+        self._update_doc = self._client.register_script(scripts.UPDATE_DOC)
 
     @contextmanager
     def _reachable(self) -> Iterator[None]:
@@ -150,24 +119,75 @@ class RedisStore:
     def _blob_key(self, key: str) -> str:
         return f"{self._ns}:blob:{key}"
 
+    def _chunk_prefix(self) -> str:
+        return f"{self._ns}:chunk:"
+
     def _chunk_key(self, ver: str, index: int) -> str:
-        return f"{self._ns}:chunk:{ver}:{index}"
+        return f"{self._chunk_prefix()}{ver}:{index}"
+
+    def _blob_keys(self, key: str) -> list[str]:
+        """A blob's meta and the index, the KEYS of the scripts that publish or keep it."""
+        return [self._blob_key(key), f"{self._ns}:blobs"]
 
     @_guarded
-    def put_blob(self, key: str, chunks: Iterable[bytes]) -> int:
+    def put_blob(self, key: str, chunks: Iterable[bytes], expire_s: float | None = None) -> int:
         ver = uuid.uuid4().hex
-        count = size = 0
-        for piece in _rechunk(chunks, self._chunk_size):
-            self._client.set(self._chunk_key(ver, count), piece, ex=_PENDING_TTL_S)
-            count += 1
-            size += len(piece)
-        published = self._publish_blob(
-            keys=[self._blob_key(key), f"{self._ns}:blobs"],
-            args=[f"{self._ns}:chunk:", key, ver, count, size, _REPLACED_TTL_S],
-        )
-        if not published:
-            raise StoreError(f"the upload of blob {key!r} expired before it was complete")
+        sent = size = 0
+        renewed = time.monotonic()
+        try:
+            for piece in _rechunk(chunks, self._chunk_size):
+                if time.monotonic() - renewed > _PENDING_TTL_S / 3:
+                    self._renew_chunks(ver, sent)
+                    renewed = time.monotonic()
+                sent += 1  # counted before it is sent: one whose reply times out may be written
+                self._client.set(self._chunk_key(ver, sent - 1), piece, ex=_PENDING_TTL_S)
+                size += len(piece)
+            published = self._publish_blob(
+                keys=self._blob_keys(key),
+                args=[self._chunk_prefix(), key, ver, sent, size, _REPLACED_TTL_S, _ms(expire_s)],
+            )
+            if not published:
+                raise StoreError(f"the upload of blob {key!r} expired before it was complete")
+        except BaseException:
+            # Not left to expire: refused at maxmemory, they would refuse what fits meanwhile.
+            if sent:
+                self._clean_up(scripts.DROP_CHUNKS, [self._blob_key(key)], [self._chunk_prefix(), ver, sent])
+            raise
         return size
+
+    def _renew_chunks(self, ver: str, count: int) -> None:
+        with self._client.pipeline(transaction=False) as pipe:
+            for index in range(count):
+                pipe.expire(self._chunk_key(ver, index), _PENDING_TTL_S)
+            pipe.execute()
+
+    @_guarded
+    def keep_blob(self, key: str) -> bool:
+        return bool(self._keep_blob(keys=self._blob_keys(key), args=[self._chunk_prefix(), key]))
+
+    def discard_blob(self, key: str) -> None:
+        self._clean_up(scripts.DISCARD_BLOB, [self._blob_key(key)], [self._chunk_prefix()])
+
+    def _clean_up(
+        self, script: str, keys: list[str], args: list[str | int], within_s: float = _CLEAN_UP_S
+    ) -> None:
+        """Run a cleanup script from a thread, so that a failure's answer does not wait for it,
+        and again each second while Redis does not answer, for `within_s`: what it undoes may
+        still come, a command whose reply timed out that a hung Redis runs when it resumes (the
+        cleanup's own is sent once Redis answers its connection, so after it)."""
+
+        def run() -> None:
+            deadline = time.monotonic() + within_s
+            while True:
+                try:
+                    self._client.eval(script, len(keys), *keys, *args)
+                    return
+                except redis.RedisError:
+                    if time.monotonic() > deadline:
+                        return
+                    time.sleep(1)
+
+        threading.Thread(target=run, name="kiln-store-clean-up", daemon=True).start()
 
     def get_blob(self, key: str) -> bytes:
         return b"".join(self.iter_blob(key))
@@ -194,7 +214,7 @@ class RedisStore:
 
     @_guarded
     def delete_blob(self, key: str) -> None:
-        self._delete_blob(keys=[self._blob_key(key), f"{self._ns}:blobs"], args=[f"{self._ns}:chunk:", key])
+        self._delete_blob(keys=self._blob_keys(key), args=[self._chunk_prefix(), key])
 
     @_guarded
     def list_blobs(self, prefix: str = "") -> list[str]:
@@ -217,7 +237,7 @@ class RedisStore:
         self.put_docs([(kind, doc_id, doc)])
 
     @_guarded
-    def put_docs(self, docs: Iterable[tuple[str, str, Doc]]) -> None:
+    def put_docs(self, docs: Iterable[tuple[str, str, Doc]], keep_blobs: Iterable[str] = ()) -> None:
         encoded = [(kind, doc_id, _stored(doc)) for kind, doc_id, doc in docs]  # before any write
         with self._client.pipeline(transaction=True) as pipe:  # MULTI/EXEC: applied whole or not
             for kind, doc_id, fields in encoded:
@@ -225,6 +245,8 @@ class RedisStore:
                 pipe.delete(key)
                 pipe.hset(key, items=_pairs(fields))
                 pipe.zadd(self._index_key(kind), {doc_id: 0})
+            for blob in keep_blobs:  # EVAL: a pipeline's EVALSHA costs a SCRIPT EXISTS first
+                pipe.eval(scripts.KEEP_BLOB, 2, *self._blob_keys(blob), self._chunk_prefix(), blob)
             pipe.execute()
 
     @_guarded
@@ -263,9 +285,17 @@ class RedisStore:
         """redis-py's Lock, polled for while another holds it, its expiry renewed while held: a
         holder that is killed, or cut off from Redis, loses it within `expire_s`."""
         # Not thread-local: the token is renewed from a thread of its own.
-        held = self._client.lock(f"{self._ns}:lock:{name}", timeout=expire_s, sleep=0.2, thread_local=False)
-        with self._reachable():
-            held.acquire()
+        key = f"{self._ns}:lock:{name}"
+        held = self._client.lock(key, timeout=expire_s, sleep=0.2, thread_local=False)
+        token = uuid.uuid4().hex
+        try:
+            with self._reachable():
+                held.acquire(token=token)
+        except StoreUnavailableError:
+            # Its SET may have reached a Redis that hung, and run when it resumes: given back with
+            # its token, or no one would renew it or give it back before it expired.
+            self._clean_up(Lock.LUA_RELEASE_SCRIPT, [key], [token], expire_s)
+            raise
         released = threading.Event()
 
         def renew() -> None:
@@ -301,6 +331,11 @@ def _rechunk(chunks: Iterable[bytes], size: int) -> Iterator[bytes]:
         del buf[:whole]
     if buf:
         yield bytes(buf)
+
+
+def _ms(expire_s: float | None) -> int:
+    """An expiry for the scripts, in whole milliseconds; 0 for none."""
+    return 0 if expire_s is None else max(1, round(expire_s * 1000))
 
 
 def _lex(prefix: str) -> tuple[bytes, bytes]:
