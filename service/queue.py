@@ -31,6 +31,7 @@ from service.registry import Registry
 from service.sandbox import CANCEL_CHECK_S
 from service.settings import Settings
 from service.store import StoreUnavailableError
+from service.store.redis import CONNECT_TIMEOUT_S, SOCKET_TIMEOUT_S
 
 log = logging.getLogger("kiln.queue")
 
@@ -38,9 +39,6 @@ ACTOR = "compile_variant"
 # Beyond the compile child's own limit: what the job does around it (store reads and writes),
 # and the race that follows it (service.races).
 JOB_MARGIN_S = 120 + RACE_TIMEOUT_S
-# The store's (service.store.redis): set here, not left to redis-py, which waited forever before 8.0.
-CONNECT_TIMEOUT_S = 2
-SOCKET_TIMEOUT_S = 5
 
 # A worker claims a message as its run starts, for as long as the run may last. KEYS: the queue's
 # message hash, the claim. ARGV: the message's id in the broker, its time limit in ms.
