@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from compiler.backends import MAX_TUNING_TRIALS
+from compiler.backends import MAX_TUNING_TRIALS, REFERENCE, REGISTRY, option_problems
 from compiler.runner import output_names
 from compiler.spec import DType, InputSpec
 from service.errors import InvalidConfigError
@@ -121,6 +121,17 @@ def options_key(options: Options) -> str:
 
 def as_requests(backends: list[str | BackendRequest] | None) -> list[BackendRequest]:
     return [BackendRequest(name=b) if isinstance(b, str) else b for b in backends or []]
+
+
+def backends_problem(requests: list[BackendRequest], largest_batch: int) -> str | None:
+    """What is wrong with backends to compile, as an upload's config.backends or
+    KILN_DEFAULT_BACKENDS names them, for a model whose largest batch is `largest_batch`."""
+    unknown = [r.name for r in requests if r.name not in REGISTRY or r.name == REFERENCE]
+    if unknown:
+        return f"unknown backend(s) {unknown}; use {sorted(set(REGISTRY) - {REFERENCE})}"
+    if len({(r.name, options_key(r.options)) for r in requests}) < len(requests):
+        return "an entry is repeated (same backend and options)"
+    return "; ".join(p for r in requests for p in option_problems(r.name, r.options, largest_batch)) or None
 
 
 def tuned_tvm(trials: int) -> BackendRequest:

@@ -9,11 +9,10 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from compiler.backends import REFERENCE, REGISTRY, option_problems
 from compiler.hardware import local_targets
 from compiler.race import RACE_ROUNDS
 from compiler.threads import available_cpus
-from service.records import MAX_BATCH_SIZE, BackendRequest, as_requests, options_key
+from service.records import MAX_BATCH_SIZE, BackendRequest, as_requests, backends_problem
 
 
 class Settings(BaseSettings):
@@ -133,18 +132,12 @@ class Settings(BaseSettings):
     @field_validator("default_backends")
     @classmethod
     def _known_backends(cls, backends: list[str | BackendRequest]) -> list[str | BackendRequest]:
-        # Checked as an upload's config.backends is (service.api.models.check_backends), which
-        # would otherwise refuse every upload that names no backends. An option that depends on
-        # the model's largest batch is checked against the largest any model may have.
-        requests = as_requests(backends)
-        unknown = [r.name for r in requests if r.name not in REGISTRY or r.name == REFERENCE]
-        if unknown:
-            raise ValueError(f"unknown backend(s) {unknown}; use {sorted(set(REGISTRY) - {REFERENCE})}")
-        if len({(r.name, options_key(r.options)) for r in requests}) < len(requests):
-            raise ValueError("an entry is repeated (same backend and options)")
-        problems = [p for r in requests for p in option_problems(r.name, r.options, MAX_BATCH_SIZE)]
-        if problems:
-            raise ValueError("; ".join(problems))
+        # Checked as an upload's config.backends is, which would otherwise refuse every upload
+        # that names no backends. An option that depends on the model's largest batch is checked
+        # against the largest any model may have.
+        problem = backends_problem(as_requests(backends), MAX_BATCH_SIZE)
+        if problem:
+            raise ValueError(problem)
         return backends
 
     # JSON lines for log collectors; text for a person at a terminal.

@@ -12,8 +12,7 @@ from typing import IO, Annotated, Any, BinaryIO
 from fastapi import APIRouter, Depends, File, Form, Response, UploadFile
 from pydantic import ConfigDict, ValidationError, field_validator
 
-from compiler.backends import REGISTRY as BACKENDS
-from compiler.backends import family_reason, get_backend, option_problems, options_reason, reference_target
+from compiler.backends import family_reason, get_backend, options_reason, reference_target
 from compiler.errors import CompilerError, InvalidModelError
 from compiler.inspect import inspect_model
 from compiler.spec import VARIED_FILL, InputSpec
@@ -46,9 +45,9 @@ from service.records import (
     VariantRecord,
     VariantStatus,
     VersionRecord,
+    backends_problem,
     name_index,
     new_id,
-    options_key,
 )
 from service.registry import MODEL_BLOB, MODEL_BLOB_PENDING_S, ModelView, NewVersion, job_for
 from service.router import ANY_TARGET, REFERENCE, serving_version
@@ -90,15 +89,9 @@ def check_priorities(config: ServingConfig, where: str) -> None:
 
 
 def check_backends(requests: list[BackendRequest], where: str, largest_batch: int) -> None:
-    unknown = [r.name for r in requests if r.name not in BACKENDS or r.name == REFERENCE]
-    if unknown:
-        known = sorted(set(BACKENDS) - {REFERENCE})
-        raise InvalidConfigError(f"{where}: unknown backend(s) {unknown}; use {known}")
-    if len({(r.name, options_key(r.options)) for r in requests}) < len(requests):
-        raise InvalidConfigError(f"{where}: an entry is repeated (same backend and options)")
-    problems = [p for r in requests for p in option_problems(r.name, r.options, largest_batch)]
-    if problems:
-        raise InvalidConfigError(f"{where}: {'; '.join(problems)}")
+    problem = backends_problem(requests, largest_batch)
+    if problem:
+        raise InvalidConfigError(f"{where}: {problem}")
 
 
 def check_targets(svc: Services, targets: list[str] | None, where: str) -> None:
