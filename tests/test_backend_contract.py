@@ -21,7 +21,9 @@ import torch
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
 from compiler.backends import openvino as openvino_backend
+from compiler.backends.hazards import refuse_trapping_divisions
 from compiler.errors import BackendUnavailableError, ConversionError, VerificationError
+from compiler.frontend import export_program, load_torchscript
 from compiler.hardware import cpu_target
 from compiler.pipeline import CompileOptions, CompileResult, compile_and_check
 from compiler.runner import Runner
@@ -221,3 +223,215 @@ def test_a_run_that_raises_is_a_rejection() -> None:
     sample = {"x": np.array([[1, 2, 3, 4, 50]])}
     with pytest.raises(VerificationError, match=r"verification failed: a run raised .*out of range"):
         compile_and_check(buffer.getvalue(), spec, "onnxruntime", cpu_target(), OPTIONS, [sample])
+
+
+def refusal(backend: str, module: torch.nn.Module, inputs: list[str]) -> str:
+    """The one-line ConversionError `backend` raises at conversion, before building anything."""
+    if backend == "openvino":
+        pytest.importorskip("openvino")
+    spec = InputSpec.parse(inputs, MAX_BATCH)
+    with pytest.raises(ConversionError) as info:
+        get_backend(backend).compile(scripted(module), spec, cpu_target(), {"threads": 1})
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+class OneHot(torch.nn.Module):
+    """A common one-hot idiom. TVM's and OpenVINO's compiled scatter writes at a label unchecked:
+    10**12 killed a server, and 16 answered zeros where torch raises."""
+
+    def forward(self, labels: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(labels.shape[0], 16).scatter(1, labels, torch.ones(labels.shape[0], 1))
+
+
+class ScatterAdd(torch.nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x).scatter_add(1, i, x[:, :4])
+
+
+class SetItem(torch.nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        y = torch.zeros_like(x)
+        y[:, i[0]] = 1.0
+        return y
+
+
+class IndexCopy(torch.nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x).index_copy(1, i[0], x[:, :4])
+
+
+class IndexAdd(torch.nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x).index_add_(1, i[0], x[:, :4])
+
+
+class IndexFill(torch.nn.Module):
+    def forward(self, x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+        return x.index_fill(1, i[0], 0.0)
+
+
+XI = ["x:float32[-1,16]", "i:int64[-1,4]"]
+
+
+@pytest.mark.parametrize(
+    ("module", "inputs", "op"),
+    [
+        (OneHot(), ["labels:int64[-1,1]"], "scatter"),
+        (ScatterAdd(), XI, "scatter_add"),
+        (SetItem(), XI, "index_put_"),
+        (IndexCopy(), XI, "index_copy"),
+        (IndexAdd(), XI, "index_add_"),
+        (IndexFill(), XI, "index_fill"),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, torch.nn.Module) else None,
+)
+@pytest.mark.parametrize("backend", ["openvino", _tvm()])
+def test_a_write_by_index_is_refused_by_tvm_and_openvino(
+    backend: str, module: torch.nn.Module, inputs: list[str], op: str
+) -> None:
+    """Verification's indices are in range and never showed it; ONNX Runtime and Inductor raise."""
+    assert refusal(backend, module, inputs) == (
+        f"{backend}: {op} writes where an index tensor points, unchecked: an index out of range, which "
+        "torch refuses, writes out of bounds (a wrong answer, or a crash of the server); ONNX Runtime or "
+        "Inductor can serve it"
+    )
+
+
+class Fraction(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - torch.floor(x)
+
+
+class Sum(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(1)  # torch sums int32 and uint8 in int64
+
+
+class Scaled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x * 1000.0).long()
+
+
+class Doubled(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + x
+
+
+class Cube(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x**3
+
+
+class Third(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x // 3
+
+
+class ByZero(torch.nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.remainder(a, torch.where(b == 20, torch.zeros_like(b), b + 1))
+
+
+@pytest.mark.parametrize(
+    ("module", "inputs", "reason"),
+    [
+        (Fraction(), ["x:float64[-1,4]"], "float64 input: the CPU plugin computes float64 in float32"),
+        (Sum(), ["x:int32[-1,4]"], "int64 result of sum: the CPU plugin computes int64 in int32"),
+        (Sum(), ["x:uint8[-1,4]"], "int64 result of sum: the CPU plugin computes int64 in int32"),
+        (Scaled(), ["x:float32[-1,4]"], "int64 result of to: the CPU plugin computes int64 in int32"),
+        (Doubled(), ["x:uint8[-1,4]"], "uint8 result of add: the CPU plugin saturates int8, uint8"),
+        (Doubled(), ["x:int8[-1,4]"], "int8 result of add: the CPU plugin saturates int8, uint8"),
+        (Cube(), ["x:int32[-1,4]"], "integer pow (int32): the CPU plugin saturates a power"),
+        (
+            Third(),
+            ["x:int32[-1,4]"],
+            "integer floor division (int32): the CPU plugin divides integers in float32",
+        ),
+        (ByZero(), ["a:int32[-1,4]", "b:int32[-1,4]"], "integer remainder (int32): the CPU plugin divides"),
+    ],
+    ids=lambda value: type(value).__name__ if isinstance(value, torch.nn.Module) else None,
+)
+def test_openvino_refuses_arithmetic_its_cpu_plugin_computes_otherwise(
+    module: torch.nn.Module, inputs: list[str], reason: str
+) -> None:
+    """Each passed verification, whose small random numbers never reach where the plugin differs,
+    and then answered otherwise than torch: 1.7e9 + 0.5 lost its fraction; 2**30 * 4 summed to 0;
+    3e6 * 1000 came back as -2147483648; 200 + 200 as 255; 2**31 - 1 // 3 off by 22; a zero
+    divisor answered where torch raises."""
+    assert refusal("openvino", module, inputs).startswith(f"openvino: {reason}")
+
+
+class ResidualNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.MaxPool2d(2),
+        )
+        self.block = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8))
+        self.head = torch.nn.Linear(8, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = self.stem(x)
+        logits = self.head(torch.relu(y + self.block(y)).mean((2, 3)))
+        return logits.softmax(1), logits.argmax(1)
+
+
+class TokenEncoder(torch.nn.Module):
+    """Token ids, positions from a buffer, segment ids made in the model and a count of tokens: int64
+    that only indexes or counts, which int32 holds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tokens = torch.nn.Embedding(100, 16)
+        self.positions = torch.nn.Embedding(32, 16)
+        self.segments = torch.nn.Embedding(2, 16)
+        self.register_buffer("position_ids", torch.arange(32).unsqueeze(0))
+        self.layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.tokens(ids) + self.positions(self.position_ids[:, : ids.shape[1]])
+        hidden = self.layer(x + self.segments(torch.zeros_like(ids)))
+        logits = self.head(hidden.sum(1) / (ids != 0).sum(1, keepdim=True).clamp(min=1))
+        return logits, torch.topk(logits, 2).indices
+
+
+@pytest.mark.parametrize(
+    ("module", "inputs"),
+    [(ResidualNet(), ["x:float32[-1,3,16,16]"]), (TokenEncoder(), ["ids:int64[-1,8]"])],
+    ids=["residual", "token_ids"],
+)
+def test_openvino_builds_float_models_and_int64_that_only_indexes(
+    module: torch.nn.Module, inputs: list[str]
+) -> None:
+    spec = InputSpec.parse(inputs, MAX_BATCH)
+    result = compile_and_check(scripted(module.eval()), spec, "openvino", cpu_target(), OPTIONS)
+    assert result.artifact.backend == "openvino"
+
+
+class SafeDivisions(torch.nn.Module):
+    def forward(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (
+            a // 3,
+            torch.fmod(a, -3),
+            torch.div(a, a.size(0), rounding_mode="floor") + a[:, 0:1] % a.size(0),
+        )
+
+
+def test_inductor_refuses_an_integer_division_that_can_trap() -> None:
+    """Inductor's C++ divides with the CPU's instruction: a zero divisor in a request killed the
+    process (SIGFPE), where torch raises. By constants and sizes it builds."""
+    assert refusal("inductor", ByZero(), ["a:int32[-1,4]", "b:int32[-1,4]"]) == (
+        "inductor: integer remainder (int32) by a divisor that may be 0 or -1, such as a tensor: its "
+        "compiled code traps on a zero divisor (and on the minimum integer by -1), which would kill the "
+        "server; ONNX Runtime can serve it"
+    )
+    program = export_program(
+        load_torchscript(scripted(SafeDivisions())), InputSpec.parse(["a:int64[-1,4]"], 8)
+    )
+    refuse_trapping_divisions("inductor", program.graph)

@@ -11,6 +11,10 @@ with native bf16 (AVX512-BF16, AMX), verified at the config's bf16 tolerance. A 
 CPU lacks native bf16 refuses to build that variant, and a host whose CPU lacks it refuses to
 load one: a target's name does not say whether its CPUs have bf16, and there the plugin would run
 such a variant in fp32, at a speed no race measured. The runtime then serves the next best.
+
+The plugin writes by index unchecked (compiler.backends.hazards) and computes some arithmetic
+otherwise than torch past the values verification draws (compiler.backends.openvino_numerics):
+such programs are refused before conversion.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ import torch
 from compiler.artifact import Artifact
 from compiler.backends import ANY_TARGET, family_reason
 from compiler.backends.base import export_for, threads_of
+from compiler.backends.hazards import refuse_indexed_writes
+from compiler.backends.openvino_numerics import numerics_reason
 from compiler.backends.torchscript import backend as torchscript
 from compiler.dims import dims_meta
 from compiler.errors import BackendUnavailableError, ConversionError
@@ -88,6 +94,9 @@ class OpenVINOBackend:
         precision = str(options.get("precision", "fp32"))
         if precision == "bf16" and not has_native_bf16():
             raise BackendUnavailableError("openvino: precision bf16 needs a CPU with native bf16")
+        refuse_indexed_writes(self.name, program.graph)
+        if (reason := numerics_reason(program)) is not None:
+            raise ConversionError(f"openvino: {reason}")
         try:
             model_xml, weights = _to_ir(program, spec)
             meta = {

@@ -61,8 +61,8 @@ class TVMRunner:
         with self._lock:
             result = function(*args)
         tensors = _flatten(result, tvm.runtime.Tensor)
-        if self._device is None:  # outputs are fresh per call, so numpy can share their memory
-            outputs = [np.from_dlpack(t) for t in tensors]
+        if self._device is None:  # numpy shares the outputs' memory, as `_shared` hands it out
+            outputs = [_shared(np.from_dlpack(t), arrays) for t in tensors]
         else:
             outputs = [t.numpy() for t in tensors]
         # Cut back what leads with the padded size: a padded build's outputs all do
@@ -70,6 +70,16 @@ class TVMRunner:
         if batch:
             outputs = [o[:batch] if o.ndim and o.shape[0] == size else o for o in outputs]
         return dict(zip(self.names, outputs, strict=True))
+
+
+def _shared(output: np.ndarray, inputs: Sequence[np.ndarray]) -> np.ndarray:
+    """An output read-only: most are fresh per call, but a constant one (a weight returned as it
+    is) is the module's own memory, which a caller's write changed for every later call. One that
+    is an input, or a view of one, is copied: it would change with the caller's input array."""
+    if any(np.may_share_memory(output, array) for array in inputs):
+        output = output.copy()
+    output.flags.writeable = False
+    return output
 
 
 def _pad(array: np.ndarray, size: int) -> np.ndarray:

@@ -15,6 +15,9 @@ Each entry of `CUSTOM_CONVERT_MAP` replaces or adds one converter; TVM calls it 
   (`_takes_within_bounds`), read out of bounds for an index out of range: indices are first
   taken into their dim.
 
+TVM's scatter_elements and index_put write unchecked, as its gathers read: ops that write by
+index are refused before import (compiler.backends.hazards).
+
 Inference BatchNorm is then folded into the convolution before it, as every inference compiler
 does: each conv kernel would otherwise carry a subtract/divide/multiply/add epilogue. Last, an
 integer division or remainder whose divisor may be 0 (or -1) is refused
@@ -34,16 +37,19 @@ from tvm import relax, tirx
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
 
+from compiler.backends.hazards import refuse_indexed_writes
 from compiler.errors import ConversionError
 
 Converter = Callable[[fx.Node, Any], relax.Expr]
 
 
 def import_program(program: Any) -> tvm.IRModule:
-    """Decompose to core ATen, check every op has a converter, import with the fixes, fold
-    BatchNorm into the convolutions (constant weights only; folding takes ~2 s on ResNet-18),
-    and refuse an integer division that can trap."""
+    """Refuse a write by index (compiler.backends.hazards), decompose to core ATen, check every op
+    has a converter, import with the fixes, fold BatchNorm into the convolutions (constant weights
+    only; folding takes ~2 s on ResNet-18), and refuse an integer division that can trap."""
+    refuse_indexed_writes("tvm", program.graph)
     program = program.run_decompositions()
+    refuse_indexed_writes("tvm", program.graph)  # as it decomposes to, and TVM converts
     known = _known_ops()
     used = {node.target.__name__ for node in program.graph.nodes if node.op == "call_function"}
     missing = sorted(used - known)
@@ -116,7 +122,7 @@ def _no_trapping_divisions(mod: tvm.IRModule) -> None:
                 raise ConversionError(
                     f"tvm: integer {kind} ({dtype}) by a divisor that may be 0 or -1, such as a tensor: "
                     "TVM's compiled code traps on a zero divisor (and on the minimum integer by -1), "
-                    "which would kill the server; ONNX Runtime or OpenVINO can serve it"
+                    "which would kill the server; ONNX Runtime can serve it"
                 )
 
 
