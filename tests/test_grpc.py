@@ -183,6 +183,30 @@ def test_each_error_has_its_status(stub: pb_grpc.GRPCInferenceServiceStub) -> No
         grpc.StatusCode.NOT_FOUND,
         "no model named 'nope'",
     )
+    # Echoed back in the grpc-message trailer, a name of 12,000 characters made the client's
+    # status RESOURCE_EXHAUSTED; so did 2,000 characters that percent-encode to 9 bytes each.
+    for long_name in ("n" * 12_000, "名" * 2_000):
+        request = pb.ModelInferRequest(model_name=long_name, inputs=[raw], raw_input_contents=[x.tobytes()])
+        code, message = infer(request)
+        assert code == grpc.StatusCode.NOT_FOUND and message.endswith("... (cut short)"), (
+            code,
+            message[:200],
+        )
+    # Contents in another type's field: they went unread, and the count was said to be `data`'s.
+    as_ints = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 64])
+    as_ints.contents.int_contents.extend([1] * 64)
+    code, message = infer(pb.ModelInferRequest(model_name="mlp", inputs=[as_ints]))
+    assert (code, message) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "tensor 'x': FP32 contents go in fp32_contents, not int_contents",
+    )
+    # A malformed region is the error, not the count of raw contents that follows from it.
+    in_shared = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 64])
+    in_shared.parameters["shared_memory_region"].int64_param = 7
+    request = pb.ModelInferRequest(model_name="mlp", inputs=[in_shared], raw_input_contents=[x.tobytes()])
+    code, message = infer(request)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input 'x': shared_memory_region must name a registered region" in message
     fp64 = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP64", shape=[1, 64])
     code, message = infer(
         pb.ModelInferRequest(model_name="mlp", inputs=[fp64], raw_input_contents=[bytes(512)])

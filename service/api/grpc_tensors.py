@@ -85,11 +85,15 @@ def decode(request: Any, shared: SharedAccess, max_json_bytes: int) -> InferRequ
         )
     raw = list(request.raw_input_contents)
     in_shared = [shared_parameters(t.parameters) for t in request.inputs]
+    for tensor, params in zip(request.inputs, in_shared, strict=True):
+        shared_slice(params, f"input {tensor.name!r}")  # a malformed region is the error, not the count
     sent = sum(not params for params in in_shared)
     if raw and len(raw) != sent:
+        named = [t.name for t, params in zip(request.inputs, in_shared, strict=True) if params]
         raise BadRequestError(
-            f"raw_input_contents has {len(raw)} entries for {sent} inputs outside shared memory; "
-            "send raw contents for every one of them or for none"
+            f"raw_input_contents has {len(raw)} entries for {sent} inputs outside shared memory"
+            f"{f' ({named} name a region)' if named else ''}; send raw contents for every one of them "
+            "or for none"
         )
     docs: list[dict[str, Any]] = []
     contents = iter(raw)
@@ -109,6 +113,12 @@ def decode(request: Any, shared: SharedAccess, max_json_bytes: int) -> InferRequ
             doc["parameters"] = {"binary_data_size": len(next(contents))}
         elif tensor.datatype in CONTENTS_FIELD:
             field = CONTENTS_FIELD[tensor.datatype]
+            others = [f.name for f, _ in tensor.contents.ListFields() if f.name != field]
+            if others:  # else their values went unread, and the count was said to be `data`'s
+                raise BadRequestError(
+                    f"tensor {tensor.name!r}: {tensor.datatype} contents go in {field}, "
+                    f"not {', '.join(others)}"
+                )
             values = getattr(tensor.contents, field)
             doc["data"] = np.fromiter(values, FIELD_DTYPE[field], count=len(values))
         elif tensor.datatype in DATATYPES:  # FP16, which has no typed contents

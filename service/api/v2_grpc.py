@@ -93,6 +93,9 @@ SETTING_FIELD = {bool: "bool_param", int: "uint32_param", str: "string_param"}
 Changes = TypeVar("Changes", bound=BaseModel)  # the log or trace settings a request changes
 # gRPC takes a signed 32-bit message size.
 MAX_MESSAGE_BYTES = 2**31 - 1
+# A status's message goes in the grpc-message trailer, percent-encoded: clients refuse trailers
+# past 8 KiB (some past 16), and report RESOURCE_EXHAUSTED in place of the status.
+MAX_STATUS_MESSAGE_BYTES = 4096
 
 
 def version_of(text: str) -> int | None:
@@ -110,7 +113,18 @@ def failure(method: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
     status, message = protocol.error_of(exc, f"gRPC {method}")
     code = GRPC_STATUS_OF.get(type(exc)) or GRPC_STATUS.get(status, grpc.StatusCode.INTERNAL)
     metrics.GRPC_ERRORS.labels(code.name, method).inc()
-    return code, message
+    return code, _bounded(message)
+
+
+def _bounded(message: str) -> str:
+    """The message, cut short where its percent-encoding passes MAX_STATUS_MESSAGE_BYTES (a
+    request's 12,000-character model name, echoed back, got RESOURCE_EXHAUSTED)."""
+    size = 0
+    for i, char in enumerate(message):
+        size += 1 if " " <= char <= "~" and char != "%" else 3 * len(char.encode())
+        if size > MAX_STATUS_MESSAGE_BYTES:
+            return f"{message[:i]}... (cut short)"
+    return message
 
 
 async def abort(context: grpc.aio.ServicerContext, method: str, exc: Exception) -> None:
