@@ -18,7 +18,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests import models
 from tests.client import Samples, check_classes, expected, sample, scrape, upload
-from tests.servers import KilnServer, embedded_server, running
+from tests.servers import KilnServer, embedded_server, running, wait_until
 from tests.test_v2 import HEADS
 
 ADMIN, INFER = "admin-secret", "infer-secret"
@@ -283,6 +283,31 @@ def test_grpc_errors_are_counted(server: KilnServer, stub: pb_grpc.GRPCInference
     text = httpx.get(f"{server.url}/metrics").text
     assert 'kiln_grpc_errors_total{code="NOT_FOUND",method="ModelMetadata"} 1.0' in text
     assert 'kiln_grpc_errors_total{code="UNAUTHENTICATED",method="RepositoryModelUnload"} 1.0' in text
+
+
+def test_a_call_its_client_gave_up_on_is_counted(server: KilnServer) -> None:
+    """As HTTP counts a client that hangs up as 499: it was counted nowhere, its CancelledError
+    not an Exception."""
+    with httpx.Client(base_url=server.url, timeout=60, headers={"Authorization": f"Bearer {ADMIN}"}) as admin:
+        # A batch that waits 5 s for more requests: the call's deadline passes while it waits.
+        delayed = upload(
+            admin, MLP, name="mlp-delayed", max_queue_delay_us=5_000_000, adaptive_queue_delay=False
+        )
+        assert delayed.status_code == 202, delayed.text
+    x = sample(MLP, 1)
+    raw = pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 64])
+    request = pb.ModelInferRequest(model_name="mlp-delayed", inputs=[raw], raw_input_contents=[x.tobytes()])
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as caught:
+            stub.ModelInfer(request, metadata=tuple(INFER_KEY.items()), timeout=0.5)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+    def counted() -> bool:
+        text = httpx.get(f"{server.url}/metrics").text
+        return 'kiln_grpc_errors_total{code="CANCELLED",method="ModelInfer"} 1.0' in text
+
+    wait_until(counted, 10, "the cancelled call counted")
 
 
 def refused(samples: Samples) -> dict[str, float]:

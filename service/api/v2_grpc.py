@@ -13,6 +13,7 @@ offered: it answers UNIMPLEMENTED.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import logging
@@ -153,6 +154,9 @@ def answered(method: Method) -> Method:
         except Exception as exc:
             await abort(context, method.__name__, exc)
             raise  # not reached: abort raises
+        except asyncio.CancelledError:  # the client cancelled, or its deadline passed: HTTP's 499
+            metrics.GRPC_ERRORS.labels(grpc.StatusCode.CANCELLED.name, method.__name__).inc()
+            raise
 
     return call
 
