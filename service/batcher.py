@@ -653,7 +653,10 @@ class Batcher(Generic[T]):
         for r, part in zip(requests, parts, strict=True):
             if not r.future.done():
                 if r.on_run is not None:
-                    _tell(r.on_run, Phases(r.arrived, started, merged_at, ended, split_at))
+                    # Its compute starts as its batch's run does, merged just before: a wait for
+                    # the lane (another model's batch on it) is queue time, as in the statistics.
+                    compute = began - (merged_at - started)
+                    _tell(r.on_run, Phases(r.arrived, compute, began, ended, split_at))
                 r.future.set_result((part, tag))
                 answered.append(r)
         if answered:

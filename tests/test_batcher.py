@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from service import batcher as batcher_module
-from service.batcher import GONE_CHECK_S, PEAK_CYCLES, Arrays, Batcher, BatchPolicy, BatchTiming
+from service.batcher import GONE_CHECK_S, PEAK_CYCLES, Arrays, Batcher, BatchPolicy, BatchTiming, Phases
 from service.errors import ClientGoneError, QueueFullError, TimeoutExpiredError, UnavailableError
 from service.logs import request_id
 from service.store import StoreUnavailableError
@@ -1034,6 +1034,30 @@ def test_a_request_of_a_model_that_cannot_batch_is_not_run_once_its_client_hung_
     assert all(isinstance(a, tuple) for a in (first, stayed, unknown))
     assert gated.batches == [[0], [2], [3]]
     assert asked == [1, 2, 3]
+
+
+def test_a_traced_requests_wait_for_its_lane_is_queue_time_as_in_the_statistics() -> None:
+    """Behind another model's batch of 200 ms on the one lane: the trace counted the wait as
+    inference (COMPUTE_INPUT_END to COMPUTE_OUTPUT_START), where the statistics count it queued."""
+    phases: list[Phases] = []
+    timings: list[BatchTiming] = []
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            other = Batcher(Recorder(0.2), BatchPolicy(4), [pool])
+            traced = Batcher(Recorder(), BatchPolicy(4), [pool], timings.append)
+            running = asyncio.ensure_future(other.submit({"x": requests(1)[0]}, 1))
+            await asyncio.sleep(0.02)
+            await traced.submit({"x": requests(1)[0]}, 1, on_run=phases.append)
+            await running
+            other.close()
+            traced.close()
+
+    asyncio.run(main())
+    [seen], [timing] = phases, timings
+    assert seen.output_start - seen.input_end == pytest.approx(timing.infer_s, abs=1e-6)
+    assert seen.compute - seen.queued == pytest.approx(timing.queued_s[0], abs=1e-6)
+    assert timing.queued_s[0] > 0.1 and timing.infer_s < 0.1
 
 
 @pytest.mark.parametrize("max_batch_size", [4, 1])
