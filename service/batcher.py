@@ -655,8 +655,8 @@ class Batcher(Generic[T]):
                 if r.on_run is not None:
                     # Its compute starts as its batch's run does, merged just before: a wait for
                     # the lane (another model's batch on it) is queue time, as in the statistics.
-                    compute = began - (merged_at - started)
-                    _tell(r.on_run, Phases(r.arrived, compute, began, ended, split_at))
+                    computed_from = began - (merged_at - started)
+                    _tell(r.on_run, Phases(r.arrived, computed_from, began, ended, split_at))
                 r.future.set_result((part, tag))
                 answered.append(r)
         if answered:
