@@ -103,7 +103,7 @@ HTTP_ERRORS = Counter(
 )
 RESPONSE_CACHE = Counter(
     "kiln_response_cache_lookups",
-    "Requests of models with a response cache, by model and result (hit: answered from memory).",
+    "Answered requests of models with a response cache, by model and result (hit: answered from memory).",
     ["model", "result"],
 )
 GRPC_ERRORS = Counter(
