@@ -218,21 +218,29 @@ class Runtime:
         the others not at all, nor anyone while the store is failing; the route they had serves
         meanwhile. A slow or unreachable store thus never holds up predictions of a model this
         process knows (each request had waited out the socket timeout, 5 s, on a paused Redis)."""
-        key = (name, version)
-        fresh = self._fresh_route(key)
-        if fresh is not None:
-            return fresh
-        self._refuse_if_unloaded(name)
-        cached = self._routes.get(key)
-        refresh, started = self._refresh(key)
+        found = self._route_or_refresh((name, version))
+        if isinstance(found, Route):
+            return found
+        refresh, cached = found
         if cached is None:
             return refresh.result()
-        if not started or cached.store_failed:
-            return cached
         try:
             return refresh.result(timeout=ROUTE_WAIT_S)
         except (FutureTimeout, StoreUnavailableError):
             return cached
+
+    def _route_or_refresh(self, key: tuple[str, int | None]) -> Route | tuple[Future[Route], Route | None]:
+        """The route to serve now; else the refresh to wait for, at most ROUTE_WAIT_S when there
+        is a route to serve past it, and that route (None: none, the refresh is waited out)."""
+        fresh = self._fresh_route(key)
+        if fresh is not None:
+            return fresh
+        self._refuse_if_unloaded(key[0])
+        cached = self._routes.get(key)
+        refresh, started = self._refresh(key)
+        if cached is not None and (not started or cached.store_failed):
+            return cached
+        return refresh, cached
 
     def _refresh(self, key: tuple[str, int | None]) -> tuple[Future[Route], bool]:
         """The refresh of this route in flight, and whether this call started it."""
@@ -357,11 +365,22 @@ class Runtime:
             return current
 
     async def aroute(self, name: str, version: int | None) -> Route:
-        fresh = self._fresh_route((name, version))
-        if fresh is not None:
-            return fresh
-        self._refuse_if_unloaded(name)
-        return await run_in_threadpool(self.route, name, version)
+        """As `route`, waiting on the event loop, not on a thread of AnyIO's pool: uploads
+        waiting for their checks can hold all 40, and predictions of loaded models stalled
+        behind them for 25 s."""
+        found = self._route_or_refresh((name, version))
+        if isinstance(found, Route):
+            return found
+        refresh, cached = found
+        waiting = asyncio.wrap_future(refresh)
+        if cached is None:
+            return await waiting
+        # A refresh that fails past the wait is nobody's to await: its error is read here.
+        waiting.add_done_callback(lambda done: done.cancelled() or done.exception())
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiting), ROUTE_WAIT_S)
+        except (TimeoutError, StoreUnavailableError):
+            return cached
 
     # Inference ---------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import anyio
 import numpy as np
 import pytest
 import torch
@@ -956,5 +957,33 @@ def test_stored_torchscript_that_no_longer_loads_is_the_servers_error(tmp_path: 
         ) as raised:
             asyncio.run(runtime.predict("mlp", None, {"x": np.zeros((1, 64), np.float32)}))
         assert raised.value.status_code == 500
+    finally:
+        runtime.close()
+
+
+def test_a_stale_route_is_read_without_a_thread_of_the_pool(tmp_path: Path) -> None:
+    """Uploads waiting for their checks can hold all of AnyIO's threads: a prediction of a
+    loaded model waited for one to read its route again, 25 s behind 60 uploads."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    ready_version(registry, MLP, {"torchscript": reference(BASELINE)}, BASELINE)
+    runtime = Runtime(registry, Settings(data_dir=tmp_path, targets=[HOST], route_ttl_s=0.05))
+    x = np.ones((1, 64), np.float32)
+
+    async def main() -> float:
+        await runtime.predict("mlp", None, {"x": x})  # routed, and its runner loaded
+        release = threading.Event()
+        threads = int(anyio.to_thread.current_default_thread_limiter().total_tokens)
+        holders = [asyncio.ensure_future(run_in_threadpool(release.wait, 30)) for _ in range(threads)]
+        await asyncio.sleep(0.2)  # every thread taken, and the route stale
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(runtime.predict("mlp", None, {"x": x}), 10)
+            return time.monotonic() - started
+        finally:
+            release.set()
+            await asyncio.gather(*holders)
+
+    try:
+        assert asyncio.run(main()) < 2
     finally:
         runtime.close()
