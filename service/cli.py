@@ -759,7 +759,11 @@ def import_model(http: httpx.Client, model_dir: Path, table: Table) -> bool:
 
     def answer(response: httpx.Response) -> Any:
         if not response.is_success:
-            raise RepositoryError(f"{response.status_code} {error_of(response)}")
+            try:
+                why = f"{response.status_code} {error_of(response)}"
+            except NotKiln as exc:  # a proxy's page for this one load (its gateway timed out): a row
+                why = str(exc)
+            raise RepositoryError(why)
         return json_of(response)
 
     for i, load in enumerate(loads):

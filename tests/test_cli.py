@@ -249,6 +249,20 @@ def test_import_triton_with_kiln_down_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.count("\n") == 1, done.stderr
 
 
+def test_import_triton_through_a_proxy_that_fails_a_load_is_a_row(tmp_path: Path) -> None:
+    """A proxy's error page for a load (its gateway timed out on a load's check, say) ended the
+    whole import, with no table, where a Kiln error is the model's row."""
+    repo = tmp_path / "models"
+    model_dir(repo, "mlp", CONFIG_PBTXT, {"1": MLP.torchscript(), "2": MLP.torchscript()})
+    (repo / "mlp" / "labels.txt").write_text("a\nb\n")
+    with stub_server() as (url, stub):
+        stub.answer = (504, {"Content-Type": "text/html"}, b"<html><title>Gateway Timeout</title></html>")
+        done = kiln("import-triton", str(repo), "--url", url)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "not Kiln's API (text/html: Gateway Timeout)" in done.stdout, done.stdout
+    assert "not loaded: an older version failed" in done.stdout, done.stdout
+
+
 def test_compile_with_tuning_writes_a_static_batch_artifact(tmp_path: Path) -> None:
     model = TUNABLE[0]
     source, out = tmp_path / "tunable.pt", tmp_path / "tunable.kiln"
