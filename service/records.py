@@ -294,10 +294,13 @@ class OutputInfo(BaseModel):
     name: str
     dtype: str
     shape: list[int]
+    # Optional in the schema, so that a client of this API reads a server from before it; a
+    # record without it is read as those servers' -1 first meant (_recorded_before_batched).
     batched: bool = Field(
+        default=True,
         description="Its first dimension is the batch's, along which a batch's outputs are split "
         "back into their requests'. False where that -1 follows an input's other dynamic "
-        "dimension instead (`x.t()` of a `[-1, -1]` input, say)."
+        "dimension instead (`x.t()` of a `[-1, -1]` input, say).",
     )
     rows_apart: bool = Field(
         default=True,

@@ -379,7 +379,7 @@ export type OutputInfo = {
      *
      * Its first dimension is the batch's, along which a batch's outputs are split back into their requests'. False where that -1 follows an input's other dynamic dimension instead (`x.t()` of a `[-1, -1]` input, say).
      */
-    batched: boolean;
+    batched?: boolean;
     /**
      * Dtype
      */

@@ -15,32 +15,32 @@ T = TypeVar("T", bound="OutputInfo")
 class OutputInfo:
     """
     Attributes:
-        batched (bool): Its first dimension is the batch's, along which a batch's outputs are split back into their
-            requests'. False where that -1 follows an input's other dynamic dimension instead (`x.t()` of a `[-1, -1]`
-            input, say).
         dtype (str):
         name (str):
         shape (list[int]):
+        batched (bool | Unset): Its first dimension is the batch's, along which a batch's outputs are split back into
+            their requests'. False where that -1 follows an input's other dynamic dimension instead (`x.t()` of a `[-1, -1]`
+            input, say). Default: True.
         rows_apart (bool | Unset): Each row depends on the request's own rows alone (checked at upload: the largest
             batch's first row stays the same whatever rows follow it). False: requests are never merged into one batch,
             which would give clients each other's data. Default: True.
     """
 
-    batched: bool
     dtype: str
     name: str
     shape: list[int]
+    batched: bool | Unset = True
     rows_apart: bool | Unset = True
     additional_properties: dict[str, Any] = _attrs_field(init=False, factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        batched = self.batched
-
         dtype = self.dtype
 
         name = self.name
 
         shape = self.shape
+
+        batched = self.batched
 
         rows_apart = self.rows_apart
 
@@ -48,12 +48,13 @@ class OutputInfo:
         field_dict.update(self.additional_properties)
         field_dict.update(
             {
-                "batched": batched,
                 "dtype": dtype,
                 "name": name,
                 "shape": shape,
             }
         )
+        if batched is not UNSET:
+            field_dict["batched"] = batched
         if rows_apart is not UNSET:
             field_dict["rows_apart"] = rows_apart
 
@@ -62,21 +63,21 @@ class OutputInfo:
     @classmethod
     def from_dict(cls: type[T], src_dict: Mapping[str, Any]) -> T:
         d = dict(src_dict)
-        batched = d.pop("batched")
-
         dtype = d.pop("dtype")
 
         name = d.pop("name")
 
         shape = cast(list[int], d.pop("shape"))
 
+        batched = d.pop("batched", UNSET)
+
         rows_apart = d.pop("rows_apart", UNSET)
 
         output_info = cls(
-            batched=batched,
             dtype=dtype,
             name=name,
             shape=shape,
+            batched=batched,
             rows_apart=rows_apart,
         )
 
