@@ -5,6 +5,7 @@ Queues are named by target, so a job only ever reaches a worker with matching ha
 
 from __future__ import annotations
 
+import enum
 import fcntl
 import hashlib
 import logging
@@ -13,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import dramatiq
 import redis
@@ -262,6 +263,22 @@ class Claim(Middleware):
             raise SkipMessage(f"message {redis_id} was dropped")
 
 
+class Drop(enum.Enum):
+    """Why `DramatiqQueue.look` dropped a message."""
+
+    overdue = enum.auto()  # a retry its worker lost
+    unreceived = enum.auto()  # fetched into a live worker's acks, and no run claimed it
+    settled = enum.auto()  # its job settled, its ack lost
+
+
+class Holdings(NamedTuple):
+    """What `DramatiqQueue.look` found: the jobs whose message the broker holds, and those whose
+    message it dropped from a live worker's acks unclaimed (`Claim`), so that their job never ran."""
+
+    held: set[str]
+    unreceived: set[str]
+
+
 class DramatiqQueue:
     def __init__(self, settings: Settings, broker: RedisBroker | None = None) -> None:
         self.settings = settings
@@ -288,6 +305,10 @@ class DramatiqQueue:
             ) from exc
 
     def held(self, jobs: Iterable[JobRecord]) -> set[str]:
+        """The ids of those of `jobs` whose message the broker has (`look`)."""
+        return self.look(jobs).held
+
+    def look(self, jobs: Iterable[JobRecord]) -> Holdings:
         """The ids of those of `jobs` whose message the broker has, in the queues of their
         targets: from enqueue until a worker acknowledges it, `{namespace}:{queue}.msgs` holds it,
         and while it waits to be retried, `.DQ.msgs` does (under an id of the broker's, not the
@@ -298,7 +319,8 @@ class DramatiqQueue:
         holds when its connection fails, and leaves them in Redis until its heartbeat dies), or
         one in a live worker's acks that no run claimed (`Claim`), whose job shows no run begun.
         A settled job's message left in a live worker's acks by a lost ack is dropped too: it
-        counted in `depth` until that worker stopped."""
+        counted in `depth` until that worker stopped. Beside them, the jobs whose message was
+        dropped from a live worker's acks unclaimed: no run of theirs began."""
         by_id = {job.id: job for job in jobs}
         client: redis.Redis = self.broker.client
         ns = self.broker.namespace
@@ -316,6 +338,7 @@ class DramatiqQueue:
         # Read after: a message fetched since is in them. Dead workers' are Dramatiq's to give back.
         fetched = self._fetched([worker.decode() for worker in live], names)
         held: set[str] = set()
+        unreceived: set[str] = set()
         for queue, messages in zip(queues, replies, strict=True):
             for key, data in messages.items():
                 try:
@@ -325,9 +348,12 @@ class DramatiqQueue:
                     log.warning("queue message %r is not a compile job's; ignored", data[:200])
                     continue
                 redis_id = key.decode()
-                if not self._dropped(queue, redis_id, message, by_id.get(job_id), fetched.get(redis_id)):
+                drop = self._dropped(queue, redis_id, message, by_id.get(job_id), fetched.get(redis_id))
+                if drop is None:
                     held.add(job_id)
-        return held
+                elif drop is Drop.unreceived:
+                    unreceived.add(job_id)
+        return Holdings(held, unreceived - held)
 
     def _fetched(self, workers: list[str], names: list[str]) -> dict[str, str]:
         """The ids of the messages in the acks of `workers` for the queues `names`, each with the
@@ -342,30 +368,30 @@ class DramatiqQueue:
 
     def _dropped(
         self, queue: str, redis_id: str, message: Message[None], job: JobRecord | None, acks: str | None
-    ) -> bool:
-        """Whether the message was lost by its worker, and is dropped now (`held`)."""
+    ) -> Drop | None:
+        """Why the message, lost by its worker, is dropped now (`look`); None if it is kept."""
         eta = message.options.get("eta")  # in ms; only a delayed message has one
         if isinstance(eta, int | float):
             overdue_ms = current_millis() - int(self.settings.queue_requeue_s * 1000)
             if eta >= overdue_ms or not _drop(self.broker.client, queue, redis_id):
-                return False
+                return None
             late_s = (current_millis() - eta) / 1000
             log.warning(
                 "job %s: its retry, due %.0f s ago, was lost by its worker; dropped", message.args[0], late_s
             )
-            return True
+            return Drop.overdue
         if acks is None or job is None:
-            return False
+            return None
         settled = job.status in SETTLED_JOBS
         # A run's first write marks its job running, and nothing marks it queued again.
         if not settled and (job.status != JobStatus.queued or job.worker is not None):
-            return False
+            return None
         claim = _claim_key(self.broker.namespace, redis_id)
         if not self._drop_fetched(keys=[f"{queue}.msgs", acks, claim], args=[redis_id, int(not settled)]):
-            return False
+            return None
         lost = "settled, its ack lost" if settled else "its message fetched but never received"
         log.warning("job %s: %s, in %s; dropped", job.id, lost, acks)
-        return True
+        return Drop.settled if settled else Drop.unreceived
 
     def depth(self, targets: Iterable[str]) -> dict[str, int]:
         """Dramatiq keeps each message in the hash `{namespace}:{queue}.msgs` from enqueue to ack,

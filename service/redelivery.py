@@ -36,9 +36,11 @@ def requeue_lost(registry: Registry, queue: DramatiqQueue, older_than_s: float) 
     """Enqueue every unsettled job older than `older_than_s` that the broker does not hold; the
     ids of those enqueued. The age leaves alone a job whose API is still on its way to enqueue it.
     Each time counts as one of the job's attempts, so that one whose message keeps going missing
-    fails its variant after MAX_ATTEMPTS, as one that keeps killing its worker does. An old job
-    whose variant settled without it takes the variant's outcome (`settle_behind`). Settled jobs
-    go to `held` too, which drops what their messages left in a worker's acks."""
+    fails its variant after MAX_ATTEMPTS, as one that keeps killing its worker does; not a job
+    whose message `look` dropped from a live worker's acks unclaimed: it never ran, and a busy
+    worker's prefetch may hold its message back at every pass. An old job whose variant settled
+    without it takes the variant's outcome (`settle_behind`). Settled jobs go to `look` too,
+    which drops what their messages left in a worker's acks."""
     lost, settled = [], []
     for doc in registry.store.list_docs("job"):
         try:
@@ -52,18 +54,17 @@ def requeue_lost(registry: Registry, queue: DramatiqQueue, older_than_s: float) 
         except ValidationError as exc:  # one record that no longer loads must not stop the pass
             log.warning("job %s is not looked at: a record does not load: %s", doc.get("id"), exc)
     # Read after the store, which is slower: a message enqueued meanwhile is seen.
-    held = queue.held([*lost, *settled])
+    held, unreceived = queue.look([*lost, *settled])
     requeued = []
     for job in lost:
-        if job.id in held or give_up(registry, job):
+        if job.id in held:
             continue
-        log.warning(
-            "job %s (%s for %s) has no message in the queue: enqueueing it again",
-            job.id,
-            job.backend,
-            job.target,
-        )
-        registry.update_job(job.id, attempts=job.attempts + 1)
+        if job.id not in unreceived:
+            if give_up(registry, job):
+                continue
+            registry.update_job(job.id, attempts=job.attempts + 1)
+        why = "had its message dropped unreceived" if job.id in unreceived else "has no message in the queue"
+        log.warning("job %s (%s for %s) %s: enqueueing it again", job.id, job.backend, job.target, why)
         queue.enqueue(job)
         requeued.append(job.id)
     return requeued

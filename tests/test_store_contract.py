@@ -125,12 +125,24 @@ def test_failed_upload_leaves_nothing_visible(store: Store) -> None:
     assert store.get_blob("kept") == b"original"
 
 
+# Pending blobs' expiry in the tests that wait it out: long enough that the calls between the
+# write and the wait land before it on a loaded host; the wait polls for the expiry.
+PENDING_S = 3.0
+
+
+def expired(store: Store, key: str) -> bool:
+    """Whether the pending blob under `key` is gone; the local store removes expired blobs as it
+    writes one, so a write goes first."""
+    store.put_blob("other", [b"x"])
+    return not store.has_blob(key)
+
+
 def test_a_pending_blob_goes_unless_a_write_keeps_it(store: Store) -> None:
     """An upload writes its model's bytes pending, and the write that records its version keeps
     them: an upload cut off between the two (the API killed, say) left them for ever."""
     data = os.urandom(CHUNK * 3 + 1)
     for key in ("models/cut-off", "models/recorded", "models/kept-alone"):
-        assert store.put_blob(key, [data], expire_s=0.5) == len(data)
+        assert store.put_blob(key, [data], expire_s=PENDING_S) == len(data)
     assert store.get_blob("models/cut-off") == data and store.has_blob("models/cut-off")
     assert store.list_blobs() == []  # listed once kept
     store.put_docs([("version", "m/1", {"sha256": "recorded"})], keep_blobs=["models/recorded"])
@@ -138,9 +150,7 @@ def test_a_pending_blob_goes_unless_a_write_keeps_it(store: Store) -> None:
     assert not store.keep_blob("models/never-written")
     store.put_docs([], keep_blobs=["models/never-written"])  # nothing to keep: no error
     assert not store.has_blob("models/never-written")
-    time.sleep(0.7)
-    store.put_blob("other", [b"x"])  # the local store removes expired blobs as it writes one
-    assert not store.has_blob("models/cut-off")
+    wait_until(lambda: expired(store, "models/cut-off"), PENDING_S + 10, "the pending blob's expiry")
     with pytest.raises(BlobNotFoundError):
         store.get_blob("models/cut-off")
     assert store.get_blob("models/recorded") == data == store.get_blob("models/kept-alone")
@@ -151,16 +161,14 @@ def test_a_pending_put_leaves_a_blob_already_there(store: Store) -> None:
     """Two identical uploads at once: the second's pending write of the bytes that the first's
     version has kept since must not make them expire under that version."""
     store.put_blob("models/a", [b"weights"])
-    assert store.put_blob("models/a", [b"weights"], expire_s=0.3) == len(b"weights")
-    store.put_blob("models/b", [b"pending"], expire_s=0.3)
+    assert store.put_blob("models/a", [b"weights"], expire_s=PENDING_S) == len(b"weights")
+    store.put_blob("models/b", [b"pending"], expire_s=PENDING_S)
     store.put_blob("models/b", [b"pending"], expire_s=60)  # the first's expiry stands
-    time.sleep(0.5)
-    store.put_blob("other", [b"x"])
+    wait_until(lambda: expired(store, "models/b"), PENDING_S + 10, "the pending blob's expiry")
     assert store.get_blob("models/a") == b"weights" and store.list_blobs("models/") == ["models/a"]
-    assert not store.has_blob("models/b")
-    store.put_blob("models/b", [b"pending"], expire_s=0.3)
+    store.put_blob("models/b", [b"pending"], expire_s=PENDING_S)
     store.put_blob("models/b", [b"pending"])  # a plain put keeps it
-    time.sleep(0.5)
+    time.sleep(PENDING_S + 0.5)  # past the pending expiry, which the plain put ended
     store.put_blob("other", [b"x"])
     assert store.get_blob("models/b") == b"pending"
     assert store.list_blobs("models/") == ["models/a", "models/b"]
