@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from service.jobs import give_up, settle_behind, this_worker, unsettled_variant
 from service.periodic import Periodic
 from service.queue import DramatiqQueue, EmbeddedQueue
-from service.records import SETTLED_JOBS, JobRecord, now
+from service.records import SETTLED_JOBS, TUNING_TRIALS, JobRecord, now
 from service.registry import Registry
 from service.store import StoreUnavailableError
 
@@ -92,14 +92,17 @@ def take_up_unheld(registry: Registry, queue: EmbeddedQueue, older_than_s: float
     ids of those taken up. Call it under the store's lock, or two processes may take one job. A
     job that names no worker is left alone for `older_than_s`: the request that recorded it may
     still be on its way to enqueue it. Each run of a job counts as one of its attempts, so one
-    that keeps killing its process fails its variant after MAX_ATTEMPTS."""
-    taken = []
+    that keeps killing its process fails its variant after MAX_ATTEMPTS. Taken up in the order
+    they were made, tuned ones after the others, as an upload queues them: the store lists them
+    by their random ids, and quick variants waited behind hours of tuning after a restart."""
+    jobs = []
     for doc in registry.store.list_docs("job"):
         try:
-            job = JobRecord.model_validate(doc)
+            jobs.append(JobRecord.model_validate(doc))
         except ValidationError as exc:
             log.warning("job %s is not looked at: a record does not load: %s", doc.get("id"), exc)
-            continue
+    taken = []
+    for job in sorted(jobs, key=lambda j: (bool(j.options.get(TUNING_TRIALS)), j.created_at)):
         if job.status in SETTLED_JOBS or queue.holds(job):
             continue
         if job.worker is None and not _is_old(job, older_than_s):

@@ -381,6 +381,25 @@ def hold(store: Path, data_dir: Path, job_id: str, holding: Any, close: bool = F
     time.sleep(60)
 
 
+def test_jobs_are_taken_up_in_the_order_they_were_made_tuned_ones_last(
+    tmp_path: Path, compiles: list[str]
+) -> None:
+    """As an upload queues them: in the store's order, by random id, a restart had quick
+    variants wait behind hours of tuning."""
+    registry = Registry(LocalStore(tmp_path / "store"))
+    ready_version(registry, MODELS["mlp"], {"torchscript": reference(BASELINE)}, BASELINE)
+    wanted = [("tvm", {"tuning_trials": 8}, HOST), ("openvino", {}, HOST), ("onnxruntime", {}, HOST)]
+    jobs = [job for _, job in registry.add_variants(registry.get_version("mlp", 1), wanted, [])]
+    for made, job in enumerate(jobs):
+        registry.update_job(job.id, worker="killed-4242", status=JobStatus.running, created_at=1000.0 + made)
+    queue = EmbeddedQueue(registry, Settings(data_dir=tmp_path / "data"))
+    try:
+        tuned, openvino, onnxruntime = jobs
+        assert take_up_unheld(registry, queue, older_than_s=0) == [openvino.id, onnxruntime.id, tuned.id]
+    finally:
+        queue.close()
+
+
 def test_embedded_jobs_that_no_live_process_holds_are_taken_up_once(
     tmp_path: Path, compiles: list[str]
 ) -> None:
