@@ -21,7 +21,8 @@ import torch
 from compiler.artifact import Artifact
 from compiler.backends import get_backend
 from compiler.backends import openvino as openvino_backend
-from compiler.backends.hazards import refuse_trapping_divisions
+from compiler.backends.hazards import lifted_constants, refuse_indexed_writes, refuse_trapping_divisions
+from compiler.backends.openvino_numerics import numerics_reason
 from compiler.errors import BackendUnavailableError, ConversionError, VerificationError
 from compiler.frontend import export_program, load_torchscript
 from compiler.hardware import cpu_target
@@ -435,3 +436,151 @@ def test_inductor_refuses_an_integer_division_that_can_trap() -> None:
         load_torchscript(scripted(SafeDivisions())), InputSpec.parse(["a:int64[-1,4]"], 8)
     )
     refuse_trapping_divisions("inductor", program.graph)
+
+
+def traced_program(
+    module: torch.nn.Module, example: torch.Tensor, inputs: list[str]
+) -> torch.export.ExportedProgram:
+    buffer = io.BytesIO()
+    torch.jit.save(torch.jit.trace(module.eval(), example, check_trace=False), buffer)
+    return export_program(load_torchscript(buffer.getvalue()), InputSpec.parse(inputs, MAX_BATCH))
+
+
+class Attention(torch.nn.Module):
+    """timm's ViT attention: traced, `C // heads` divides a scalar_tensor by a lifted constant."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+        self.heads = 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+
+
+class SelfAttention(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        Attention(),
+        SelfAttention(),
+        torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True),
+    ],
+    ids=["vit", "mha", "encoder_layer"],
+)
+def test_traced_size_arithmetic_is_no_integer_hazard(module: torch.nn.Module) -> None:
+    """Traced, Python's arithmetic on sizes is on 0-dim int64 tensors: exact, and by no zero."""
+    program = traced_program(module, torch.randn(2, 5, 16), ["x:float32[-1,-1,16]"])
+    assert numerics_reason(program) is None
+    refuse_trapping_divisions("inductor", program.graph, lifted_constants(program))
+
+
+class CountPerHead(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.heads = 2
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return (ids != 0).sum() // self.heads + ids
+
+
+class PerCount(torch.nn.Module):
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids.shape[1] // (ids != 0).sum() + ids
+
+
+def test_traced_integer_division_of_data_is_still_refused() -> None:
+    """A count of the input's tokens is data: OpenVINO divides it in float32; by it, Inductor traps."""
+    ids = torch.ones(2, 4, dtype=torch.int64)
+    program = traced_program(CountPerHead(), ids, ["ids:int64[-1,4]"])
+    assert (numerics_reason(program) or "").startswith("integer floor division (int64)")
+    program = traced_program(PerCount(), ids, ["ids:int64[-1,4]"])
+    with pytest.raises(ConversionError, match="by a divisor that may be 0 or -1"):
+        refuse_trapping_divisions("inductor", program.graph, lifted_constants(program))
+
+
+class PositionIds(torch.nn.Module):
+    """RoBERTa's position ids: a running count of the tokens that are not padding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.positions = torch.nn.Embedding(64, 8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = ids.ne(1).int()
+        return self.positions(((torch.cumsum(mask, dim=1).type_as(mask)) * mask + 1).long())
+
+
+class RelativePositions(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        i = torch.arange(x.shape[1])
+        return x + (i[None, :] - i[:, None]).float().sum(0)
+
+
+class Buckets(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        i = torch.arange(x.shape[1])
+        relative = i[None, :] - i[:, None]
+        return x + ((relative > 0).long() * 16 + relative).float().sum(0)
+
+
+def test_openvino_accepts_counts_and_index_differences() -> None:
+    """A running count of bools, and the difference of two indices, are within int32; int64
+    arithmetic on them past that (a bucket's `* 16`) is still refused."""
+    assert (
+        numerics_reason(
+            export_program(
+                load_torchscript(scripted(PositionIds())), InputSpec.parse(["ids:int64[-1,8]"], MAX_BATCH)
+            )
+        )
+        is None
+    )
+    spec = InputSpec.parse(["x:float32[-1,6]"], MAX_BATCH)
+    assert numerics_reason(export_program(load_torchscript(scripted(RelativePositions())), spec)) is None
+    reason = numerics_reason(export_program(load_torchscript(scripted(Buckets())), spec))
+    assert (reason or "").startswith("int64 result of mul")
+
+
+class Clamped(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y[y < 0] = 0.0
+        return y
+
+
+class RowsZeroed(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.clone()
+        y[x[:, 0] < 0] = 0.0
+        return y
+
+
+class Fold(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.fold(x, (4, 4), 2)
+
+
+def test_a_write_by_a_mask_of_the_targets_shape_is_no_indexed_write() -> None:
+    """`y[y < 0] = 0`, and F.fold as torch decomposes it, write in range whatever the input; a mask
+    of another shape is still refused."""
+    spec = InputSpec.parse(["x:float32[-1,4]"], MAX_BATCH)
+    program = export_program(load_torchscript(scripted(Clamped())), spec)
+    refuse_indexed_writes("openvino", program.graph)
+    refuse_indexed_writes("tvm", program.run_decompositions().graph)
+    program = export_program(
+        load_torchscript(scripted(Fold())), InputSpec.parse(["x:float32[-1,4,9]"], MAX_BATCH)
+    )
+    refuse_indexed_writes("tvm", program.run_decompositions().graph)
+    program = export_program(load_torchscript(scripted(RowsZeroed())), spec)
+    with pytest.raises(ConversionError, match="index_put_ writes where an index tensor points"):
+        refuse_indexed_writes("openvino", program.graph)

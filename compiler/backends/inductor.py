@@ -24,7 +24,7 @@ import torch
 from compiler.artifact import Artifact
 from compiler.backends import family_reason
 from compiler.backends.base import export_for, threads_of
-from compiler.backends.hazards import refuse_trapping_divisions
+from compiler.backends.hazards import lifted_constants, refuse_trapping_divisions
 from compiler.backends.torchscript import flatten_outputs
 from compiler.dims import dims_meta
 from compiler.errors import ConversionError
@@ -66,7 +66,7 @@ class InductorBackend:
 
     def compile(self, model: bytes, spec: InputSpec, target: str, options: dict[str, Any]) -> Artifact:
         program = export_for(self, model, spec, self.unavailable_reason(target))
-        refuse_trapping_divisions(self.name, program.graph)
+        refuse_trapping_divisions(self.name, program.graph, lifted_constants(program))
         threads = threads_of(options)
         with tempfile.TemporaryDirectory(prefix="kiln-inductor-") as tmp:
             path = os.path.join(tmp, "model.pt2")

@@ -9,12 +9,14 @@ addition, subtraction and multiplication wrap as torch's do.
 int64 that the model's int64 inputs feed is left to the backend's probe of inputs past 2**31
 (`_check_wide_ints`); other int64 is accepted only where it holds indices or sizes (argmax,
 arange), counts of bools, narrower integers, or constants within int32, moved but not computed
-on. Everything else is refused, at the cost of a faster variant for some models (`pred + 1` of
+on, but for arithmetic on sizes and such constants (a traced `C // heads`) and the difference of
+two indices. Everything else is refused, at the cost of a faster variant for some models (`pred + 1` of
 an argmax).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +24,7 @@ import torch
 from torch import fx
 from torch.export.graph_signature import InputKind
 
-from compiler.backends.hazards import integer_division, op_name, written_name
+from compiler.backends.hazards import integer_division, lifted_constants, op_name, shape_scalar, written_name
 
 # Ops whose int64 result is an index into a dim, or counts along one: int32 holds it.
 INDEXES = frozenset({"argmax", "argmin", "arange", "nonzero", "searchsorted", "bucketize", "count_nonzero"})
@@ -41,6 +43,10 @@ MOVES = WITH_INDICES | {
     "roll", "repeat", "tile", "where", "masked_fill", "constant_pad_nd", "amax", "amin",
     "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "relu", "tril", "triu",
 }  # fmt: skip
+# MOVES that take no values but their first argument's.
+LAYOUT = frozenset({"view", "reshape", "_unsafe_view", "unsqueeze", "squeeze", "expand", "slice",
+                    "select", "permute", "transpose", "t", "flatten", "clone", "contiguous", "alias",
+                    "detach"})  # fmt: skip
 FILLS = frozenset({"scalar_tensor", "full", "full_like", "zeros", "zeros_like", "ones", "ones_like",
                    "new_full", "new_zeros", "new_ones"})  # fmt: skip
 # Where the values among the arguments of MOVES and FILLS start, and their names as keywords; the
@@ -54,6 +60,9 @@ WRAPPING = frozenset({"add", "sub", "rsub", "mul", "neg", "abs"})
 POWERS_AND_SHIFTS = frozenset({"pow", "bitwise_left_shift", "bitwise_right_shift", "__lshift__", "__rshift__",
                                "__ilshift__", "__irshift__"})  # fmt: skip
 INT32 = torch.iinfo(torch.int32)
+# Integers the plugin's float32 division divides exactly: both at most 2**23, a quotient's distance
+# from the next integer exceeds half its float32 spacing.
+EXACT_IN_FLOAT32 = 2**23
 SERVED = "ONNX Runtime or Inductor can serve it"
 
 
@@ -61,6 +70,8 @@ def numerics_reason(program: Any) -> str | None:
     """Why the plugin would answer `program` otherwise than torch on some input, or None."""
     inputs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
     probed: set[fx.Node] = set()  # int64 that int64 inputs feed
+    # Shape arithmetic (a traced `C // heads`) on constants the plugin holds exactly.
+    constants = {name: held for name, held in lifted_constants(program).items() if _within_int32(held)}
     for node in program.graph.nodes:
         value = node.meta.get("val")
         if not isinstance(value, torch.Tensor) or not node.users:
@@ -80,6 +91,11 @@ def numerics_reason(program: Any) -> str | None:
                 )
             continue
         name, args, item = _producer(node)
+        if shape_scalar(node, constants) and (
+            integer_division(node) is None
+            or max(_magnitude(arg, constants) for arg in node.args[:2]) <= EXACT_IN_FLOAT32
+        ):
+            continue  # sizes and their arithmetic, as in int32; divided in float32 only where exact
         if (kind := integer_division(node)) is not None:
             return (
                 f"integer {kind} ({_name(dtype)}): the CPU plugin divides integers in float32, wrong past "
@@ -102,7 +118,10 @@ def _exact(node: fx.Node, name: str | None, args: Any, item: object, dtype: torc
     if (item == 1 and name in WITH_INDICES) or name in INDEXES:
         return dtype in (torch.int64, torch.int32)
     if name in SUMS:
-        return args[0].meta["val"].dtype == torch.bool and dtype.itemsize >= 4
+        return _counts(args[0]) and dtype.itemsize >= 4
+    if name == "sub" and dtype in (torch.int64, torch.int32):
+        # Two indices' difference (T5's relative positions) is within int32.
+        return all(isinstance(arg, fx.Node) and _index(arg) for arg in args[:2])
     if name in MOVES or name in FILLS:
         return dtype != torch.int64 or _values_within_int32(node, name)
     if name in CASTS:
@@ -111,6 +130,48 @@ def _exact(node: fx.Node, name: str | None, args: Any, item: object, dtype: torc
             return True  # a float past int32 converts as C's does: undefined, in torch too
         return not source.is_floating_point and (dtype.itemsize >= 4 or dtype == source)
     return name in WRAPPING and dtype == torch.int32
+
+
+def _magnitude(arg: Any, constants: dict[str, torch.Tensor]) -> float:
+    """A bound on the absolute value of a shape_scalar's node, or of a size or number it is given."""
+    if not isinstance(arg, fx.Node):
+        return abs(arg)
+    value = arg.meta["val"]
+    if isinstance(value, torch.SymInt):
+        bounds = value.node.shape_env.bound_sympy(value.node.expr)
+        return float(max(abs(bounds.lower), abs(bounds.upper)))
+    if arg.op == "placeholder":
+        return float(constants[arg.name].abs().max())
+    operands = [
+        _magnitude(operand, constants) for operand in arg.args[:2] if not isinstance(operand, torch.dtype)
+    ]
+    return math.prod(operands) if op_name(arg) == "mul" else sum(operands)
+
+
+def _non_negative(arg: Any) -> bool:
+    """An int, or a size, that is at least 0 (an arange's bound: its indices then fit int32)."""
+    value = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+    if isinstance(value, torch.SymInt):
+        return bool(value.node.shape_env.bound_sympy(value.node.expr).lower >= 0)
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _counts(node: fx.Node) -> bool:
+    """Whether `node` holds bools, or bools cast to an integer (`ids.ne(pad).int()`): a sum counts."""
+    if node.meta["val"].dtype == torch.bool:
+        return True
+    name, args, _ = _producer(node)
+    return name in CASTS and isinstance(args[0], fx.Node) and _counts(args[0])
+
+
+def _index(node: fx.Node) -> bool:
+    """Whether `node` holds only indices into a dim (an arange, moved without new values)."""
+    name, args, item = _producer(node)
+    if name == "arange":
+        return all(_non_negative(arg) for arg in args)
+    if (item == 1 and name in WITH_INDICES) or name in INDEXES:
+        return True
+    return name in LAYOUT and isinstance(args[0], fx.Node) and _index(args[0])
 
 
 def _name(dtype: torch.dtype) -> str:
